@@ -1,0 +1,347 @@
+"""The llama.cpp engine: model, context pool, prefill, snapshot, restore, batched suffix decode.
+
+The only module that imports llama_cpp. It uses the low-level API: the high-level `Llama`
+class saves whole-context state with a large scores array, which is far too slow here.
+
+A request borrows one pooled context, clears it, restores its prefix snapshot into
+sequence 0, copies sequence 0 to one sequence per question (with a unified KV cache the
+copies share the prefix cells), and decodes every question suffix in one `llama_decode`,
+reading logits only at each suffix's last token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import blake3
+import llama_cpp as llama
+import numpy as np
+
+from app.cache import Snapshot
+
+log = logging.getLogger("onepass.engine")
+llama_log = logging.getLogger("onepass.llama")
+
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ; sequence 0 holds the prefix
+N_UBATCH = 512
+FINGERPRINT_HEAD_BYTES = 1 << 20
+
+
+class EngineError(RuntimeError):
+    """llama.cpp refused an operation (load, context, decode)."""
+
+
+class RestoreError(EngineError):
+    """A snapshot could not be restored; the context has been cleaned."""
+
+
+@dataclass(frozen=True)
+class Readout:
+    """What one question's decision position says about its labels."""
+
+    label_logits: list[float]
+    label_mass: float  # probability the full next-token distribution puts on the labels
+
+
+@dataclass
+class Timing:
+    restore_ms: float = 0.0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+
+
+@dataclass
+class Answered:
+    readouts: list[Readout]
+    n_decodes: int
+    timing: Timing = field(default_factory=Timing)
+
+
+_GGML_LEVELS = {3: logging.WARNING, 4: logging.ERROR}  # ggml_log_level: 1 debug, 2 info, 5 "cont"
+
+
+def _route_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    # llama.cpp logs a lot at load time: keep it at debug unless it warns or fails.
+    message = text.decode("utf-8", "replace").rstrip()
+    if message:
+        llama_log.log(_GGML_LEVELS.get(level, logging.DEBUG), "%s", message)
+
+
+_log_callback = llama.llama_log_callback(_route_llama_log)  # referenced for the process lifetime
+llama.llama_log_set(_log_callback, ctypes.c_void_p(0))
+llama.llama_backend_init()
+
+
+class _Context:
+    """One llama_context with its reusable batch. Used by one thread at a time."""
+
+    def __init__(self, model: ctypes.c_void_p, n_ctx: int, threads: int) -> None:
+        params = llama.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_ctx
+        params.n_ubatch = N_UBATCH
+        params.n_seq_max = MAX_SEQUENCES
+        params.n_threads = params.n_threads_batch = threads
+        # Restore is exact only with the same attention and KV settings as the save; flash
+        # attention on the CPU made one-shot and split prefills differ (DESIGN.md).
+        params.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.type_k = params.type_v = llama.GGML_TYPE_F16
+        params.kv_unified = True
+        params.no_perf = True
+        self.ctx = llama.llama_init_from_model(model, params)
+        if not self.ctx:
+            raise EngineError(f"llama.cpp could not create a context (n_ctx={n_ctx})")
+        self.memory = llama.llama_get_memory(self.ctx)
+        self.n_ctx = n_ctx
+        self.batch = llama.llama_batch_init(n_ctx, 0, 1)
+
+    def clear(self) -> None:
+        llama.llama_memory_clear(self.memory, True)
+
+    def close(self) -> None:
+        llama.llama_batch_free(self.batch)
+        llama.llama_free(self.ctx)
+
+
+class Engine:
+    def __init__(
+        self, model_path: Path, *, n_ctx: int, n_gpu_layers: int = 0, threads: int = 0, contexts: int = 1
+    ) -> None:
+        if not model_path.is_file():
+            raise EngineError(f"model file not found: {model_path}")
+        started = time.perf_counter()
+        params = llama.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        # ggml's repacked CPU weights were slower here (prefill 208 tokens: 2.14 s vs 1.63 s; a
+        # 6-question decode: 1.58 s vs 1.25 s) and made a token's logits depend on its row in the batch.
+        params.use_extra_bufts = False
+        self.model = llama.llama_model_load_from_file(str(model_path).encode(), params)
+        if not self.model:
+            raise EngineError(f"llama.cpp could not load {model_path} (not a GGUF it supports?)")
+        self.vocab = llama.llama_model_get_vocab(self.model)
+        self.n_vocab = llama.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx = n_ctx
+        self.add_bos = bool(llama.llama_vocab_get_add_bos(self.vocab))
+        self.fingerprint = _file_fingerprint(model_path)
+        # Everything besides the tokens that shapes a snapshot's bytes; part of every cache key.
+        self.kv_settings = f"n_ctx={n_ctx};kv=f16/f16;flash_attn=off;kv_unified=1;n_ubatch={N_UBATCH}"
+        self.decode_calls = 0  # llama_decode calls made, for tests and stats
+        self._counter_lock = threading.Lock()
+        self._pool: queue.Queue[_Context] = queue.Queue()
+        self._contexts = [_Context(self.model, n_ctx, threads or os.cpu_count() or 1) for _ in range(contexts)]
+        for ctx in self._contexts:
+            self._pool.put(ctx)
+        log.info(
+            "loaded %s in %.2fs (%d contexts of %d tokens)",
+            model_path.name,
+            time.perf_counter() - started,
+            contexts,
+            n_ctx,
+        )
+
+    def close(self) -> None:
+        """Free the contexts and the model; later calls raise EngineError instead of crashing."""
+        for _ in self._contexts:
+            self._pool.get().close()  # waits for requests in flight to hand their context back
+        self._contexts.clear()
+        if self.model:
+            llama.llama_model_free(self.model)
+            self.model = None
+
+    # Tokenizer
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        tokens = (llama.llama_token * capacity)()
+        n = llama.llama_tokenize(self.vocab, data, len(data), tokens, capacity, add_bos, special)
+        if n < 0:
+            raise EngineError(f"tokenizer needed {-n} slots for {len(data)} bytes")
+        return list(tokens[:n])
+
+    def piece(self, token: int) -> str:
+        buf = ctypes.create_string_buffer(64)
+        n = llama.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        return buf.raw[: max(n, 0)].decode("utf-8", "replace")
+
+    def metadata(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = llama.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):  # long values (chat templates) need a bigger buffer
+            buf = ctypes.create_string_buffer(n + 1)
+            llama.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def special_token_text(self, token: int) -> str:
+        return self.piece(token) if token >= 0 else ""
+
+    @property
+    def bos_token(self) -> int:
+        return int(llama.llama_vocab_bos(self.vocab))
+
+    @property
+    def eos_token(self) -> int:
+        return int(llama.llama_vocab_eos(self.vocab))
+
+    # Inference
+
+    def prefill(self, tokens: Sequence[int], base: Snapshot | None = None) -> tuple[Snapshot, Timing]:
+        """Snapshot of sequence 0 after `tokens`, starting from `base` when it holds a prefix of them."""
+        if base is not None and tuple(tokens[: base.n_tokens]) != base.tokens:
+            raise ValueError("base snapshot is not a prefix of the tokens to prefill")
+        timing = Timing()
+        with self._borrow() as ctx:
+            start = 0
+            if base is not None:
+                timing.restore_ms = self._restore(ctx, base)
+                start = base.n_tokens
+            began = time.perf_counter()
+            self._fill(ctx, [(tok, start + i, 0, False) for i, tok in enumerate(tokens[start:])])
+            if len(tokens) > start:
+                self._decode(ctx)
+            timing.prefill_ms = _ms_since(began)
+            return Snapshot(self._save(ctx), tuple(tokens)), timing
+
+    def answer(self, prefix: Snapshot, suffixes: Sequence[Sequence[int]], labels: Sequence[Sequence[int]]) -> Answered:
+        """Restore `prefix`, decode every suffix after it, read each suffix's label logits.
+
+        All suffixes go into one llama_decode when they fit; otherwise into the fewest
+        decodes that respect the sequence limit and the context's free cells.
+        """
+        readouts: list[Readout] = []
+        timing = Timing()
+        groups = self.plan_groups(prefix.n_tokens, [len(s) for s in suffixes])
+        with self._borrow() as ctx:
+            timing.restore_ms = self._restore(ctx, prefix)
+            began = time.perf_counter()
+            for group in groups:
+                readouts.extend(self._decode_group(ctx, prefix.n_tokens, group, suffixes, labels))
+            timing.decode_ms = _ms_since(began)
+        return Answered(readouts, len(groups), timing)
+
+    def plan_groups(self, n_prefix: int, suffix_lengths: Sequence[int]) -> list[list[int]]:
+        """Question indices per decode: in order, each group as large as the limits allow."""
+        free_cells = self.n_ctx - n_prefix
+        groups: list[list[int]] = []
+        used = 0
+        for i, length in enumerate(suffix_lengths):
+            if length < 1 or length > free_cells:
+                raise ValueError(f"suffix {i} has {length} tokens; {free_cells} cells are free after the prefix")
+            if not groups or len(groups[-1]) == MAX_SEQUENCES - 1 or used + length > free_cells:
+                groups.append([])
+                used = 0
+            groups[-1].append(i)
+            used += length
+        return groups
+
+    def _decode_group(
+        self,
+        ctx: _Context,
+        n_prefix: int,
+        group: Sequence[int],
+        suffixes: Sequence[Sequence[int]],
+        labels: Sequence[Sequence[int]],
+    ) -> list[Readout]:
+        entries: list[tuple[int, int, int, bool]] = []
+        outputs: list[int] = []  # batch index of each question's last suffix token
+        for seq, question in enumerate(group, start=1):
+            llama.llama_memory_seq_cp(ctx.memory, 0, seq, -1, -1)
+            suffix = suffixes[question]
+            for j, token in enumerate(suffix):
+                entries.append((token, n_prefix + j, seq, j == len(suffix) - 1))
+            outputs.append(len(entries) - 1)
+        self._fill(ctx, entries)
+        self._decode(ctx)
+        readouts = [self._read(ctx, index, labels[question]) for index, question in zip(outputs, group, strict=True)]
+        for seq in range(1, len(group) + 1):
+            llama.llama_memory_seq_rm(ctx.memory, seq, -1, -1)
+        return readouts
+
+    def _read(self, ctx: _Context, batch_index: int, label_ids: Sequence[int]) -> Readout:
+        pointer = llama.llama_get_logits_ith(ctx.ctx, batch_index)
+        if not pointer:
+            raise EngineError(f"llama.cpp returned no logits for batch position {batch_index}")
+        logits = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
+        top = float(logits.max())
+        log_total = top + float(np.log(np.exp(logits - top, dtype=np.float64).sum()))
+        label_logits = [float(logits[t]) for t in label_ids]
+        mass = float(np.exp(np.array(label_logits, dtype=np.float64) - log_total).sum())
+        return Readout(label_logits, min(1.0, mass))
+
+    # Context primitives
+
+    @contextlib.contextmanager
+    def _borrow(self) -> Iterator[_Context]:
+        if not self._contexts:
+            raise EngineError("the engine is closed")
+        ctx = self._pool.get()
+        try:
+            ctx.clear()  # a request never sees KV left by another one
+            yield ctx
+        finally:
+            ctx.clear()
+            self._pool.put(ctx)
+
+    def _restore(self, ctx: _Context, snapshot: Snapshot) -> float:
+        began = time.perf_counter()
+        blob = snapshot.data
+        read = llama.llama_state_seq_set_data(
+            ctx.ctx, ctypes.cast(ctypes.c_char_p(blob), ctypes.POINTER(ctypes.c_uint8)), len(blob), 0
+        )
+        if read != len(blob):
+            llama.llama_memory_seq_rm(ctx.memory, 0, -1, -1)  # never decode on a half-restored sequence
+            ctx.clear()
+            raise RestoreError(f"llama.cpp restored {read} of {len(blob)} snapshot bytes")
+        return _ms_since(began)
+
+    def _save(self, ctx: _Context) -> bytes:
+        size = llama.llama_state_seq_get_size(ctx.ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        written = llama.llama_state_seq_get_data(ctx.ctx, buf, size, 0)
+        if written != size:
+            raise EngineError(f"llama.cpp saved {written} of {size} state bytes")
+        return ctypes.string_at(buf, size)
+
+    def _fill(self, ctx: _Context, entries: Sequence[tuple[int, int, int, bool]]) -> None:
+        """Load (token, position, sequence, wants_logits) entries into the context's batch."""
+        if len(entries) > ctx.n_ctx:
+            raise ValueError(f"{len(entries)} tokens exceed the batch of {ctx.n_ctx}")
+        batch = ctx.batch
+        for i, (token, pos, seq, wants_logits) in enumerate(entries):
+            batch.token[i] = token
+            batch.pos[i] = pos
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = wants_logits
+        batch.n_tokens = len(entries)
+
+    def _decode(self, ctx: _Context) -> None:
+        status = llama.llama_decode(ctx.ctx, ctx.batch)
+        with self._counter_lock:
+            self.decode_calls += 1
+        if status != 0:
+            ctx.clear()
+            raise EngineError(f"llama_decode failed with status {status}")
+
+
+def _file_fingerprint(path: Path) -> bytes:
+    """blake3 of the file's size and first MiB (the GGUF header and metadata): cheap and specific."""
+    hasher = blake3.blake3(path.stat().st_size.to_bytes(8, "little"))
+    with path.open("rb") as f:
+        hasher.update(f.read(FINGERPRINT_HEAD_BYTES))
+    return hasher.digest()
+
+
+def _ms_since(began: float) -> float:
+    return (time.perf_counter() - began) * 1000

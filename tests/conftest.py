@@ -1,0 +1,64 @@
+"""Shared fixtures: tiny GGUFs written per session, services and HTTP clients over real llama.cpp."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from app.config import DEFAULT_MODEL_PATH, Settings
+from app.models import ModelRegistry, load_model
+from app.server import create_app
+from app.service import ModelService
+from tests.tiny_gguf import write_tiny_gguf
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny-chat.gguf", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_plain_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny-plain.gguf", seed=1, chat_template=None)
+
+
+def tiny_settings(path: Path, **overrides: object) -> Settings:
+    values: dict[str, object] = {"model": path, "n_ctx": 8192, "threads": 1}
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def tiny_service(tiny_chat_path: Path) -> Iterator[ModelService]:
+    service = load_model(tiny_settings(tiny_chat_path))
+    yield service
+    service.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_plain_service(tiny_plain_path: Path) -> Iterator[ModelService]:
+    service = load_model(tiny_settings(tiny_plain_path))
+    yield service
+    service.close()
+
+
+@pytest.fixture
+def client(tiny_service: ModelService, tiny_chat_path: Path) -> Iterator[TestClient]:
+    app = create_app(tiny_settings(tiny_chat_path), registry=ModelRegistry(tiny_service))
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+@pytest.fixture(scope="session")
+def real_service() -> Iterator[ModelService]:
+    if os.environ.get("ONEPASS_SKIP_REAL_MODEL") == "1":
+        pytest.skip("ONEPASS_SKIP_REAL_MODEL=1")
+    if not DEFAULT_MODEL_PATH.is_file():
+        pytest.fail(f"{DEFAULT_MODEL_PATH} is missing: run `make model` (make test does)")
+    service = load_model(Settings(model=DEFAULT_MODEL_PATH, n_ctx=4096))
+    yield service
+    service.close()

@@ -1,0 +1,165 @@
+"""The engine and service against real llama.cpp, on a tiny random-weight GGUF."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.cache import Snapshot, SnapshotCache, cache_key
+from app.contract import SystemOneRequest
+from app.engine import MAX_SEQUENCES, Engine, RestoreError
+from app.models import load_model
+from app.service import ModelService
+from tests.conftest import tiny_settings
+
+STATE = "Order 1234 arrived broken. I want a refund or a replacement, today."
+
+
+def request(state: object = STATE, n_questions: int = 3) -> SystemOneRequest:
+    kinds = [
+        {"type": "noul", "instructions": "Is the customer asking for a refund?"},
+        {"type": "choice", "instructions": "Which team?", "criteria": {"Billing": "money", "Shipping": None}},
+        {"type": "score", "instructions": "How angry?", "criteria": ["Calm", "Annoyed", "Furious"]},
+    ]
+    questions = {f"q{i}": kinds[i % 3] | {"instructions": f"{kinds[i % 3]['instructions']} ({i})"}
+                 for i in range(n_questions)}
+    return SystemOneRequest.model_validate({"model": "jev-latest", "state": state, "questions": questions})
+
+
+def answers(service: ModelService, req: SystemOneRequest) -> dict[str, object]:
+    return service.answer(req)["answers"]  # type: ignore[no-any-return]
+
+
+def fresh_service(path: Path, **overrides: object) -> ModelService:
+    return load_model(tiny_settings(path, **overrides))
+
+
+def test_restore_then_decode_equals_prefill_then_decode(tiny_service: ModelService) -> None:
+    engine = tiny_service.engine
+    prefix = engine.tokenize("Text:\n" + "a long state with many words " * 60, add_bos=True)
+    suffixes = [engine.tokenize("Question one\n"), engine.tokenize("Question two, longer\n")]
+    labels = [[300, 301, 302]] * 2
+    one_shot, _ = engine.prefill(prefix)
+    split, _ = engine.prefill(prefix, base=engine.prefill(prefix[:40])[0])
+    cold = engine.answer(one_shot, suffixes, labels).readouts
+    assert engine.answer(split, suffixes, labels).readouts == cold
+    assert engine.answer(one_shot, suffixes, labels).readouts == cold  # the snapshot is reusable
+
+
+def test_hit_miss_and_cache_off_answer_bit_identically(tiny_chat_path: Path) -> None:
+    cached = fresh_service(tiny_chat_path)
+    off = fresh_service(tiny_chat_path, session_cache_entries=0)
+    try:
+        miss = cached.answer(request())
+        hit = cached.answer(request())
+        disabled = off.answer(request())
+        assert (miss["x_cache"], hit["x_cache"], disabled["x_cache"]) == ("miss", "hit", "off")
+        assert miss["answers"] == hit["answers"] == disabled["answers"]
+        assert hit["x_timing_ms"]["prefill"] == 0.0 and miss["x_timing_ms"]["prefill"] > 0.0
+    finally:
+        cached.close()
+        off.close()
+
+
+def test_one_request_is_one_prefill_and_one_batched_decode(tiny_service: ModelService) -> None:
+    req = request(state="a state nobody sent before", n_questions=7)
+    before = tiny_service.engine.decode_calls
+    tiny_service.answer(req)
+    assert tiny_service.engine.decode_calls - before == 2  # the state prefill + one decode for 7 questions
+    tiny_service.answer(req)
+    assert tiny_service.engine.decode_calls - before == 3  # a hit: the decode alone
+
+
+def test_more_questions_than_sequences_split_into_the_fewest_decodes(tiny_chat_path: Path) -> None:
+    service = fresh_service(tiny_chat_path, n_ctx=16384)
+    engine = service.engine
+    try:
+        assert engine.plan_groups(10, [3] * 300) == [list(range(255)), list(range(255, 300))]
+        assert engine.plan_groups(engine.n_ctx - 10, [4, 4, 4]) == [[0, 1], [2]]
+        with pytest.raises(ValueError):
+            engine.plan_groups(engine.n_ctx - 2, [5])
+        req = request(state="many questions", n_questions=MAX_SEQUENCES + 4)
+        before = engine.decode_calls
+        response = service.answer(req)
+        assert len(response["answers"]) == MAX_SEQUENCES + 4
+        assert engine.decode_calls - before == 1 + 2  # the prefill, then 255 + 4 questions
+    finally:
+        service.close()
+
+
+def test_answers_are_valid_probabilities(tiny_service: ModelService) -> None:
+    for answer in answers(tiny_service, request(n_questions=6)).values():
+        assert isinstance(answer, dict)
+        assert 0.0 <= answer["x_label_mass"] <= 1.0
+        if answer["type"] == "noul":
+            assert 0.0 <= answer["noul"] <= 1.0
+        else:
+            assert sum(answer["probabilities"].values()) == pytest.approx(1.0, abs=1e-9)
+            assert 0.0 <= answer["confidence"] <= 1.0
+
+
+def test_a_truncated_snapshot_is_refused_and_the_context_left_clean(tiny_service: ModelService) -> None:
+    engine = tiny_service.engine
+    good, _ = engine.prefill(engine.tokenize("Text:\nsome state", add_bos=True))
+    suffix, labels = [engine.tokenize("Q\n")], [[300, 301]]
+    expected = engine.answer(good, suffix, labels).readouts
+    broken = Snapshot(good.data[: len(good.data) // 2], good.tokens)
+    with pytest.raises(RestoreError):
+        engine.answer(broken, suffix, labels)
+    assert engine.answer(good, suffix, labels).readouts == expected
+
+
+def test_a_corrupted_cache_entry_is_dropped_and_the_answer_matches_a_cold_run(tiny_chat_path: Path) -> None:
+    service = fresh_service(tiny_chat_path)
+    try:
+        cold = service.answer(request())
+        (key,) = service.cache.keys()
+        good = service.cache.get(key, service.plan(request()).prefix_tokens)
+        assert good is not None
+        service.cache.put(key, Snapshot(good.data[:-100], good.tokens))
+        recovered = service.answer(request())
+        assert recovered["answers"] == cold["answers"]
+        assert recovered["x_cache"] == "miss"
+        assert service.cache.stats()["dropped"] == 1
+        assert service.answer(request())["answers"] == cold["answers"]  # and the cache works again
+    finally:
+        service.close()
+
+
+def test_a_forced_hash_collision_never_returns_another_states_answer(tiny_chat_path: Path) -> None:
+    honest = fresh_service(tiny_chat_path)
+    colliding = ModelService("tiny", honest.engine, honest.prompter, SnapshotCache(16, 32768),
+                             key_fn=lambda *parts: cache_key("always the same"))
+    a, b = request(state="first state"), request(state="a different second state")
+    assert colliding.answer(a)["answers"] == honest.answer(a)["answers"]
+    assert colliding.answer(b)["answers"] == honest.answer(b)["answers"]
+    assert colliding.answer(a)["answers"] == honest.answer(a)["answers"]
+    assert colliding.cache.stats()["collisions"] == 2
+    honest.close()
+
+
+def test_concurrent_requests_for_a_new_state_prefill_once(tiny_chat_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    service = fresh_service(tiny_chat_path, contexts=2)
+    try:
+        before = service.engine.decode_calls
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda _: service.answer(request(state="shared new state")), range(8)))
+        assert sum(r["x_cache"] == "miss" for r in results) == 1
+        assert service.engine.decode_calls - before == 1 + 8  # one prefill, eight decodes
+        assert all(r["answers"] == results[0]["answers"] for r in results)
+    finally:
+        service.close()
+
+
+def test_a_missing_or_invalid_model_file_fails_clearly(tmp_path: Path) -> None:
+    from app.engine import EngineError
+
+    with pytest.raises(EngineError, match="not found"):
+        Engine(tmp_path / "absent.gguf", n_ctx=512)
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf at all")
+    with pytest.raises(EngineError, match="could not load"):
+        Engine(junk, n_ctx=512)

@@ -1,0 +1,96 @@
+"""Write a tiny llama-architecture GGUF with random weights, for engine tests in milliseconds.
+
+The vocabulary is SentencePiece-style ("llama" tokenizer): byte fallback tokens, printable
+ASCII, ChatML control tokens, and the answer labels onepass looks for (Yes/No, A-Z,
+two-letter labels, digits), each also in its "▁X" (leading space) form.
+"""
+
+from __future__ import annotations
+
+import string
+from itertools import product
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF, N_CTX_TRAIN = 64, 2, 4, 2, 128, 4096
+
+
+def vocabulary(extra_words: tuple[str, ...] = ()) -> tuple[list[str], list[int]]:
+    tokens = ["<unk>", "<s>", "</s>"]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [gguf.TokenType.BYTE] * 256
+    tokens += ["<|im_start|>", "<|im_end|>"]
+    types += [gguf.TokenType.CONTROL] * 2
+    letters = string.ascii_uppercase
+    pieces = [c for c in string.printable[:95] if c != " "] + ["▁", "\n"]
+    pieces += ["Ye", "Yes", "No", "▁Ye", "▁Yes", "▁No", "ye", "yes", "no"]
+    pieces += [f"▁{c}" for c in letters + string.digits]
+    pieces += ["".join(p) for p in product(letters, repeat=2)]
+    pieces += ["▁" + "".join(p) for p in product(letters, repeat=2)]
+    pieces += [w for w in extra_words if w not in pieces]
+    seen = set(tokens)
+    for piece in pieces:
+        if piece not in seen:
+            seen.add(piece)
+            tokens.append(piece)
+            types.append(gguf.TokenType.NORMAL)
+    return tokens, [int(t) for t in types]
+
+
+def write_tiny_gguf(path: Path, *, seed: int = 0, chat_template: str | None = CHATML_TEMPLATE,
+                    extra_words: tuple[str, ...] = ()) -> Path:
+    rng = np.random.default_rng(seed)
+    tokens, types = vocabulary(extra_words)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(f"tiny-{seed}")
+    writer.add_block_count(N_LAYER)
+    writer.add_context_length(N_CTX_TRAIN)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv(N_HEAD_KV)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([-float(i) for i in range(len(tokens))])  # earlier pieces merge first
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(False)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+
+    def weight(*shape: int, scale: float = 0.15) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    n_vocab, head_dim = len(tokens), N_EMBD // N_HEAD
+    writer.add_tensor("token_embd.weight", weight(n_vocab, N_EMBD, scale=1.0))
+    writer.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+    writer.add_tensor("output.weight", weight(n_vocab, N_EMBD, scale=0.5))
+    for i in range(N_LAYER):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.attn_q.weight", weight(N_EMBD, N_EMBD))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", weight(N_HEAD_KV * head_dim, N_EMBD))
+        writer.add_tensor(f"blk.{i}.attn_v.weight", weight(N_HEAD_KV * head_dim, N_EMBD))
+        writer.add_tensor(f"blk.{i}.attn_output.weight", weight(N_EMBD, N_EMBD))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(N_FF, N_EMBD))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(N_FF, N_EMBD))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(N_EMBD, N_FF))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
