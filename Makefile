@@ -23,7 +23,7 @@ SMALL_MODEL := models/gemma-3-270m-q4_k_m.gguf
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: setup model model-small run test lint eval bench bench-quick clean
+.PHONY: setup model model-small run test lint bench clean
 
 setup: $(INSTALL_STAMP)
 
@@ -51,16 +51,22 @@ model: $(INSTALL_STAMP)
 model-small: $(INSTALL_STAMP)
 	$(PYTHON) models/fetch.py small --dest $(SMALL_MODEL)
 
-run: model
-	$(BIN)/python -m app --host $(HOST) --port $(PORT) --model $(DEFAULT_MODEL)
+# Extra server flags: make run ARGS="--n-gpu-layers -1 --context-path ctx.md"
+ARGS ?=
 
-test: model
+run: model
+	$(BIN)/python -m app --host $(HOST) --port $(PORT) --model $(DEFAULT_MODEL) $(ARGS)
+
+test: model lint
 	$(BIN)/python -m pytest -q
 
 lint: setup
-	$(BIN)/ruff check app tests bench
-	$(BIN)/ruff format --check app tests bench
+	$(BIN)/ruff check app tests bench models
+	$(BIN)/ruff format --check app tests bench models
 	$(BIN)/mypy --strict app
+
+bench: model
+	$(BIN)/python -m bench.cache_gain
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -84,6 +84,9 @@ def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] 
     for field in dataclasses.fields(Settings):
         raw = environ.get(env_var(field.name))
         if raw is not None:
-            values[field.name] = field.metadata["parse"](raw)
+            try:
+                values[field.name] = field.metadata["parse"](raw)
+            except ValueError as error:
+                raise ValueError(f"{env_var(field.name)}={raw!r}: {error}") from error
     values.update(vars(build_parser().parse_args(argv)))
     return Settings(**values)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import math
 import os
 import queue
 import threading
@@ -105,7 +106,7 @@ class _Context:
         self.batch = llama.llama_batch_init(n_ctx, 0, 1)
 
     def clear(self) -> None:
-        llama.llama_memory_clear(self.memory, True)
+        llama.llama_memory_clear(self.memory, False)  # cells emptied; stale data stays masked
 
     def close(self) -> None:
         llama.llama_batch_free(self.batch)
@@ -276,7 +277,7 @@ class Engine:
         top = float(logits.max())
         log_total = top + float(np.log(np.exp(logits - top, dtype=np.float64).sum()))
         label_logits = [float(logits[t]) for t in label_ids]
-        mass = float(np.exp(np.array(label_logits, dtype=np.float64) - log_total).sum())
+        mass = math.fsum(math.exp(x - log_total) for x in label_logits)  # fsum: the label order cannot matter
         return Readout(label_logits, min(1.0, mass))
 
     # Context primitives

@@ -119,7 +119,9 @@ class ModelService:
             log.warning("%s: dropping a snapshot that failed to restore (%s); prefilling again", self.name, error)
             self.cache.evict(key)
             hit = False
-            answered = self.engine.answer(build(), suffixes, labels)
+            snapshot = build()
+            self.cache.put(key, snapshot)
+            answered = self.engine.answer(snapshot, suffixes, labels)
         readout_of = dict(zip(order, answered.readouts, strict=True))
         readouts = [readout_of[i] for i in range(len(order))]
         cache_state = "off" if not self.cache.enabled else "hit" if hit else "miss"

@@ -94,8 +94,11 @@ def test_structured_text_fields_are_accepted_and_canonical(client: TestClient) -
 def test_option_names_come_back_byte_for_byte(client: TestClient) -> None:
     names = ["환불", "🙂 happy", "two  spaces", "Ünïcödé", "\u00e9 vs e\u0301"]
     body = body_with(questions={"q": {"type": "choice", "criteria": dict.fromkeys(names)}})
-    response = client.post("/v1/systemone", content=json.dumps(body, ensure_ascii=False).encode(),
-                           headers={"content-type": "application/json"})
+    response = client.post(
+        "/v1/systemone",
+        content=json.dumps(body, ensure_ascii=False).encode(),
+        headers={"content-type": "application/json"},
+    )
     answer = response.json()["answers"]["q"]
     assert list(answer["probabilities"]) == names
     assert answer["choice"] in names
@@ -133,26 +136,50 @@ def test_ten_score_levels_and_noul_criteria_shapes(client: TestClient) -> None:
         ({"model": "jev-latest", "state": "x", "questions": {"q": {"type": "essay"}}}, ["body", "questions", "q"]),
         ({"model": "jev-latest", "state": "x", "questions": {"q": {}}}, ["body", "questions", "q"]),
         ({"model": "jev-latest", "state": "x", "questions": {"": {"type": "noul"}}}, ["body", "questions"]),
-        ({"model": "jev-latest", "state": "x", "questions": {"q": {"type": "choice", "criteria": {"a": None}}}},
-         ["body", "questions", "q", "choice", "criteria"]),
-        ({"model": "jev-latest", "state": "x", "questions": {"q": {"type": "choice"}}},
-         ["body", "questions", "q", "choice", "criteria"]),
-        ({"model": "jev-latest", "state": "x",
-          "questions": {"q": {"type": "choice", "criteria": {str(i): None for i in range(256)}}}},
-         ["body", "questions", "q", "choice", "criteria"]),
-        ({"model": "jev-latest", "state": "x", "questions": {"q": {"type": "score", "criteria": ["a"]}}},
-         ["body", "questions", "q", "score", "criteria"]),
-        ({"model": "jev-latest", "state": "x",
-          "questions": {"q": {"type": "score", "criteria": [str(i) for i in range(11)]}}},
-         ["body", "questions", "q", "score", "criteria"]),
-        ({"model": "jev-latest", "state": "x", "questions": {"q": {"type": "score", "criteria": {"a": 1, "b": 2}}}},
-         ["body", "questions", "q", "score", "criteria"]),
-        ({"model": "jev-latest", "state": "x", "questions": {"q": {"type": "noul", "instructions": 3}}},
-         ["body", "questions", "q", "noul", "instructions"]),
-        ({"model": "jev-latest", "state": "x", "questions": {"q": {"type": "noul", "criteria": "yes"}}},
-         ["body", "questions", "q", "noul", "criteria"]),
-        ({"model": "jev-latest", "state": "x", "questions": {"q": {"type": "noul"}}, "assets": {"a": {}}},
-         ["body", "assets"]),
+        (
+            {"model": "jev-latest", "state": "x", "questions": {"q": {"type": "choice", "criteria": {"a": None}}}},
+            ["body", "questions", "q", "choice", "criteria"],
+        ),
+        (
+            {"model": "jev-latest", "state": "x", "questions": {"q": {"type": "choice"}}},
+            ["body", "questions", "q", "choice", "criteria"],
+        ),
+        (
+            {
+                "model": "jev-latest",
+                "state": "x",
+                "questions": {"q": {"type": "choice", "criteria": {str(i): None for i in range(256)}}},
+            },
+            ["body", "questions", "q", "choice", "criteria"],
+        ),
+        (
+            {"model": "jev-latest", "state": "x", "questions": {"q": {"type": "score", "criteria": ["a"]}}},
+            ["body", "questions", "q", "score", "criteria"],
+        ),
+        (
+            {
+                "model": "jev-latest",
+                "state": "x",
+                "questions": {"q": {"type": "score", "criteria": [str(i) for i in range(11)]}},
+            },
+            ["body", "questions", "q", "score", "criteria"],
+        ),
+        (
+            {"model": "jev-latest", "state": "x", "questions": {"q": {"type": "score", "criteria": {"a": 1, "b": 2}}}},
+            ["body", "questions", "q", "score", "criteria"],
+        ),
+        (
+            {"model": "jev-latest", "state": "x", "questions": {"q": {"type": "noul", "instructions": 3}}},
+            ["body", "questions", "q", "noul", "instructions"],
+        ),
+        (
+            {"model": "jev-latest", "state": "x", "questions": {"q": {"type": "noul", "criteria": "yes"}}},
+            ["body", "questions", "q", "noul", "criteria"],
+        ),
+        (
+            {"model": "jev-latest", "state": "x", "questions": {"q": {"type": "noul"}}, "assets": {"a": {}}},
+            ["body", "assets"],
+        ),
         ([1, 2, 3], ["body"]),
     ],
 )
@@ -194,8 +221,9 @@ def test_zstd_and_gzip_bodies_are_read(client: TestClient) -> None:
     raw = json.dumps(TICKET).encode()
     plain = post(client, TICKET).json()["answers"]
     for encoding, data in [("zstd", zstd_compress(raw)), ("gzip", gzip.compress(raw))]:
-        response = client.post("/v1/systemone", content=data,
-                               headers={"content-type": "application/json", "content-encoding": encoding})
+        response = client.post(
+            "/v1/systemone", content=data, headers={"content-type": "application/json", "content-encoding": encoding}
+        )
         assert response.status_code == 200, response.text
         assert response.json()["answers"] == plain
 

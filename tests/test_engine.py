@@ -22,8 +22,9 @@ def request(state: object = STATE, n_questions: int = 3) -> SystemOneRequest:
         {"type": "choice", "instructions": "Which team?", "criteria": {"Billing": "money", "Shipping": None}},
         {"type": "score", "instructions": "How angry?", "criteria": ["Calm", "Annoyed", "Furious"]},
     ]
-    questions = {f"q{i}": kinds[i % 3] | {"instructions": f"{kinds[i % 3]['instructions']} ({i})"}
-                 for i in range(n_questions)}
+    questions = {
+        f"q{i}": kinds[i % 3] | {"instructions": f"{kinds[i % 3]['instructions']} ({i})"} for i in range(n_questions)
+    }
     return SystemOneRequest.model_validate({"model": "jev-latest", "state": state, "questions": questions})
 
 
@@ -129,8 +130,13 @@ def test_a_corrupted_cache_entry_is_dropped_and_the_answer_matches_a_cold_run(ti
 
 def test_a_forced_hash_collision_never_returns_another_states_answer(tiny_chat_path: Path) -> None:
     honest = fresh_service(tiny_chat_path)
-    colliding = ModelService("tiny", honest.engine, honest.prompter, SnapshotCache(16, 32768),
-                             key_fn=lambda *parts: cache_key("always the same"))
+    colliding = ModelService(
+        "tiny",
+        honest.engine,
+        honest.prompter,
+        SnapshotCache(16, 32768),
+        key_fn=lambda *parts: cache_key("always the same"),
+    )
     a, b = request(state="first state"), request(state="a different second state")
     assert colliding.answer(a)["answers"] == honest.answer(a)["answers"]
     assert colliding.answer(b)["answers"] == honest.answer(b)["answers"]

@@ -45,8 +45,9 @@ def vocabulary(extra_words: tuple[str, ...] = ()) -> tuple[list[str], list[int]]
     return tokens, [int(t) for t in types]
 
 
-def write_tiny_gguf(path: Path, *, seed: int = 0, chat_template: str | None = CHATML_TEMPLATE,
-                    extra_words: tuple[str, ...] = ()) -> Path:
+def write_tiny_gguf(
+    path: Path, *, seed: int = 0, chat_template: str | None = CHATML_TEMPLATE, extra_words: tuple[str, ...] = ()
+) -> Path:
     rng = np.random.default_rng(seed)
     tokens, types = vocabulary(extra_words)
     writer = gguf.GGUFWriter(str(path), "llama")

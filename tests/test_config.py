@@ -1,0 +1,212 @@
+"""Settings: CLI flag > ONEPASS_<FLAG> environment variable > default, and the generated --help."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.config import DEFAULT_MODEL_PATH, REPO_ROOT, Settings, build_parser, env_var, load_settings
+
+FIELD_NAMES = [field.name for field in dataclasses.fields(Settings)]
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def test_defaults_with_no_flags_and_no_environment() -> None:
+    settings = load_settings([], {})
+    assert settings == Settings()
+    assert dataclasses.asdict(settings) == {
+        "host": "127.0.0.1",
+        "port": 8080,
+        "model": DEFAULT_MODEL_PATH,
+        "served_model_name": None,
+        "context_path": None,
+        "n_ctx": 8192,
+        "n_gpu_layers": 0,
+        "threads": 0,
+        "contexts": 1,
+        "session_cache_entries": 16,
+        "session_cache_tokens": 32768,
+        "api_key": None,
+        "max_body_bytes": 8 * 1024 * 1024,
+        "log_level": "info",
+    }
+
+
+def test_env_var_names_are_the_prefixed_upper_case_field_names() -> None:
+    assert [env_var(name) for name in FIELD_NAMES] == [
+        "ONEPASS_HOST",
+        "ONEPASS_PORT",
+        "ONEPASS_MODEL",
+        "ONEPASS_SERVED_MODEL_NAME",
+        "ONEPASS_CONTEXT_PATH",
+        "ONEPASS_N_CTX",
+        "ONEPASS_N_GPU_LAYERS",
+        "ONEPASS_THREADS",
+        "ONEPASS_CONTEXTS",
+        "ONEPASS_SESSION_CACHE_ENTRIES",
+        "ONEPASS_SESSION_CACHE_TOKENS",
+        "ONEPASS_API_KEY",
+        "ONEPASS_MAX_BODY_BYTES",
+        "ONEPASS_LOG_LEVEL",
+    ]
+
+
+# (field, text given as flag, its parsed value, text given in the environment, its parsed value)
+PRECEDENCE_CASES: list[tuple[str, str, Any, str, Any]] = [
+    ("port", "9001", 9001, "9002", 9002),
+    ("n_ctx", "2048", 2048, "4096", 4096),
+    ("session_cache_tokens", "100", 100, "200", 200),
+    ("n_gpu_layers", "-1", -1, "12", 12),
+    ("model", "/flag/a.gguf", Path("/flag/a.gguf"), "/env/b.gguf", Path("/env/b.gguf")),
+    ("context_path", "/flag/ctx.txt", Path("/flag/ctx.txt"), "/env/ctx.txt", Path("/env/ctx.txt")),
+    ("api_key", "flag-key", "flag-key", "env-key", "env-key"),
+    ("served_model_name", "flag-name", "flag-name", "env-name", "env-name"),
+    ("host", "0.0.0.0", "0.0.0.0", "10.0.0.1", "10.0.0.1"),
+    ("log_level", "debug", "debug", "warning", "warning"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "flag_text", "flag_value", "env_text", "env_value"), PRECEDENCE_CASES, ids=[c[0] for c in PRECEDENCE_CASES]
+)
+def test_flag_beats_env_beats_default(
+    name: str, flag_text: str, flag_value: Any, env_text: str, env_value: Any
+) -> None:
+    default = getattr(Settings(), name)
+    assert default not in (flag_value, env_value)
+    environ = {env_var(name): env_text}
+    argv = [flag(name), flag_text]
+
+    assert getattr(load_settings([], {}), name) == default
+    assert getattr(load_settings([], environ), name) == env_value
+    assert getattr(load_settings(argv, {}), name) == flag_value
+    assert getattr(load_settings(argv, environ), name) == flag_value
+    # Only the named option moves; every other one keeps its default.
+    others = {key: value for key, value in dataclasses.asdict(load_settings(argv, environ)).items() if key != name}
+    assert others == {key: value for key, value in dataclasses.asdict(Settings()).items() if key != name}
+
+
+def test_parsed_values_have_the_field_types() -> None:
+    settings = load_settings(
+        ["--port", "1234", "--context-path", "ctx.txt"],
+        {"ONEPASS_N_CTX": "512", "ONEPASS_MODEL": "m.gguf", "ONEPASS_API_KEY": "k"},
+    )
+    assert type(settings.port) is int and type(settings.n_ctx) is int
+    assert isinstance(settings.context_path, Path) and isinstance(settings.model, Path)
+    assert type(settings.api_key) is str
+
+
+def test_empty_values_of_optional_options_mean_none() -> None:
+    environ = {"ONEPASS_API_KEY": "", "ONEPASS_SERVED_MODEL_NAME": "", "ONEPASS_CONTEXT_PATH": ""}
+    settings = load_settings([], environ)
+    assert (settings.api_key, settings.served_model_name, settings.context_path) == (None, None, None)
+    # An empty flag overrides a set environment variable back to "none".
+    settings = load_settings(["--api-key", ""], {"ONEPASS_API_KEY": "env-key"})
+    assert settings.api_key is None
+
+
+def test_several_sources_combine() -> None:
+    settings = load_settings(
+        ["--port", "7000", "--api-key", "flag-key"],
+        {"ONEPASS_PORT": "7001", "ONEPASS_SESSION_CACHE_ENTRIES": "4", "ONEPASS_HOST": "0.0.0.0"},
+    )
+    assert (settings.port, settings.api_key, settings.session_cache_entries, settings.host) == (
+        7000,
+        "flag-key",
+        4,
+        "0.0.0.0",
+    )
+    assert settings.session_cache_tokens == 32768
+
+
+def test_unrelated_environment_variables_are_ignored() -> None:
+    environ = {"PORT": "1", "ONEPASS": "x", "onepass_port": "2", "ONEPASS_PORTS": "3", "ONEPASS_UNKNOWN": "4"}
+    assert load_settings([], environ) == Settings()
+
+
+def test_the_process_environment_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in FIELD_NAMES:
+        monkeypatch.delenv(env_var(name), raising=False)
+    monkeypatch.setenv("ONEPASS_PORT", "9123")
+    monkeypatch.setenv("ONEPASS_API_KEY", "from-os-environ")
+    settings = load_settings([])
+    assert (settings.port, settings.api_key) == (9123, "from-os-environ")
+
+
+def test_invalid_env_value_raises_value_error() -> None:
+    with pytest.raises(ValueError, match="abc"):
+        load_settings([], {"ONEPASS_PORT": "abc"})
+    with pytest.raises(ValueError, match="many"):
+        load_settings([], {"ONEPASS_SESSION_CACHE_TOKENS": "many"})
+
+
+def test_invalid_flag_value_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        load_settings(["--port", "abc"], {})
+    assert raised.value.code == 2
+    assert "--port: invalid int value: 'abc'" in capsys.readouterr().err
+
+
+def test_unknown_flag_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        load_settings(["--no-such-flag", "1"], {})
+    assert raised.value.code == 2
+    assert "unrecognized arguments: --no-such-flag 1" in capsys.readouterr().err
+
+
+def test_help_lists_every_field_flag_and_env_var(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = build_parser().format_help()
+    assert set(re.findall(r"--[a-z][a-z-]*", text)) == {"--help", *(flag(name) for name in FIELD_NAMES)}
+    assert set(re.findall(r"ONEPASS_[A-Z_]+", text)) == {env_var(name) for name in FIELD_NAMES}
+    # Unwrapped, each option's entry names its own env var and its default.
+    monkeypatch.setenv("COLUMNS", "1000")
+    flat = " ".join(build_parser().format_help().split())
+    for field in dataclasses.fields(Settings):
+        entry = re.search(rf"{flag(field.name)} {field.name.upper()} [^\[]*\[env (\w+); default ([^\]]*)\]", flat)
+        assert entry is not None, field.name
+        assert entry.groups() == (env_var(field.name), str(field.default))
+
+
+def test_model_name_is_the_gguf_file_stem() -> None:
+    assert Settings().model_name == "qwen2.5-coder-1.5b-instruct-q4_k_m"
+    assert Settings(model=Path("/models/tiny-chat.gguf")).model_name == "tiny-chat"
+    assert Settings(model=Path("weights/my.model.Q8_0.gguf")).model_name == "my.model.Q8_0"
+    assert Settings(model=Path("/models/plain.bin")).model_name == "plain.bin"
+    assert load_settings(["--model", "/m/tiny-chat.gguf"], {}).model_name == "tiny-chat"
+    assert load_settings([], {"ONEPASS_MODEL": "/m/env-model.gguf"}).model_name == "env-model"
+
+
+def test_served_model_name_overrides_the_file_stem() -> None:
+    assert load_settings(["--model", "/m/tiny-chat.gguf", "--served-model-name", "jev-local"], {}).model_name == (
+        "jev-local"
+    )
+    assert load_settings([], {"ONEPASS_SERVED_MODEL_NAME": "from-env"}).model_name == "from-env"
+    assert Settings(model=Path("/m/a.gguf"), served_model_name="b").model_name == "b"
+    assert Settings(model=Path("/m/a.gguf"), served_model_name="").model_name == "a"
+
+
+def test_python_m_app_help_exits_zero_and_lists_the_flags() -> None:
+    environ = {key: value for key, value in os.environ.items() if not key.startswith("ONEPASS_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "--help"],
+        cwd=REPO_ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: onepass")
+    assert "--session-cache-tokens" in result.stdout
+    assert "ONEPASS_SESSION_CACHE_TOKENS" in result.stdout

@@ -1,0 +1,180 @@
+"""A small set of checks on the real default model (Qwen2.5-Coder-1.5B-Instruct Q4_K_M)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from app import scoring
+from app.contract import SystemOneRequest
+from app.prompting import render_state
+from app.service import ModelService
+
+pytestmark = pytest.mark.real_model
+
+TICKET = "I was charged twice for March and want my money back. This is the third time!"
+
+
+def ask(service: ModelService, state: Any, questions: dict[str, Any]) -> dict[str, Any]:
+    request = SystemOneRequest.model_validate({"model": "jev-latest", "state": state, "questions": questions})
+    return service.answer(request)
+
+
+def noul(text: str) -> dict[str, Any]:
+    return {"type": "noul", "instructions": text}
+
+
+OBVIOUS: list[Any] = [
+    (TICKET, noul("Does the customer ask for money back?"), True),
+    (TICKET, noul("Is the customer praising the company?"), False),
+    ("The meeting moved to Friday at 3pm.", noul("Is the meeting on Friday?"), True),
+    ("The meeting moved to Friday at 3pm.", noul("Is the meeting on Monday?"), False),
+    ({"order": 1234, "status": "delivered"}, noul("Has the order been delivered?"), True),
+    ("Je voudrais annuler mon abonnement.", noul("Does the writer want to cancel a subscription?"), True),
+    (
+        TICKET,
+        {
+            "type": "choice",
+            "instructions": "Which team handles it?",
+            "criteria": {"Billing": "Payments and refunds", "Technical": "Bugs and outages", "Sales": "New purchases"},
+        },
+        "Billing",
+    ),
+    (
+        "The app crashes every time I open the settings page.",
+        {
+            "type": "choice",
+            "instructions": "Which team handles it?",
+            "criteria": {"Billing": "Payments and refunds", "Technical": "Bugs and outages"},
+        },
+        "Technical",
+    ),
+    (
+        "I love this product, it works perfectly!",
+        {
+            "type": "choice",
+            "instructions": "What is the sentiment?",
+            "criteria": {"positive": None, "negative": None, "neutral": None},
+        },
+        "positive",
+    ),
+    (
+        "This is the worst purchase I have ever made. Useless.",
+        {
+            "type": "choice",
+            "instructions": "What is the sentiment?",
+            "criteria": {"positive": None, "negative": None, "neutral": None},
+        },
+        "negative",
+    ),
+    (
+        "Absolutely furious. Nobody answers and I have been waiting for a month!!!",
+        {"type": "score", "instructions": "How angry is the writer?", "criteria": ["Calm", "Annoyed", "Furious"]},
+        2,
+    ),
+    pytest.param(
+        "Thanks, everything is fine, no rush at all.",
+        {
+            "type": "score",
+            "instructions": "How urgent is this message?",
+            "criteria": ["Not urgent", "Somewhat urgent", "Very urgent"],
+        },
+        0,
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="known: uncalibrated scores lean to the middle level (p = 0.15/0.55/0.30); calibration is issue 4",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("state", "question", "expected"), OBVIOUS, ids=range(len(OBVIOUS)))
+def test_obvious_questions_are_answered_correctly(
+    real_service: ModelService, state: Any, question: dict[str, Any], expected: Any
+) -> None:
+    answer = ask(real_service, state, {"q": question})["answers"]["q"]
+    assert answer["x_label_mass"] > 0.5  # the model answers in the labels we read
+    if answer["type"] == "noul":
+        assert (answer["noul"] > 0.5) is expected, answer
+    elif answer["type"] == "choice":
+        assert answer["choice"] == expected, answer
+    else:
+        probabilities = list(answer["probabilities"].values())
+        assert probabilities.index(max(probabilities)) == expected, answer
+
+
+def test_the_chat_prompt_makes_the_model_emit_labels_without_a_leading_space(real_service: ModelService) -> None:
+    engine, prompter = real_service.engine, real_service.prompter
+    assert prompter.format.kind == "chat" and not prompter.format.label_space
+    plan = real_service.plan(
+        SystemOneRequest.model_validate(
+            {"model": "m", "state": TICKET, "questions": {"q": noul("Does the customer ask for money back?")}}
+        )
+    )
+    ((_, _, rendered),) = plan.questions
+    variants = [engine.tokenize(text, special=False)[0] for text in ("Yes", "No", " Yes", " No")]
+    snapshot, _ = engine.prefill(plan.prefix_tokens)
+    (readout,) = engine.answer(snapshot, [rendered.tokens], [variants]).readouts
+    p = scoring.softmax(readout.label_logits)
+    assert p[0] + p[1] > 0.99, p  # " Yes"/" No" get almost nothing after "assistant\n"
+
+
+def test_prefix_tokens_are_a_literal_prefix_with_the_real_tokenizer(real_service: ModelService) -> None:
+    fmt = real_service.prompter.format
+    for state in [TICKET, {"k": [1, 2], "é": "ü"}, "line one\n\nline two\n", "ends with punctuation?!"]:
+        request = SystemOneRequest.model_validate(
+            {
+                "model": "m",
+                "state": state,
+                "questions": {
+                    "n": noul("Is it a question?"),
+                    "c": {"type": "choice", "criteria": {"x": None, "y": "why"}},
+                    "s": {"type": "score", "criteria": ["lo", "hi"]},
+                },
+            }
+        )
+        plan = real_service.plan(request)
+        for _, _, rendered in plan.questions:
+            whole = fmt.head + render_state(state) + fmt.between + rendered.text + fmt.tail
+            assert list(plan.prefix_tokens) + list(rendered.tokens) == real_service.engine.tokenize(whole)
+
+
+def test_a_long_state_hit_equals_miss_equals_a_one_shot_prefill(real_service: ModelService) -> None:
+    state = " ".join(f"Line {i}: the customer reports that parcel {i} arrived late and damaged." for i in range(75))
+    questions = {
+        "late": noul("Did parcels arrive late?"),
+        "tone": {"type": "score", "criteria": ["Calm", "Annoyed", "Furious"]},
+    }
+    miss = ask(real_service, state, questions)
+    hit = ask(real_service, state, questions)
+    plan = real_service.plan(SystemOneRequest.model_validate({"model": "m", "state": state, "questions": questions}))
+    assert len(plan.prefix_tokens) > 1200
+    assert (miss["x_cache"], hit["x_cache"]) == ("miss", "hit")
+    assert hit["answers"] == miss["answers"]
+    # Restore (system snapshot + state prefill, then the saved snapshot) == prefill of the whole prefix at once.
+    engine = real_service.engine
+    one_shot, _ = engine.prefill(plan.prefix_tokens)
+    order = sorted(range(2), key=lambda i: plan.questions[i][2].tokens)
+    suffixes = [plan.questions[i][2].tokens for i in order]
+    labels = [plan.questions[i][2].label_ids for i in order]
+    cached = real_service.cache.get(real_service.cache.keys()[-1], plan.prefix_tokens)
+    assert cached is not None
+    assert engine.answer(one_shot, suffixes, labels).readouts == engine.answer(cached, suffixes, labels).readouts
+
+
+def test_question_order_and_ids_do_not_change_answers(real_service: ModelService) -> None:
+    questions = {
+        "a": noul("Is the customer angry?"),
+        "b": {"type": "choice", "criteria": {"Billing": None, "Technical": None}},
+        "c": {"type": "score", "criteria": ["low", "medium", "high"]},
+    }
+    forward = ask(real_service, TICKET, questions)["answers"]
+    backward = ask(real_service, TICKET, {f"id-{k}": v for k, v in reversed(questions.items())})["answers"]
+    assert {k: forward[k] for k in questions} == {k: backward[f"id-{k}"] for k in questions}
+
+
+def test_n_questions_cost_one_prefill_and_one_decode(real_service: ModelService) -> None:
+    before = real_service.engine.decode_calls
+    ask(real_service, "A brand new state for counting decodes.", {f"q{i}": noul(f"Question {i}?") for i in range(5)})
+    assert real_service.engine.decode_calls - before == 2
