@@ -23,7 +23,7 @@ SMALL_MODEL := models/gemma-3-270m-q4_k_m.gguf
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: setup model model-small run test lint bench clean
+.PHONY: setup model model-small run test lint bench eval clean
 
 setup: $(INSTALL_STAMP)
 
@@ -67,6 +67,11 @@ lint: setup
 
 bench: model
 	$(BIN)/python -m bench.cache_gain
+
+# Accuracy and calibration on tests/eval/items.jsonl: make eval EVAL_ARGS="--model models/other.gguf"
+EVAL_ARGS ?=
+eval: model
+	$(BIN)/python -m bench.eval $(EVAL_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

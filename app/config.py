@@ -30,6 +30,12 @@ def _optional_str(text: str) -> str | None:
     return text or None
 
 
+def _calibration(text: str) -> str:
+    if text not in ("none", "contextual"):
+        raise ValueError(f"calibration must be 'none' or 'contextual', not {text!r}")
+    return text
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     host: str = _option("127.0.0.1", "address to bind")
@@ -47,6 +53,11 @@ class Settings:
     contexts: int = _option(1, "llama.cpp contexts in the pool = requests decoded in parallel", int)
     session_cache_entries: int = _option(16, "most prefix snapshots kept (0 disables the cache)", int)
     session_cache_tokens: int = _option(32768, "most prefix tokens kept across snapshots (0 disables the cache)", int)
+    calibration: str = _option(
+        "contextual",
+        "label-prior correction: 'contextual' (content-free states, Zhao et al. 2021) or 'none'",
+        _calibration,
+    )
     api_key: str | None = _option(None, "require 'Authorization: Bearer <key>' (default: no auth)", _optional_str)
     max_body_bytes: int = _option(8 * 1024 * 1024, "largest request body accepted (413 beyond)", int)
     log_level: str = _option("info", "logging level: debug, info, warning, error")

@@ -53,6 +53,14 @@ class Readout:
     label_mass: float  # probability the full next-token distribution puts on the labels
 
 
+@dataclass(frozen=True)
+class Job:
+    """Tokens to decode after the prefix, and the label tokens to read after the last one."""
+
+    tokens: Sequence[int]
+    labels: Sequence[int]
+
+
 @dataclass
 class Timing:
     restore_ms: float = 0.0
@@ -214,20 +222,20 @@ class Engine:
             timing.prefill_ms = _ms_since(began)
             return Snapshot(self._save(ctx), tuple(tokens)), timing
 
-    def answer(self, prefix: Snapshot, suffixes: Sequence[Sequence[int]], labels: Sequence[Sequence[int]]) -> Answered:
-        """Restore `prefix`, decode every suffix after it, read each suffix's label logits.
+    def answer(self, prefix: Snapshot, jobs: Sequence[Job]) -> Answered:
+        """Restore `prefix`, decode every job after it, read each job's label logits.
 
-        All suffixes go into one llama_decode when they fit; otherwise into the fewest
-        decodes that respect the sequence limit and the context's free cells.
+        All jobs go into one llama_decode when they fit; otherwise into the fewest decodes
+        that respect the sequence limit and the context's free cells.
         """
         readouts: list[Readout] = []
         timing = Timing()
-        groups = self.plan_groups(prefix.n_tokens, [len(s) for s in suffixes])
+        groups = self.plan_groups(prefix.n_tokens, [len(job.tokens) for job in jobs])
         with self._borrow() as ctx:
             timing.restore_ms = self._restore(ctx, prefix)
             began = time.perf_counter()
             for group in groups:
-                readouts.extend(self._decode_group(ctx, prefix.n_tokens, group, suffixes, labels))
+                readouts.extend(self._decode_group(ctx, prefix.n_tokens, [jobs[i] for i in group]))
             timing.decode_ms = _ms_since(began)
         return Answered(readouts, len(groups), timing)
 
@@ -246,26 +254,18 @@ class Engine:
             used += length
         return groups
 
-    def _decode_group(
-        self,
-        ctx: _Context,
-        n_prefix: int,
-        group: Sequence[int],
-        suffixes: Sequence[Sequence[int]],
-        labels: Sequence[Sequence[int]],
-    ) -> list[Readout]:
+    def _decode_group(self, ctx: _Context, n_prefix: int, jobs: Sequence[Job]) -> list[Readout]:
         entries: list[tuple[int, int, int, bool]] = []
-        outputs: list[int] = []  # batch index of each question's last suffix token
-        for seq, question in enumerate(group, start=1):
-            llama.llama_memory_seq_cp(ctx.memory, 0, seq, -1, -1)
-            suffix = suffixes[question]
-            for j, token in enumerate(suffix):
-                entries.append((token, n_prefix + j, seq, j == len(suffix) - 1))
+        outputs: list[int] = []  # batch index of each job's last token
+        for seq, job in enumerate(jobs, start=1):
+            llama.llama_memory_seq_cp(ctx.memory, 0, seq, -1, -1)  # unified KV: shares the cells, copies nothing
+            for j, token in enumerate(job.tokens):
+                entries.append((token, n_prefix + j, seq, j == len(job.tokens) - 1))
             outputs.append(len(entries) - 1)
         self._fill(ctx, entries)
         self._decode(ctx)
-        readouts = [self._read(ctx, index, labels[question]) for index, question in zip(outputs, group, strict=True)]
-        for seq in range(1, len(group) + 1):
+        readouts = [self._read(ctx, index, job.labels) for index, job in zip(outputs, jobs, strict=True)]
+        for seq in range(1, len(jobs) + 1):
             llama.llama_memory_seq_rm(ctx.memory, seq, -1, -1)
         return readouts
 

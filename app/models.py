@@ -48,7 +48,7 @@ def load_model(settings: Settings) -> ModelService:
             read_context(settings.context_path),
         )
         cache = SnapshotCache(settings.session_cache_entries, settings.session_cache_tokens)
-        return ModelService(settings.model_name, engine, prompter, cache)
+        return ModelService(settings.model_name, engine, prompter, cache, calibration=settings.calibration)
     except BaseException:
         engine.close()
         raise

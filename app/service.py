@@ -10,11 +10,14 @@ from typing import Any
 
 from app import scoring
 from app.cache import CacheKey, Snapshot, SnapshotCache, cache_key
+from app.calibration import CONTENT_FREE_STATES, ContextualCalibrator, PriorKey
 from app.contract import ChoiceQuestion, NoulQuestion, Question, SystemOneRequest, validation_error
-from app.engine import Engine, Readout, RestoreError, Timing
+from app.engine import Engine, Job, Readout, RestoreError, Timing
 from app.prompting import Prompter, RenderedQuestion, render_state
 
 log = logging.getLogger("onepass.service")
+
+CALIBRATIONS = ("none", "contextual")
 
 
 class RequestInvalid(Exception):
@@ -42,14 +45,19 @@ class ModelService:
         prompter: Prompter,
         cache: SnapshotCache,
         key_fn: Callable[..., CacheKey] = cache_key,
+        calibration: str = "none",
     ) -> None:
         self.name = name
         self.engine = engine
         self.prompter = prompter
         self.cache = cache
         self._key_fn = key_fn  # a test hook: a constant key forces hash collisions
+        if calibration not in CALIBRATIONS:
+            raise ValueError(f"calibration must be one of {CALIBRATIONS}, not {calibration!r}")
+        self.calibration = calibration
         started = time.perf_counter()
         self.base, _ = engine.prefill(prompter.head_tokens)
+        self.calibrator = ContextualCalibrator([prompter.state_tokens(state) for state in CONTENT_FREE_STATES])
         log.info(
             "%s: system prompt prefilled (%d tokens, %.0f ms)",
             name,
@@ -59,6 +67,18 @@ class ModelService:
 
     def close(self) -> None:
         self.engine.close()
+
+    def _unknown_priors(self, plan: Plan) -> list[PriorKey]:
+        if self.calibration == "none":
+            return []
+        return self.calibrator.missing([(rendered.tokens, rendered.label_ids) for _, _, rendered in plan.questions])
+
+    def _render(self, question: Question, rendered: RenderedQuestion, readout: Readout) -> dict[str, Any]:
+        raw = scoring.softmax(readout.label_logits)
+        if self.calibration == "none":
+            return render_answer(question, raw, readout.label_mass)
+        calibrated = self.calibrator.calibrate((rendered.tokens, rendered.label_ids), raw)
+        return render_answer(question, calibrated, readout.label_mass, raw)
 
     def plan(self, request: SystemOneRequest) -> Plan:
         """Render and tokenize everything, and check it fits, before any inference."""
@@ -111,17 +131,19 @@ class ModelService:
         # The batch holds the questions in a canonical order (by suffix tokens), so the order they
         # arrive in cannot change the batch layout and with it the floating-point rounding.
         order = sorted(range(len(plan.questions)), key=lambda i: plan.questions[i][2].tokens)
-        suffixes = [plan.questions[i][2].tokens for i in order]
-        labels = [plan.questions[i][2].label_ids for i in order]
+        jobs = [Job(plan.questions[i][2].tokens, plan.questions[i][2].label_ids) for i in order]
         try:
-            answered = self.engine.answer(snapshot, suffixes, labels)
+            answered = self.engine.answer(snapshot, jobs)
         except RestoreError as error:
             log.warning("%s: dropping a snapshot that failed to restore (%s); prefilling again", self.name, error)
             self.cache.evict(key)
             hit = False
             snapshot = build()
             self.cache.put(key, snapshot)
-            answered = self.engine.answer(snapshot, suffixes, labels)
+            answered = self.engine.answer(snapshot, jobs)
+        unknown = self._unknown_priors(plan)
+        if unknown:
+            self.calibrator.learn(unknown, self.engine.answer(self.base, self.calibrator.jobs(unknown)).readouts)
         readout_of = dict(zip(order, answered.readouts, strict=True))
         readouts = [readout_of[i] for i in range(len(order))]
         cache_state = "off" if not self.cache.enabled else "hit" if hit else "miss"
@@ -138,11 +160,11 @@ class ModelService:
         return {
             "model": self.name,
             "answers": {
-                qid: render_answer(question, readout)
-                for (qid, question, _), readout in zip(plan.questions, readouts, strict=True)
+                qid: self._render(question, rendered, readout)
+                for (qid, question, rendered), readout in zip(plan.questions, readouts, strict=True)
             },
             "usage": {
-                "input_tokens": len(plan.prefix_tokens) + sum(len(s) for s in suffixes),
+                "input_tokens": len(plan.prefix_tokens) + sum(len(job.tokens) for job in jobs),
                 "output_tokens": len(plan.questions),
             },
             "x_cache": cache_state,
@@ -155,11 +177,23 @@ class ModelService:
         }
 
 
-def render_answer(question: Question, readout: Readout) -> dict[str, Any]:
-    probabilities = scoring.softmax(readout.label_logits)
-    mass = readout.label_mass
+def render_answer(
+    question: Question, probabilities: list[float], mass: float, raw: list[float] | None = None
+) -> dict[str, Any]:
+    """The contract's answer for one question; `raw` (uncalibrated) is reported as x_raw when given."""
+    answer = _contract_answer(question, probabilities)
+    answer["x_label_mass"] = mass
+    if raw is not None:
+        answer["x_raw"] = _contract_answer(question, raw)[_RAW_FIELD[answer["type"]]]
+    return answer
+
+
+_RAW_FIELD = {"noul": "noul", "choice": "probabilities", "score": "probabilities"}
+
+
+def _contract_answer(question: Question, probabilities: list[float]) -> dict[str, Any]:
     if isinstance(question, NoulQuestion):
-        return {"type": "noul", "noul": probabilities[0], "x_label_mass": mass}
+        return {"type": "noul", "noul": probabilities[0]}
     if isinstance(question, ChoiceQuestion):
         by_name = dict(zip(question.criteria, probabilities, strict=True))
         # Ties go to the first name in sorted order, so option order never changes the choice.
@@ -169,7 +203,6 @@ def render_answer(question: Question, readout: Readout) -> dict[str, Any]:
             "choice": best,
             "confidence": scoring.choice_confidence(probabilities),
             "probabilities": by_name,
-            "x_label_mass": mass,
         }
     return {
         "type": "score",
@@ -177,5 +210,4 @@ def render_answer(question: Question, readout: Readout) -> dict[str, Any]:
         "confidence": scoring.score_confidence(probabilities),
         "legend": {str(i): level for i, level in enumerate(question.criteria)},
         "probabilities": {str(i): p for i, p in enumerate(probabilities)},
-        "x_label_mass": mass,
     }

@@ -8,7 +8,7 @@ import pytest
 
 from app.cache import Snapshot, SnapshotCache, cache_key
 from app.contract import SystemOneRequest
-from app.engine import MAX_SEQUENCES, Engine, RestoreError
+from app.engine import MAX_SEQUENCES, Engine, Job, RestoreError
 from app.models import load_model
 from app.service import ModelService
 from tests.conftest import tiny_settings
@@ -43,9 +43,10 @@ def test_restore_then_decode_equals_prefill_then_decode(tiny_service: ModelServi
     labels = [[300, 301, 302]] * 2
     one_shot, _ = engine.prefill(prefix)
     split, _ = engine.prefill(prefix, base=engine.prefill(prefix[:40])[0])
-    cold = engine.answer(one_shot, suffixes, labels).readouts
-    assert engine.answer(split, suffixes, labels).readouts == cold
-    assert engine.answer(one_shot, suffixes, labels).readouts == cold  # the snapshot is reusable
+    jobs = [Job(s, l) for s, l in zip(suffixes, labels, strict=True)]
+    cold = engine.answer(one_shot, jobs).readouts
+    assert engine.answer(split, jobs).readouts == cold
+    assert engine.answer(one_shot, jobs).readouts == cold  # the snapshot is reusable
 
 
 def test_hit_miss_and_cache_off_answer_bit_identically(tiny_chat_path: Path) -> None:
@@ -63,17 +64,66 @@ def test_hit_miss_and_cache_off_answer_bit_identically(tiny_chat_path: Path) -> 
         off.close()
 
 
-def test_one_request_is_one_prefill_and_one_batched_decode(tiny_service: ModelService) -> None:
-    req = request(state="a state nobody sent before", n_questions=7)
-    before = tiny_service.engine.decode_calls
-    tiny_service.answer(req)
-    assert tiny_service.engine.decode_calls - before == 2  # the state prefill + one decode for 7 questions
-    tiny_service.answer(req)
-    assert tiny_service.engine.decode_calls - before == 3  # a hit: the decode alone
+def test_one_request_is_one_prefill_and_one_batched_decode(tiny_chat_path: Path) -> None:
+    service = fresh_service(tiny_chat_path, calibration="none")
+    try:
+        req = request(state="a state nobody sent before", n_questions=7)
+        before = service.engine.decode_calls
+        service.answer(req)
+        assert service.engine.decode_calls - before == 2  # the state prefill + one decode for 7 questions
+        service.answer(req)
+        assert service.engine.decode_calls - before == 3  # a hit: the decode alone
+    finally:
+        service.close()
+
+
+def test_calibration_measures_each_new_questions_prior_once_in_one_decode(tiny_chat_path: Path) -> None:
+    service = fresh_service(tiny_chat_path, calibration="contextual")
+    try:
+        before = service.engine.decode_calls
+        first = service.answer(request(state="first state", n_questions=7))
+        assert service.engine.decode_calls - before == 3  # prefill, the questions, their 7 x 2 content-free runs
+        assert len(service.calibrator) == 7
+        before = service.engine.decode_calls
+        second = service.answer(request(state="second state", n_questions=7))
+        assert service.engine.decode_calls - before == 2  # priors known: prefill + questions
+        assert service.answer(request(state="first state", n_questions=7))["answers"] == first["answers"]
+        for answer in [*first["answers"].values(), *second["answers"].values()]:
+            assert "x_raw" in answer
+    finally:
+        service.close()
+
+
+def test_calibration_divides_out_the_content_free_prior(tiny_chat_path: Path) -> None:
+    plain = fresh_service(tiny_chat_path, calibration="none")
+    calibrated = fresh_service(tiny_chat_path, calibration="contextual")
+    try:
+        req = request(n_questions=3)
+        raw, cal = plain.answer(req)["answers"], calibrated.answer(req)["answers"]
+        for qid, answer in cal.items():
+            rendered = calibrated.plan(req).questions[int(qid[1:])][2]
+            prior = calibrated.calibrator._priors[(rendered.tokens, rendered.label_ids)]
+            p_raw = (
+                [raw[qid]["noul"], 1 - raw[qid]["noul"]]
+                if answer["type"] == "noul"
+                else list(raw[qid]["probabilities"].values())
+            )
+            expected = [p / q for p, q in zip(p_raw, prior, strict=True)]
+            expected = [e / sum(expected) for e in expected]
+            got = (
+                [answer["noul"], 1 - answer["noul"]]
+                if answer["type"] == "noul"
+                else list(answer["probabilities"].values())
+            )
+            assert got == pytest.approx(expected, rel=1e-9)
+            assert answer["x_raw"] == (raw[qid]["noul"] if answer["type"] == "noul" else raw[qid]["probabilities"])
+    finally:
+        plain.close()
+        calibrated.close()
 
 
 def test_more_questions_than_sequences_split_into_the_fewest_decodes(tiny_chat_path: Path) -> None:
-    service = fresh_service(tiny_chat_path, n_ctx=16384)
+    service = fresh_service(tiny_chat_path, n_ctx=16384, calibration="none")
     engine = service.engine
     try:
         assert engine.plan_groups(10, [3] * 300) == [list(range(255)), list(range(255, 300))]
@@ -103,12 +153,12 @@ def test_answers_are_valid_probabilities(tiny_service: ModelService) -> None:
 def test_a_truncated_snapshot_is_refused_and_the_context_left_clean(tiny_service: ModelService) -> None:
     engine = tiny_service.engine
     good, _ = engine.prefill(engine.tokenize("Text:\nsome state", add_bos=True))
-    suffix, labels = [engine.tokenize("Q\n")], [[300, 301]]
-    expected = engine.answer(good, suffix, labels).readouts
+    jobs = [Job(engine.tokenize("Q\n"), [300, 301])]
+    expected = engine.answer(good, jobs).readouts
     broken = Snapshot(good.data[: len(good.data) // 2], good.tokens)
     with pytest.raises(RestoreError):
-        engine.answer(broken, suffix, labels)
-    assert engine.answer(good, suffix, labels).readouts == expected
+        engine.answer(broken, jobs)
+    assert engine.answer(good, jobs).readouts == expected
 
 
 def test_a_corrupted_cache_entry_is_dropped_and_the_answer_matches_a_cold_run(tiny_chat_path: Path) -> None:
@@ -136,6 +186,7 @@ def test_a_forced_hash_collision_never_returns_another_states_answer(tiny_chat_p
         honest.prompter,
         SnapshotCache(16, 32768),
         key_fn=lambda *parts: cache_key("always the same"),
+        calibration=honest.calibration,
     )
     a, b = request(state="first state"), request(state="a different second state")
     assert colliding.answer(a)["answers"] == honest.answer(a)["answers"]
@@ -148,7 +199,7 @@ def test_a_forced_hash_collision_never_returns_another_states_answer(tiny_chat_p
 def test_concurrent_requests_for_a_new_state_prefill_once(tiny_chat_path: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    service = fresh_service(tiny_chat_path, contexts=2)
+    service = fresh_service(tiny_chat_path, contexts=2, calibration="none")
     try:
         before = service.engine.decode_calls
         with ThreadPoolExecutor(8) as pool:

@@ -8,6 +8,7 @@ import pytest
 
 from app import scoring
 from app.contract import SystemOneRequest
+from app.engine import Job
 from app.prompting import render_state
 from app.service import ModelService
 
@@ -115,7 +116,7 @@ def test_the_chat_prompt_makes_the_model_emit_labels_without_a_leading_space(rea
     ((_, _, rendered),) = plan.questions
     variants = [engine.tokenize(text, special=False)[0] for text in ("Yes", "No", " Yes", " No")]
     snapshot, _ = engine.prefill(plan.prefix_tokens)
-    (readout,) = engine.answer(snapshot, [rendered.tokens], [variants]).readouts
+    (readout,) = engine.answer(snapshot, [Job(rendered.tokens, variants)]).readouts
     p = scoring.softmax(readout.label_logits)
     assert p[0] + p[1] > 0.99, p  # " Yes"/" No" get almost nothing after "assistant\n"
 
@@ -155,12 +156,10 @@ def test_a_long_state_hit_equals_miss_equals_a_one_shot_prefill(real_service: Mo
     # Restore (system snapshot + state prefill, then the saved snapshot) == prefill of the whole prefix at once.
     engine = real_service.engine
     one_shot, _ = engine.prefill(plan.prefix_tokens)
-    order = sorted(range(2), key=lambda i: plan.questions[i][2].tokens)
-    suffixes = [plan.questions[i][2].tokens for i in order]
-    labels = [plan.questions[i][2].label_ids for i in order]
+    jobs = [Job(rendered.tokens, rendered.label_ids) for _, _, rendered in plan.questions]
     cached = real_service.cache.get(real_service.cache.keys()[-1], plan.prefix_tokens)
     assert cached is not None
-    assert engine.answer(one_shot, suffixes, labels).readouts == engine.answer(cached, suffixes, labels).readouts
+    assert engine.answer(one_shot, jobs).readouts == engine.answer(cached, jobs).readouts
 
 
 def test_question_order_and_ids_do_not_change_answers(real_service: ModelService) -> None:

@@ -1,0 +1,225 @@
+"""Accuracy and calibration of onepass on the labelled set in tests/eval/items.jsonl.
+
+Every item goes through the real server path (Starlette app, validation, prompting, cache,
+engine, scoring) in-process. With calibration on, each answer also carries the raw
+probabilities (x_raw), so one run reports both "raw" and "calibrated" figures.
+
+    python -m bench.eval [--model PATH] [--calibration contextual|none] [--limit N] [--out DIR]
+
+Writes <out>/eval-<model>.json, .md and a reliability diagram .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.testclient import TestClient
+
+from app.config import DEFAULT_MODEL_PATH, REPO_ROOT, Settings
+from app.models import ModelRegistry, load_model
+from app.server import create_app
+
+ITEMS = REPO_ROOT / "tests" / "eval" / "items.jsonl"
+N_BINS = 10
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One item's predicted distribution over its answers, and which one is right."""
+
+    item_id: str
+    kind: str
+    category: str
+    probabilities: list[float]
+    correct: int
+    label_mass: float
+
+    @property
+    def predicted(self) -> int:
+        return max(range(len(self.probabilities)), key=self.probabilities.__getitem__)
+
+    @property
+    def confidence(self) -> float:
+        return max(self.probabilities)
+
+    @property
+    def right(self) -> bool:
+        return self.predicted == self.correct
+
+    @property
+    def brier(self) -> float:
+        return math.fsum((p - (i == self.correct)) ** 2 for i, p in enumerate(self.probabilities))
+
+
+def load_items(path: Path = ITEMS, limit: int | None = None) -> list[dict[str, Any]]:
+    items = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return items[:limit] if limit else items
+
+
+def outcome(item: dict[str, Any], answer: dict[str, Any], raw: bool) -> Outcome:
+    kind, expected = item["question"]["type"], item["answer"]
+    if kind == "noul":
+        p_yes = answer["x_raw"] if raw else answer["noul"]
+        probabilities, correct = [p_yes, 1 - p_yes], 0 if expected else 1
+    elif kind == "choice":
+        by_name = answer["x_raw"] if raw else answer["probabilities"]
+        names = list(item["question"]["criteria"])
+        probabilities, correct = [by_name[n] for n in names], names.index(expected)
+    else:
+        by_level = answer["x_raw"] if raw else answer["probabilities"]
+        probabilities, correct = [by_level[str(i)] for i in range(len(by_level))], expected
+    return Outcome(item["id"], kind, item["category"], probabilities, correct, answer["x_label_mass"])
+
+
+def reliability(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
+    """Bins of the top-answer confidence; ECE weighs each bin's |accuracy - confidence| by its size."""
+    rows = []
+    for b in range(N_BINS):
+        low, high = b / N_BINS, (b + 1) / N_BINS
+        members = [o for o in outcomes if low <= o.confidence < high or (b == N_BINS - 1 and o.confidence == 1.0)]
+        rows.append(
+            {
+                "bin": f"{low:.1f}-{high:.1f}",
+                "count": len(members),
+                "confidence": statistics.fmean(o.confidence for o in members) if members else None,
+                "accuracy": statistics.fmean(o.right for o in members) if members else None,
+            }
+        )
+    return rows
+
+
+def metrics(outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    table = reliability(outcomes)
+    ece = math.fsum(r["count"] * abs(r["accuracy"] - r["confidence"]) for r in table if r["count"]) / len(outcomes)
+    masses = sorted(o.label_mass for o in outcomes)
+    return {
+        "items": len(outcomes),
+        "accuracy": statistics.fmean(o.right for o in outcomes),
+        "accuracy_by_type": {
+            kind: statistics.fmean(o.right for o in outcomes if o.kind == kind)
+            for kind in ("noul", "choice", "score")
+            if any(o.kind == kind for o in outcomes)
+        },
+        "brier": statistics.fmean(o.brier for o in outcomes),
+        "ece": ece,
+        "reliability": table,
+        "label_mass": {
+            "mean": statistics.fmean(masses),
+            "min": masses[0],
+            "p10": masses[len(masses) // 10],
+            "median": statistics.median(masses),
+        },
+    }
+
+
+def run(model: Path, calibration: str, limit: int | None) -> dict[str, Any]:
+    items = load_items(limit=limit)
+    settings = Settings(model=model, calibration=calibration, n_ctx=4096)
+    registry = ModelRegistry(load_model(settings))
+    outcomes: dict[str, list[Outcome]] = {"raw": [], "calibrated": []}
+    began = time.perf_counter()
+    with TestClient(create_app(settings, registry=registry)) as client:
+        for item in items:
+            body = {"model": "jev-latest", "state": item["state"], "questions": {"q": item["question"]}}
+            response = client.post("/v1/systemone", json=body)
+            response.raise_for_status()
+            answer = response.json()["answers"]["q"]
+            if calibration == "contextual":
+                outcomes["raw"].append(outcome(item, answer, raw=True))
+                outcomes["calibrated"].append(outcome(item, answer, raw=False))
+            else:
+                outcomes["raw"].append(outcome(item, answer, raw=False))
+    registry.close()
+    return {
+        "model": registry.default.name,
+        "calibration": calibration,
+        "seconds": round(time.perf_counter() - began, 1),
+        "results": {name: metrics(found) for name, found in outcomes.items() if found},
+        "misses": [o.item_id for o in outcomes["calibrated" if outcomes["calibrated"] else "raw"] if not o.right],
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# Eval: {report['model']} ({report['results'][next(iter(report['results']))]['items']} items, "
+        f"{report['seconds']} s)",
+        "",
+        "| | accuracy | noul | choice | score | Brier | ECE | label mass (mean) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, m in report["results"].items():
+        by_type = m["accuracy_by_type"]
+        lines.append(
+            f"| {name} | {m['accuracy']:.3f} | "
+            + " | ".join(f"{by_type[k]:.3f}" if k in by_type else "-" for k in ("noul", "choice", "score"))
+            + f" | {m['brier']:.3f} | {m['ece']:.3f} | {m['label_mass']['mean']:.3f} |"
+        )
+    for name, m in report["results"].items():
+        lines += [
+            "",
+            f"Reliability ({name}):",
+            "",
+            "| confidence bin | items | mean confidence | accuracy |",
+            "|---|---|---|---|",
+        ]
+        for row in m["reliability"]:
+            if row["count"]:
+                lines.append(f"| {row['bin']} | {row['count']} | {row['confidence']:.3f} | {row['accuracy']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
+    for name, m in report["results"].items():
+        rows = [r for r in m["reliability"] if r["count"]]
+        ax.plot(
+            [r["confidence"] for r in rows],
+            [r["accuracy"] for r in rows],
+            marker="o",
+            label=f"{name} (acc {m['accuracy']:.2f}, ECE {m['ece']:.3f})",
+        )
+    ax.set(
+        xlabel="confidence of the top answer",
+        ylabel="accuracy",
+        xlim=(0, 1),
+        ylim=(0, 1),
+        title=f"Reliability: {report['model']}",
+    )
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)
+    parser.add_argument("--calibration", choices=["contextual", "none"], default="contextual")
+    parser.add_argument("--limit", type=int, help="only the first N items (a quick check)")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results")
+    args = parser.parse_args()
+    report = run(args.model, args.calibration, args.limit)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"eval-{report['model']}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(markdown(report))
+    plot(report, stem.with_suffix(".png"))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
