@@ -43,7 +43,7 @@ def test_restore_then_decode_equals_prefill_then_decode(tiny_service: ModelServi
     labels = [[300, 301, 302]] * 2
     one_shot, _ = engine.prefill(prefix)
     split, _ = engine.prefill(prefix, base=engine.prefill(prefix[:40])[0])
-    jobs = [Job(s, l) for s, l in zip(suffixes, labels, strict=True)]
+    jobs = [Job(suffix, label_ids) for suffix, label_ids in zip(suffixes, labels, strict=True)]
     cold = engine.answer(one_shot, jobs).readouts
     assert engine.answer(split, jobs).readouts == cold
     assert engine.answer(one_shot, jobs).readouts == cold  # the snapshot is reusable
