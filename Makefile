@@ -23,7 +23,7 @@ SMALL_MODEL := models/gemma-3-270m-q4_k_m.gguf
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: setup model model-small run test lint bench eval clean
+.PHONY: setup model model-small run test lint bench bench-quick eval load check-gpu clean
 
 setup: $(INSTALL_STAMP)
 
@@ -55,7 +55,7 @@ model-small: $(INSTALL_STAMP)
 ARGS ?=
 
 run: model
-	$(BIN)/python -m app --host $(HOST) --port $(PORT) --model $(DEFAULT_MODEL) $(ARGS)
+	$(BIN)/python -m app --host $(HOST) --port $(PORT) $(ARGS)
 
 test: model lint
 	$(BIN)/python -m pytest -q
@@ -65,13 +65,33 @@ lint: setup
 	$(BIN)/ruff format --check app tests bench models
 	$(BIN)/mypy --strict app
 
-bench: model
-	$(BIN)/python -m bench.cache_gain
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(INSTALL_STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	touch $@
+
+# The full comparison for a model (default: the default model): make bench BENCH_ARGS="--model models/x.gguf"
+BENCH_ARGS ?=
+bench: model $(BENCH_STAMP)
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
+bench-quick: model $(BENCH_STAMP)
+	$(BIN)/python -m bench.run --quick $(BENCH_ARGS)
+
+# 64 concurrent clients against one server; fails on any error or changed answer.
+LOAD_ARGS ?=
+load: model
+	$(BIN)/python -m bench.load $(LOAD_ARGS)
 
 # Accuracy and calibration on tests/eval/items.jsonl: make eval EVAL_ARGS="--model models/other.gguf"
 EVAL_ARGS ?=
 eval: model
 	$(BIN)/python -m bench.eval $(EVAL_ARGS)
+
+# Load the default model with every layer offloaded and print where llama.cpp put the layers.
+check-gpu: model
+	$(BIN)/python -m app.check_gpu $(DEFAULT_MODEL)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

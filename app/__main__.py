@@ -8,19 +8,28 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from app.config import load_settings
+from app.config import DEFAULT_CONFIG_PATH, ConfigError, load_settings
+from app.models import read_models_config
 from app.server import create_app
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     try:
-        settings = load_settings(argv)
-    except ValueError as error:  # a malformed ONEPASS_* value
+        settings = load_settings(argv, default_config=DEFAULT_CONFIG_PATH)
+        models = read_models_config(settings)  # a config with errors stops us before binding the port
+    except (ValueError, ConfigError) as error:  # a malformed ONEPASS_* value or config file
         sys.exit(f"onepass: {error}")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not settings.model.is_file():
-        sys.exit(f"onepass: model file {settings.model} not found (run `make model`, or pass --model PATH)")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    default = next(spec for spec in models.models if spec.name == models.default_model)
+    if not default.path.is_file():
+        sys.exit(f"onepass: model file {default.path} not found (run `make model`, or pass --model PATH)")
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=int(settings.shutdown_timeout),
+    )
 
 
 if __name__ == "__main__":

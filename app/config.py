@@ -1,4 +1,5 @@
-"""Settings: one frozen object. Precedence: CLI flag > ONEPASS_<FLAG> env var > default.
+"""Settings: one frozen object. Precedence: CLI flag > ONEPASS_<FLAG> env var > the config
+file's [server] section > default.
 
 Every option is declared once, as a field of `Settings` with its help text; the argparse
 flags and their env var fallbacks are generated from those fields.
@@ -9,12 +10,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL_PATH = REPO_ROOT / "models" / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+DEFAULT_CONFIG_PATH = REPO_ROOT / "models" / "onepass.toml"
 ENV_PREFIX = "ONEPASS_"
 
 
@@ -36,11 +39,20 @@ def _calibration(text: str) -> str:
     return text
 
 
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message says where and why."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
+    config: Path | None = _option(
+        None,
+        "TOML file with server settings and the models to serve (the CLI reads models/onepass.toml if present)",
+        _optional_path,
+    )
     host: str = _option("127.0.0.1", "address to bind")
     port: int = _option(8080, "port to bind", int)
-    model: Path = _option(DEFAULT_MODEL_PATH, "GGUF model file to serve", Path)
+    model: Path = _option(DEFAULT_MODEL_PATH, "GGUF model file to serve when no config file lists models", Path)
     served_model_name: str | None = _option(
         None, "name the model answers as (default: the GGUF file name without .gguf)", _optional_str
     )
@@ -58,8 +70,20 @@ class Settings:
         "label-prior correction: 'contextual' (content-free states, Zhao et al. 2021) or 'none'",
         _calibration,
     )
+    default_model: str | None = _option(None, "the model 'jev-latest' means (default: the first one)", _optional_str)
+    models_max: int = _option(2, "models resident at once; the least recently used idle one is unloaded", int)
     api_key: str | None = _option(None, "require 'Authorization: Bearer <key>' (default: no auth)", _optional_str)
+    api_key_file: Path | None = _option(
+        None, "file with one accepted API key per line (adds to --api-key)", _optional_path
+    )
     max_body_bytes: int = _option(8 * 1024 * 1024, "largest request body accepted (413 beyond)", int)
+    max_questions: int = _option(256, "most questions in one request (422 beyond)", int)
+    max_text_chars: int = _option(20_000, "longest instruction, option or level text in characters (422 beyond)", int)
+    max_queue: int = _option(32, "requests that may wait for a busy model; beyond: 503 overloaded", int)
+    request_timeout: float = _option(
+        300.0, "seconds before a request is answered 504 and its pending work dropped", float
+    )
+    shutdown_timeout: float = _option(30.0, "seconds SIGTERM waits for in-flight requests before exiting", float)
     log_level: str = _option("info", "logging level: debug, info, warning, error")
 
     @property
@@ -89,15 +113,51 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+def load_settings(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None, default_config: Path | None = None
+) -> Settings:
+    """Flags > env vars > the config file's [server] section > defaults.
+
+    `default_config` is used when it exists and neither a config nor a model was named.
+    """
     environ = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
+    from_env: dict[str, Any] = {}
     for field in dataclasses.fields(Settings):
         raw = environ.get(env_var(field.name))
         if raw is not None:
             try:
-                values[field.name] = field.metadata["parse"](raw)
+                from_env[field.name] = field.metadata["parse"](raw)
             except ValueError as error:
                 raise ValueError(f"{env_var(field.name)}={raw!r}: {error}") from error
-    values.update(vars(build_parser().parse_args(argv)))
-    return Settings(**values)
+    from_flags = vars(build_parser().parse_args(argv))
+    given = {**from_env, **from_flags}
+    config = given.get("config")  # an explicit empty --config means none
+    if "config" not in given and "model" not in given and default_config is not None and default_config.is_file():
+        config = default_config  # --model alone serves that one file, without the default config
+    from_file = server_section(config) if config is not None else {}
+    return Settings(**{**from_file, **from_env, **from_flags, "config": config})
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the config file ({error.strerror})") from error
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from error
+
+
+def server_section(path: Path) -> dict[str, Any]:
+    """The [server] table as Settings values; unknown keys are an error, not a silent no-op."""
+    table = read_toml(path).get("server", {})
+    fields = {field.name: field for field in dataclasses.fields(Settings)}
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in fields or key == "config":
+            raise ConfigError(f"{path}: [server] has an unknown setting {key!r}")
+        try:
+            values[key] = fields[key].metadata["parse"](str(value))
+        except ValueError as error:
+            raise ConfigError(f"{path}: [server] {key}: {error}") from error
+    return values

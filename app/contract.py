@@ -59,15 +59,8 @@ Question = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discri
 class SystemOneRequest(_Model):
     model: StrictStr
     state: Text
-    questions: Annotated[dict[str, Question], Field(min_length=1)]
+    questions: Annotated[dict[Annotated[str, Field(min_length=1)], Question], Field(min_length=1)]
     assets: Any = None
-
-    @field_validator("questions")
-    @classmethod
-    def _ids_are_not_empty(cls, questions: dict[str, Question]) -> dict[str, Question]:
-        if "" in questions:
-            raise ValueError("question ids must be non-empty strings")
-        return questions
 
     @field_validator("assets")
     @classmethod
@@ -100,3 +93,95 @@ def _json_safe(value: Any) -> Any:
 def validation_error(loc: tuple[str | int, ...], msg: str, type_: str, input_: Any) -> list[dict[str, Any]]:
     """A single 422 detail entry for checks made outside pydantic (e.g. the token budget)."""
     return [{"loc": ["body", *loc], "msg": msg, "type": type_, "input": input_}]
+
+
+def limit_errors(request: SystemOneRequest, max_questions: int, max_text_chars: int) -> list[dict[str, Any]]:
+    """422 details for a request beyond the server's limits, found before any inference."""
+    errors: list[dict[str, Any]] = []
+    if len(request.questions) > max_questions:
+        errors += validation_error(
+            ("questions",),
+            f"{len(request.questions)} questions; the limit is {max_questions}",
+            "too_long",
+            len(request.questions),
+        )
+    for qid, question in request.questions.items():
+        texts: list[tuple[tuple[str | int, ...], Text | None]] = [(("instructions",), question.instructions)]
+        if isinstance(question, NoulQuestion) and question.criteria is not None:
+            texts += [(("criteria", "true"), question.criteria.true), (("criteria", "false"), question.criteria.false)]
+        elif isinstance(question, ChoiceQuestion):
+            texts += [(("criteria", name), name) for name in question.criteria]
+            texts += [(("criteria", name), text) for name, text in question.criteria.items()]
+        elif isinstance(question, ScoreQuestion):
+            texts += [(("criteria", i), level) for i, level in enumerate(question.criteria)]
+        for loc, text in texts:
+            length = len(render_text(text)) if text is not None else 0
+            if length > max_text_chars:
+                errors += validation_error(
+                    ("questions", qid, question.type, *loc),
+                    f"text of {length} characters; the limit is {max_text_chars}",
+                    "string_too_long",
+                    length,
+                )
+    return errors
+
+
+# Response shapes, for /openapi.json (the service builds plain dicts; extra x_ fields are allowed).
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    x_label_mass: float | None = None
+
+
+class NoulAnswer(_Answer):
+    type: Literal["noul"]
+    noul: Annotated[float, Field(ge=0, le=1)]
+
+
+class ChoiceAnswer(_Answer):
+    type: Literal["choice"]
+    choice: str
+    confidence: Annotated[float, Field(ge=0, le=1)]
+    probabilities: dict[str, Annotated[float, Field(ge=0, le=1)]]
+
+
+class ScoreAnswer(_Answer):
+    type: Literal["score"]
+    score: float
+    confidence: Annotated[float, Field(ge=0, le=1)]
+    legend: dict[str, Text]
+    probabilities: dict[str, Annotated[float, Field(ge=0, le=1)]]
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+
+
+class SystemOneResponse(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str
+    answers: dict[str, Annotated[NoulAnswer | ChoiceAnswer | ScoreAnswer, Field(discriminator="type")]]
+    usage: Usage
+
+
+class ValidationDetail(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+    input: Any = None
+    ctx: dict[str, Any] | None = None
+
+
+class ValidationErrorResponse(BaseModel):
+    detail: list[ValidationDetail]
+
+
+class ErrorDetail(BaseModel):
+    error_type: str
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    detail: ErrorDetail

@@ -136,6 +136,7 @@ class Engine:
         self.model = llama.llama_model_load_from_file(str(model_path).encode(), params)
         if not self.model:
             raise EngineError(f"llama.cpp could not load {model_path} (not a GGUF it supports?)")
+        self.path = model_path
         self.vocab = llama.llama_model_get_vocab(self.model)
         self.n_vocab = llama.llama_vocab_n_tokens(self.vocab)
         self.n_ctx = n_ctx
@@ -155,6 +156,17 @@ class Engine:
             time.perf_counter() - started,
             contexts,
             n_ctx,
+        )
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """f16 K and V bytes one token occupies across all layers (what a snapshot should cost)."""
+        arch = self.metadata("general.architecture") or ""
+        n_head = llama.llama_model_n_head(self.model)
+        head_k = int(self.metadata(f"{arch}.attention.key_length") or llama.llama_model_n_embd(self.model) // n_head)
+        head_v = int(self.metadata(f"{arch}.attention.value_length") or head_k)
+        return int(
+            llama.llama_model_n_layer(self.model) * llama.llama_model_n_head_kv(self.model) * (head_k + head_v) * 2
         )
 
     def close(self) -> None:
@@ -275,7 +287,7 @@ class Engine:
             raise EngineError(f"llama.cpp returned no logits for batch position {batch_index}")
         logits = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
         top = float(logits.max())
-        log_total = top + float(np.log(np.exp(logits - top, dtype=np.float64).sum()))
+        log_total = top + math.log(float(np.exp(logits - top).sum(dtype=np.float64)))
         label_logits = [float(logits[t]) for t in label_ids]
         mass = math.fsum(math.exp(x - log_total) for x in label_logits)  # fsum: the label order cannot matter
         return Readout(label_logits, min(1.0, mass))

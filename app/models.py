@@ -1,25 +1,131 @@
-"""The model registry: which names and aliases this server answers for, and loading them."""
+"""The model registry: configured GGUFs and aliases, loading on first use, LRU unloading.
+
+A request leases its model: the lease loads it if needed and keeps it resident until the
+request is done, so a model is never unloaded under an in-flight request. Beyond
+`models_max` resident models the least recently used idle one is unloaded. A reload swaps
+in a new configuration; models it drops or changes retire once idle.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app.cache import SnapshotCache
-from app.config import Settings
+from app.config import ConfigError, Settings, read_toml
 from app.engine import Engine
 from app.prompting import Prompter
-from app.service import ModelService
+from app.service import CALIBRATIONS, ModelService
 
 log = logging.getLogger("onepass.models")
 
 DEFAULT_ALIAS = "jev-latest"  # the SDKs' default model name: always the default model
+TEMPLATES = ("auto", "plain")
 
 
 class ModelNotFound(LookupError):
     def __init__(self, name: str, known: list[str]) -> None:
         super().__init__(f"model {name!r} is not served here; known models: {', '.join(known)}")
+
+
+class ModelUnavailable(RuntimeError):
+    """A configured model that cannot be loaded (missing file, not a GGUF, ...)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One [[models]] entry; unset fields come from the server settings."""
+
+    name: str
+    path: Path
+    aliases: tuple[str, ...] = ()
+    context_path: Path | None = None
+    n_ctx: int = 8192
+    n_gpu_layers: int = 0
+    threads: int = 0
+    contexts: int = 1
+    session_cache_entries: int = 16
+    session_cache_tokens: int = 32768
+    template: str = "auto"
+    calibration: str = "contextual"
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> ModelSpec:
+        values: dict[str, Any] = {
+            "name": settings.model_name,
+            "path": settings.model,
+            "context_path": settings.context_path,
+            "n_ctx": settings.n_ctx,
+            "n_gpu_layers": settings.n_gpu_layers,
+            "threads": settings.threads,
+            "contexts": settings.contexts,
+            "session_cache_entries": settings.session_cache_entries,
+            "session_cache_tokens": settings.session_cache_tokens,
+            "calibration": settings.calibration,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class ModelsConfig:
+    models: tuple[ModelSpec, ...]
+    default_model: str
+    models_max: int
+
+
+def read_models_config(settings: Settings) -> ModelsConfig:
+    """The [[models]] of the config file, or the single model the flags name. Validated whole."""
+    entries = read_toml(settings.config).get("models", []) if settings.config is not None else []
+    where = str(settings.config)
+    if not isinstance(entries, list):
+        raise ConfigError(f"{where}: 'models' must be an array of tables ([[models]])")
+    specs = [_spec(settings, entry, f"{where}: [[models]] #{i + 1}") for i, entry in enumerate(entries)]
+    if not specs:
+        specs = [ModelSpec.from_settings(settings)]
+    names: dict[str, str] = {}
+    for spec in specs:
+        for name in (spec.name, *spec.aliases):
+            if name in names or name == DEFAULT_ALIAS:
+                raise ConfigError(f"{where}: the name {name!r} is used twice (or is the reserved {DEFAULT_ALIAS!r})")
+            names[name] = spec.name
+    default = settings.default_model or specs[0].name
+    if default not in names:
+        raise ConfigError(f"{where}: default_model {default!r} is not a configured model or alias")
+    if settings.models_max < 1:
+        raise ConfigError(f"{where}: models_max must be at least 1")
+    return ModelsConfig(tuple(specs), names[default], settings.models_max)
+
+
+def _spec(settings: Settings, entry: Any, where: str) -> ModelSpec:
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not isinstance(entry.get("path"), str):
+        raise ConfigError(f"{where}: needs a string 'name' and a string 'path'")
+    known = set(ModelSpec.__dataclass_fields__)
+    unknown = set(entry) - known
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {sorted(unknown)}")
+    values = dict(entry)
+    values["path"] = Path(entry["path"])
+    if "context_path" in entry:
+        values["context_path"] = Path(entry["context_path"])
+    aliases = entry.get("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
+        raise ConfigError(f"{where}: 'aliases' must be a list of names")
+    values["aliases"] = tuple(aliases)
+    for key in ("n_ctx", "n_gpu_layers", "threads", "contexts", "session_cache_entries", "session_cache_tokens"):
+        if key in entry and (not isinstance(entry[key], int) or isinstance(entry[key], bool)):
+            raise ConfigError(f"{where}: {key} must be an integer")
+    if values.get("template", "auto") not in TEMPLATES:
+        raise ConfigError(f"{where}: template must be one of {TEMPLATES}")
+    if values.get("calibration", settings.calibration) not in CALIBRATIONS:
+        raise ConfigError(f"{where}: calibration must be one of {CALIBRATIONS}")
+    return ModelSpec.from_settings(settings, **values)
 
 
 def read_context(path: Path | None) -> str:
@@ -31,57 +137,237 @@ def read_context(path: Path | None) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def load_model(settings: Settings) -> ModelService:
+def load_spec(spec: ModelSpec) -> ModelService:
     engine = Engine(
-        settings.model,
-        n_ctx=settings.n_ctx,
-        n_gpu_layers=settings.n_gpu_layers,
-        threads=settings.threads,
-        contexts=settings.contexts,
+        spec.path, n_ctx=spec.n_ctx, n_gpu_layers=spec.n_gpu_layers, threads=spec.threads, contexts=spec.contexts
     )
     try:
+        template = engine.metadata("tokenizer.chat_template") if spec.template == "auto" else None
         prompter = Prompter.for_model(
             engine,
-            engine.metadata("tokenizer.chat_template"),
+            template,
             engine.special_token_text(engine.bos_token),
             engine.special_token_text(engine.eos_token),
-            read_context(settings.context_path),
+            read_context(spec.context_path),
         )
-        cache = SnapshotCache(settings.session_cache_entries, settings.session_cache_tokens)
-        return ModelService(settings.model_name, engine, prompter, cache, calibration=settings.calibration)
+        cache = SnapshotCache(spec.session_cache_entries, spec.session_cache_tokens)
+        return ModelService(spec.name, engine, prompter, cache, calibration=spec.calibration)
     except BaseException:
         engine.close()
         raise
 
 
+def load_model(settings: Settings) -> ModelService:
+    """The single model the settings name (no config file involved)."""
+    return load_spec(ModelSpec.from_settings(settings))
+
+
+@dataclass
+class _Resident:
+    service: ModelService
+    spec: ModelSpec
+    busy: int = 0
+    retiring: bool = False  # unloaded from the registry; closes when its last request ends
+
+
+@dataclass
+class _State:
+    config: ModelsConfig
+    specs: dict[str, ModelSpec] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)  # name or alias -> model name
+
+
 class ModelRegistry:
-    """Resolves request model names; `jev-latest` always means the default model."""
+    def __init__(self, config: ModelsConfig, loader: Callable[[ModelSpec], ModelService] = load_spec) -> None:
+        self._loader = loader
+        self._cond = threading.Condition()
+        self._resident: OrderedDict[str, _Resident] = OrderedDict()  # least recently used first
+        self._loading: set[str] = set()
+        self._errors: dict[str, str] = {}
+        self._state = self._index(config)
 
-    def __init__(self, default: ModelService, aliases: tuple[str, ...] = (DEFAULT_ALIAS,)) -> None:
-        self.default = default
-        self._by_name = {default.name: default, **{alias: default for alias in aliases}}
+    @classmethod
+    def serving(cls, service: ModelService, spec: ModelSpec | None = None) -> ModelRegistry:
+        """A registry around one already loaded model (tests, embedding)."""
+        spec = spec or ModelSpec(service.name, service.engine.path)
+        registry = cls(ModelsConfig((spec,), spec.name, 1), loader=lambda _: service)
+        registry.load(spec.name)
+        return registry
 
-    def resolve(self, name: str) -> ModelService:
+    @staticmethod
+    def _index(config: ModelsConfig) -> _State:
+        state = _State(config, {spec.name: spec for spec in config.models})
+        for spec in config.models:
+            for name in (spec.name, *spec.aliases):
+                state.names[name] = spec.name
+        state.names[DEFAULT_ALIAS] = config.default_model
+        return state
+
+    @property
+    def default_name(self) -> str:
+        return self._state.config.default_model
+
+    def canonical(self, name: str) -> str:
         try:
-            return self._by_name[name]
+            return self._state.names[name]
         except KeyError:
-            raise ModelNotFound(name, self.names()) from None
+            raise ModelNotFound(name, list(self._state.names)) from None
 
     def names(self) -> list[str]:
-        return list(self._by_name)
+        return list(self._state.names)
+
+    def is_loaded(self, name: str) -> bool:
+        with self._cond:
+            return self.canonical(name) in self._resident
+
+    @contextmanager
+    def lease(self, name: str) -> Iterator[ModelService]:
+        """The model, loaded and kept resident for as long as the caller holds it."""
+        resident = self._acquire(self.canonical(name))
+        try:
+            yield resident.service
+        finally:
+            self._release(resident)
+
+    def load(self, name: str) -> None:
+        with self.lease(name):
+            pass
+
+    def unload(self, name: str) -> bool:
+        """Unload now, or as soon as its in-flight requests end. False if it was not loaded."""
+        canonical = self.canonical(name)
+        with self._cond:
+            resident = self._resident.pop(canonical, None)
+            if resident is None:
+                return False
+            resident.retiring = True
+            closing = resident.busy == 0
+        if closing:
+            self._close(resident)
+        return True
+
+    def reload(self, config: ModelsConfig) -> dict[str, list[str]]:
+        """Adopt a new configuration; removed and changed models retire once idle."""
+        state = self._index(config)
+        with self._cond:
+            old = self._state.specs
+            changed = [name for name, spec in old.items() if state.specs.get(name) not in (None, spec)]
+            removed = [name for name in old if name not in state.specs]
+            self._state = state
+            retiring = [name for name in (*changed, *removed) if name in self._resident]
+        for name in retiring:
+            self._retire(name)
+        self._evict_idle()
+        return {"added": [n for n in state.specs if n not in old], "removed": removed, "changed": changed}
+
+    def answer(self, name: str, request: Any, cancelled: threading.Event | None = None) -> dict[str, Any]:
+        with self.lease(name) as service:
+            return service.answer(request, cancelled)
+
+    def loaded(self) -> list[ModelService]:
+        with self._cond:
+            return [resident.service for resident in self._resident.values()]
 
     def listing(self) -> dict[str, Any]:
-        descriptions = {
-            name: f"{service.name}: GGUF served by onepass" + ("" if name == service.name else " (alias)")
-            for name, service in self._by_name.items()
-        }
+        with self._cond:
+            state, loaded, errors = self._state, set(self._resident), dict(self._errors)
+        entries = []
+        for name, model in state.names.items():
+            spec = state.specs[model]
+            settings = {
+                f"x_{k}": (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+                for k, v in asdict(spec).items()
+                if k not in ("name", "aliases")
+            }
+            entries.append((name, model, spec, settings))
         return {
             "object": "list",
-            "data": [{"id": name, "object": "model", "owned_by": "onepass"} for name in self._by_name],
+            "data": [
+                {"id": name, "object": "model", "owned_by": "onepass", "x_model": model, "x_loaded": model in loaded}
+                for name, model, _, _ in entries
+            ],
             "models": [
-                {"name": name, "description": descriptions[name], "release_date": "unknown"} for name in self._by_name
+                {
+                    "name": name,
+                    "description": f"{spec.path.name} served by onepass"
+                    + ("" if name == model else f" (alias of {model})"),
+                    "release_date": "unknown",
+                    "x_model": model,
+                    "x_loaded": model in loaded,
+                    "x_error": errors.get(model),
+                    **settings,
+                }
+                for name, model, spec, settings in entries
             ],
         }
 
     def close(self) -> None:
-        self.default.close()
+        with self._cond:
+            residents = list(self._resident.values())
+            self._resident.clear()
+        for resident in residents:
+            self._close(resident)
+
+    def _acquire(self, name: str) -> _Resident:
+        with self._cond:
+            while name in self._loading:
+                self._cond.wait()
+            resident = self._resident.get(name)
+            if resident is not None:
+                self._resident.move_to_end(name)
+                resident.busy += 1
+                return resident
+            spec = self._state.specs[name]
+            self._loading.add(name)
+        try:
+            service = self._loader(spec)
+        except Exception as error:
+            with self._cond:
+                self._loading.discard(name)
+                self._errors[name] = str(error)
+                self._cond.notify_all()
+            log.error("loading %s failed: %s", name, error)
+            raise ModelUnavailable(f"model {name!r} could not be loaded: {error}") from error
+        with self._cond:
+            self._loading.discard(name)
+            self._errors.pop(name, None)
+            resident = self._resident[name] = _Resident(service, spec, busy=1)
+            self._cond.notify_all()
+        self._evict_idle()
+        return resident
+
+    def _release(self, resident: _Resident) -> None:
+        with self._cond:
+            resident.busy -= 1
+            closing = resident.retiring and resident.busy == 0
+        if closing:
+            self._close(resident)
+        self._evict_idle()
+
+    def _retire(self, name: str) -> None:
+        with self._cond:
+            resident = self._resident.pop(name, None)
+            if resident is None:
+                return
+            resident.retiring = True
+            closing = resident.busy == 0
+        if closing:
+            self._close(resident)
+
+    def _evict_idle(self) -> None:
+        """Unload least recently used idle models while more than models_max are resident."""
+        while True:
+            with self._cond:
+                excess = len(self._resident) - self._state.config.models_max
+                # never the most recently used: it is the one a request just asked for
+                idle = [name for name, r in list(self._resident.items())[:-1] if r.busy == 0]
+                if excess <= 0 or not idle:
+                    return
+                victim = self._resident.pop(idle[0])
+                victim.retiring = True
+            log.info("unloading %s (models_max=%d)", idle[0], self._state.config.models_max)
+            self._close(victim)
+
+    @staticmethod
+    def _close(resident: _Resident) -> None:
+        resident.service.close()

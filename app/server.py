@@ -1,52 +1,45 @@
-"""HTTP: Starlette routes, the lifespan that loads the model, one error -> response mapping."""
+"""HTTP: Starlette routes, the lifespan that loads the models, one error -> response mapping."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import hmac
-import json
 import logging
+import signal
 import threading
-import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import anyio
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.config import Settings
-from app.contract import SystemOneRequest, errors_for_response, validation_error
-from app.models import ModelNotFound, ModelRegistry, load_model
-from app.service import RequestInvalid
+from app.body import decode_content, parse_json, too_large
+from app.config import ConfigError, Settings, server_section
+from app.contract import SystemOneRequest, errors_for_response, limit_errors
+from app.errors import ApiError, Cancelled, Unprocessable
+from app.models import ModelNotFound, ModelRegistry, ModelUnavailable, read_models_config
+from app.observability import Metrics, RequestObserver
+from app.openapi import build_openapi
 
 log = logging.getLogger("onepass.server")
 
-try:  # the official SDK compresses bodies with zstd when it can
-    from compression.zstd import decompress as zstd_decompress  # type: ignore[import-not-found]
-except ImportError:
-    from backports.zstd import decompress as zstd_decompress
 
-
-class ApiError(Exception):
-    """An error answered as {"detail": {"error_type", "message"}}."""
-
-    def __init__(self, status: int, error_type: str, message: str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.error_type, self.message, self.headers = status, error_type, message, headers
-
-
-class Unprocessable(Exception):
-    """An error answered as 422 with pydantic's list of details."""
-
-    def __init__(self, details: list[dict[str, Any]]) -> None:
-        super().__init__(details[0]["msg"] if details else "invalid request")
-        self.details = details
+def read_api_keys(settings: Settings) -> tuple[bytes, ...]:
+    keys = [settings.api_key] if settings.api_key else []
+    if settings.api_key_file is not None:
+        lines = settings.api_key_file.read_text(encoding="utf-8").splitlines()
+        keys += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    return tuple(key.encode() for key in keys)
 
 
 @dataclass
@@ -57,6 +50,57 @@ class Runtime:
     registry: ModelRegistry | None = None
     load_error: str | None = None
     loaded: threading.Event = field(default_factory=threading.Event)
+    api_keys: tuple[bytes, ...] = ()
+    in_flight: int = 0  # /v1/systemone requests admitted and not yet answered
+
+    @property
+    def capacity(self) -> int:
+        return self.settings.contexts + self.settings.max_queue
+
+    @property
+    def queue_depth(self) -> int:
+        return max(0, self.in_flight - self.settings.contexts)
+
+    def authorize(self, request: Request) -> None:
+        if not self.api_keys:
+            return  # auth off: an Authorization header is accepted and ignored
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        offered = token.strip().encode()
+        # compare with every key, in constant time each, so timing says nothing about which matched
+        matched = [hmac.compare_digest(offered, key) for key in self.api_keys]
+        if scheme.lower() != "bearer" or not any(matched):
+            raise ApiError(401, "authentication_error", "a valid 'Authorization: Bearer <key>' header is required")
+
+    @contextlib.contextmanager
+    def admit(self) -> Any:
+        """A place among the requests being served or queued; 503 when the queue is full."""
+        if self.in_flight >= self.capacity:
+            raise ApiError(
+                503, "overloaded", f"{self.in_flight} requests in flight; try again shortly", {"Retry-After": "1"}
+            )
+        self.in_flight += 1  # the event loop is single-threaded: no lock needed
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+
+    def reload(self) -> dict[str, list[str]]:
+        """Re-read the config file's models (SIGHUP, POST /v1/config/reload); a bad file changes nothing."""
+        registry = self.require_registry()
+        if self.settings.config is None:
+            raise ApiError(400, "invalid_config", "the server was started without --config: nothing to reload")
+        try:
+            section = server_section(self.settings.config)
+            settings = dataclasses.replace(
+                self.settings, **{key: section[key] for key in ("default_model", "models_max") if key in section}
+            )
+            changes = registry.reload(read_models_config(settings))
+        except ConfigError as error:
+            raise ApiError(
+                400, "invalid_config", f"config rejected, still serving the previous one: {error}"
+            ) from error
+        log.info("config reloaded: %s", changes)
+        return changes
 
     def require_registry(self) -> ModelRegistry:
         if self.registry is not None:
@@ -65,170 +109,220 @@ class Runtime:
             raise ApiError(503, "overloaded", f"the model failed to load: {self.load_error}", {"Retry-After": "60"})
         raise ApiError(503, "overloaded", "the model is still loading", {"Retry-After": "5"})
 
+    def metric_sources(self) -> dict[str, Any]:
+        models = {}
+        if self.registry is not None:
+            for service in self.registry.loaded():
+                models[service.name] = {"cache": service.cache.stats(), "prefilled_tokens": service.prefilled_tokens}
+        return {"in_flight": self.in_flight, "queue_depth": self.queue_depth, "models": models}
 
-def _authorize(request: Request, settings: Settings) -> None:
-    if settings.api_key is None:
-        return  # auth off: an Authorization header is accepted and ignored
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
-        raise ApiError(401, "authentication_error", "a valid 'Authorization: Bearer <key>' header is required")
+
+def _runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.state.runtime
+    runtime.authorize(request)
+    return runtime
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, "request_too_large", f"the body is {declared} bytes; the limit is {limit}")
+        raise too_large(limit, f"the body of {declared} bytes")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise ApiError(413, "request_too_large", f"the body exceeds the limit of {limit} bytes")
+            raise too_large(limit)
         chunks.append(chunk)
-    return _decode_content(b"".join(chunks), request.headers.get("content-encoding", "identity"), limit)
+    return decode_content(b"".join(chunks), request.headers.get("content-encoding", "identity"), limit)
 
 
-def _decode_content(body: bytes, encoding: str, limit: int) -> bytes:
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    try:
-        if encoding == "zstd":
-            decoded: bytes = zstd_decompress(body)
-        elif encoding == "gzip":
-            decoded = zlib.decompressobj(wbits=31).decompress(body, limit + 1)
-        else:
-            raise ApiError(415, "unsupported_media_type", f"Content-Encoding {encoding!r} is not supported")
-    except ApiError:
-        raise
-    except Exception as error:
-        raise Unprocessable(
-            validation_error((), f"body could not be decompressed: {error}", "value_error", None)
-        ) from error
-    if len(decoded) > limit:
-        raise ApiError(413, "request_too_large", f"the decompressed body exceeds the limit of {limit} bytes")
-    return decoded
-
-
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _parse_json(body: bytes) -> Any:
-    try:
-        return json.loads(body, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise Unprocessable(
-            [
-                {
-                    "loc": ["body", getattr(error, "pos", 0)],
-                    "msg": "JSON decode error",
-                    "type": "json_invalid",
-                    "input": {},
-                    "ctx": {"error": str(error)},
-                }
-            ]
-        ) from error
-
-
-def _runtime(request: Request) -> Runtime:
-    runtime: Runtime = request.state.runtime
-    return runtime
+async def _until_disconnected(request: Request, cancelled: threading.Event, scope: anyio.CancelScope) -> None:
+    """With the body read, the next ASGI message is the client going away."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            cancelled.set()
+            scope.cancel()
+            return
 
 
 async def systemone(request: Request) -> JSONResponse:
     runtime = _runtime(request)
-    _authorize(request, runtime.settings)
-    payload = _parse_json(await _read_body(request, runtime.settings.max_body_bytes))
+    settings = runtime.settings
+    payload = parse_json(await _read_body(request, settings.max_body_bytes))
     try:
         parsed = SystemOneRequest.model_validate(payload)
     except ValidationError as error:
         raise Unprocessable(errors_for_response(error)) from error
-    service = runtime.require_registry().resolve(parsed.model)
-    response = await anyio.to_thread.run_sync(service.answer, parsed)
+    problems = limit_errors(parsed, settings.max_questions, settings.max_text_chars)
+    if problems:
+        raise Unprocessable(problems)
+    registry = runtime.require_registry()
+    name = registry.canonical(parsed.model)  # 404 before any work
+    observed = request.scope["state"].get("observed", {})
+    observed.update(model=name, questions=len(parsed.questions))
+    cancelled = threading.Event()
+    outcome: dict[str, Any] = {}
+    with runtime.admit():
+        log.debug("request %s admitted for %s", request.headers.get("x-request-id", "-"), name)
+        async with anyio.create_task_group() as group:
+            group.start_soon(_until_disconnected, request, cancelled, group.cancel_scope)
+            try:
+                with anyio.fail_after(settings.request_timeout):
+                    outcome["response"] = await anyio.to_thread.run_sync(
+                        registry.answer, name, parsed, cancelled, abandon_on_cancel=True
+                    )
+            except Exception as error:  # raised below, outside the task group that would wrap it
+                outcome["error"] = error
+            finally:
+                group.cancel_scope.cancel()
+    if isinstance(outcome.get("error"), TimeoutError):
+        cancelled.set()  # the worker stops at its next step instead of working for nobody
+        raise ApiError(504, "timeout", f"no answer within {settings.request_timeout:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    if "response" not in outcome:
+        raise Cancelled("the client disconnected")
+    response = outcome["response"]
+    observed.update(
+        cache=response["x_cache"], input_tokens=response["usage"]["input_tokens"], timing_ms=response["x_timing_ms"]
+    )
     return JSONResponse(response)
 
 
 async def list_models(request: Request) -> JSONResponse:
-    runtime = _runtime(request)
-    _authorize(request, runtime.settings)
-    return JSONResponse(runtime.require_registry().listing())
+    return JSONResponse(_runtime(request).require_registry().listing())
 
 
 async def cache_stats(request: Request) -> JSONResponse:
-    runtime = _runtime(request)
-    _authorize(request, runtime.settings)
-    registry = runtime.require_registry()
-    return JSONResponse({name: registry.resolve(name).cache.stats() for name in [registry.default.name]})
+    registry = _runtime(request).require_registry()
+    return JSONResponse({service.name: service.cache.stats() for service in registry.loaded()})
+
+
+async def load_model_route(request: Request) -> JSONResponse:
+    registry = _runtime(request).require_registry()
+    name = registry.canonical(request.path_params["name"])
+    await anyio.to_thread.run_sync(registry.load, name)
+    return JSONResponse({"name": name, "loaded": True})
+
+
+async def unload_model_route(request: Request) -> JSONResponse:
+    registry = _runtime(request).require_registry()
+    name = registry.canonical(request.path_params["name"])
+    return JSONResponse({"name": name, "unloaded": registry.unload(name)})
+
+
+async def reload_config(request: Request) -> JSONResponse:
+    changes = await anyio.to_thread.run_sync(_runtime(request).reload)
+    return JSONResponse({"reloaded": True, **changes})
 
 
 async def health(request: Request) -> JSONResponse:
     runtime = _runtime(request)
-    _authorize(request, runtime.settings)
     if runtime.registry is None:
-        return JSONResponse(
-            {"status": "loading" if runtime.load_error is None else "failed", "error": runtime.load_error},
-            status_code=503,
-        )
-    return JSONResponse({"status": "ok", "model": runtime.registry.default.name})
+        status = "loading" if runtime.load_error is None else "failed"
+        return JSONResponse({"status": status, "error": runtime.load_error}, status_code=503)
+    return JSONResponse({"status": "ok", "model": runtime.registry.default_name})
 
 
 async def health_live(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
+def _detail(status: int, error_type: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": {"error_type": error_type, "message": message}}, status_code=status, headers=headers)
+
+
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
-    return JSONResponse(
-        {"detail": {"error_type": exc.error_type, "message": exc.message}},
-        status_code=exc.status,
-        headers=exc.headers,
-    )
+    return _detail(exc.status, exc.error_type, exc.message, exc.headers)
 
 
 async def _unprocessable(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, Unprocessable | RequestInvalid)
+    assert isinstance(exc, Unprocessable)
     return JSONResponse({"detail": exc.details}, status_code=422)
 
 
 async def _not_found(request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse({"detail": {"error_type": "model_not_found", "message": str(exc)}}, status_code=404)
+    return _detail(404, "model_not_found", str(exc))
+
+
+async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    return _detail(503, "model_unavailable", str(exc), {"Retry-After": "60"})
+
+
+async def _cancelled(request: Request, exc: Exception) -> JSONResponse:
+    return _detail(503, "overloaded", f"the request was dropped before it ran: {exc}", {"Retry-After": "1"})
 
 
 async def _internal(request: Request, exc: Exception) -> JSONResponse:
     log.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
-    return JSONResponse(
-        {"detail": {"error_type": "internal_error", "message": "internal error; see the server log"}},
-        status_code=500,
-    )
+    return _detail(500, "internal_error", "internal error; see the server log")
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     error_type = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return JSONResponse({"detail": {"error_type": error_type, "message": str(exc.detail)}}, status_code=exc.status_code)
+    return _detail(exc.status_code, error_type, str(exc.detail))
+
+
+def _package_version() -> str:
+    try:
+        return version("onepass")
+    except PackageNotFoundError:
+        return "0"
+
+
+def _watch_sighup(loop: asyncio.AbstractEventLoop, runtime: Runtime) -> bool:
+    """Reload the config on SIGHUP (only possible when the loop runs in the main thread)."""
+
+    def reload_logged() -> None:
+        try:
+            runtime.reload()
+        except ApiError as error:
+            log.error("SIGHUP reload: %s", error.message)
+
+    try:
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.run_in_executor(None, reload_logged))
+    except (NotImplementedError, RuntimeError, ValueError):
+        return False
+    return True
+
+
+def default_loader(settings: Settings) -> ModelRegistry:
+    registry = ModelRegistry(read_models_config(settings))
+    registry.load(registry.default_name)  # the default model loads at startup, others on first use
+    return registry
 
 
 def create_app(
     settings: Settings,
     registry: ModelRegistry | None = None,
-    loader: Callable[[Settings], ModelRegistry] | None = None,
+    loader: Callable[[Settings], ModelRegistry] = default_loader,
 ) -> Starlette:
     """The app. With `registry` it serves that; otherwise the lifespan loads one in the background."""
+    openapi = build_openapi(_package_version())
+    holder: dict[str, Runtime] = {}
+    metrics = Metrics(lambda: holder["runtime"].metric_sources() if "runtime" in holder else {})
 
-    def load() -> ModelRegistry:
-        return loader(settings) if loader is not None else ModelRegistry(load_model(settings))
+    async def openapi_json(request: Request) -> JSONResponse:
+        _runtime(request)
+        return JSONResponse(openapi)
+
+    async def metrics_text(request: Request) -> Response:
+        _runtime(request)
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
-        runtime = Runtime(settings, registry)
-        app.state.runtime = runtime  # for tests and embedders to wait on `loaded`; routes use request.state
-        owned = registry is None
+        runtime = Runtime(settings, registry, api_keys=read_api_keys(settings))
+        holder["runtime"] = app.state.runtime = runtime  # app.state: for tests and embedders to wait on
         thread = None
-        if owned:
+        if registry is None:
 
             def load_in_background() -> None:
                 try:
-                    runtime.registry = load()
+                    runtime.registry = loader(settings)
                 except Exception as error:
                     log.exception("loading the model failed")
                     runtime.load_error = str(error)
@@ -239,9 +333,13 @@ def create_app(
             thread.start()
         else:
             runtime.loaded.set()
+        loop = asyncio.get_running_loop()
+        hangup = _watch_sighup(loop, runtime)
         try:
             yield {"runtime": runtime}
         finally:
+            if hangup:
+                loop.remove_signal_handler(signal.SIGHUP)
             if thread is not None:
                 thread.join()
                 if runtime.registry is not None:
@@ -251,16 +349,23 @@ def create_app(
         routes=[
             Route("/v1/systemone", systemone, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
+            Route("/v1/models/{name:path}/load", load_model_route, methods=["POST"]),
+            Route("/v1/models/{name:path}/unload", unload_model_route, methods=["POST"]),
+            Route("/v1/config/reload", reload_config, methods=["POST"]),
             Route("/v1/cache", cache_stats, methods=["GET"]),
+            Route("/metrics", metrics_text, methods=["GET"]),
+            Route("/openapi.json", openapi_json, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/health/live", health_live, methods=["GET"]),
         ],
+        middleware=[Middleware(RequestObserver, metrics=lambda: metrics)],
         lifespan=lifespan,
         exception_handlers={
             ApiError: _api_error,
             Unprocessable: _unprocessable,
-            RequestInvalid: _unprocessable,
             ModelNotFound: _not_found,
+            ModelUnavailable: _unavailable,
+            Cancelled: _cancelled,
             HTTPException: _http_error,
             Exception: _internal,
         },

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,22 +11,15 @@ from typing import Any
 
 from app import scoring
 from app.cache import CacheKey, Snapshot, SnapshotCache, cache_key
-from app.calibration import CONTENT_FREE_STATES, ContextualCalibrator, PriorKey
+from app.calibration import CONTENT_FREE_STATES, ContextualCalibrator
 from app.contract import ChoiceQuestion, NoulQuestion, Question, SystemOneRequest, validation_error
 from app.engine import Engine, Job, Readout, RestoreError, Timing
+from app.errors import Cancelled, Unprocessable
 from app.prompting import Prompter, RenderedQuestion, render_state
 
 log = logging.getLogger("onepass.service")
 
 CALIBRATIONS = ("none", "contextual")
-
-
-class RequestInvalid(Exception):
-    """A request that passed the schema but cannot be answered as asked (422)."""
-
-    def __init__(self, details: list[dict[str, Any]]) -> None:
-        super().__init__(details[0]["msg"])
-        self.details = details
 
 
 @dataclass(frozen=True)
@@ -55,9 +49,13 @@ class ModelService:
         if calibration not in CALIBRATIONS:
             raise ValueError(f"calibration must be one of {CALIBRATIONS}, not {calibration!r}")
         self.calibration = calibration
+        self.prefilled_tokens = 0  # state tokens prefilled so far (for /metrics)
         started = time.perf_counter()
         self.base, _ = engine.prefill(prompter.head_tokens)
-        self.calibrator = ContextualCalibrator([prompter.state_tokens(state) for state in CONTENT_FREE_STATES])
+        self.calibrator = ContextualCalibrator(
+            [prompter.state_tokens(state) for state in CONTENT_FREE_STATES],
+            lambda jobs: self.engine.answer(self.base, jobs).readouts,
+        )
         log.info(
             "%s: system prompt prefilled (%d tokens, %.0f ms)",
             name,
@@ -68,16 +66,11 @@ class ModelService:
     def close(self) -> None:
         self.engine.close()
 
-    def _unknown_priors(self, plan: Plan) -> list[PriorKey]:
-        if self.calibration == "none":
-            return []
-        return self.calibrator.missing([(rendered.tokens, rendered.label_ids) for _, _, rendered in plan.questions])
-
     def _render(self, question: Question, rendered: RenderedQuestion, readout: Readout) -> dict[str, Any]:
         raw = scoring.softmax(readout.label_logits)
         if self.calibration == "none":
             return render_answer(question, raw, readout.label_mass)
-        calibrated = self.calibrator.calibrate((rendered.tokens, rendered.label_ids), raw)
+        calibrated = self.calibrator.calibrate(rendered.tokens, rendered.label_ids, raw)
         return render_answer(question, calibrated, readout.label_mass, raw)
 
     def plan(self, request: SystemOneRequest) -> Plan:
@@ -87,7 +80,7 @@ class ModelService:
         questions = []
         for qid, question in request.questions.items():
             if isinstance(question, ChoiceQuestion) and len(question.criteria) > self.prompter.max_options:
-                raise RequestInvalid(
+                raise Unprocessable(
                     validation_error(
                         ("questions", qid, "choice", "criteria"),
                         f"{self.name} has single-token labels for at most {self.prompter.max_options} options",
@@ -98,7 +91,7 @@ class ModelService:
             questions.append((qid, question, self.prompter.question(question)))
         longest = max(len(rendered.tokens) for _, _, rendered in questions)
         if len(prefix) + longest > self.engine.n_ctx:
-            raise RequestInvalid(
+            raise Unprocessable(
                 validation_error(
                     ("state",),
                     f"the prompt needs {len(prefix)} prefix tokens (system {self.base.n_tokens} + state "
@@ -110,9 +103,11 @@ class ModelService:
             )
         return Plan(state, prefix, questions)
 
-    def answer(self, request: SystemOneRequest) -> dict[str, Any]:
+    def answer(self, request: SystemOneRequest, cancelled: threading.Event | None = None) -> dict[str, Any]:
+        """The response body. `cancelled` (a timeout, a client gone) stops it before the next llama.cpp step."""
         started = time.perf_counter()
         plan = self.plan(request)
+        check = cancelled.is_set if cancelled is not None else (lambda: False)
         key = self._key_fn(
             self.engine.fingerprint,
             self.engine.kv_settings,
@@ -123,7 +118,10 @@ class ModelService:
         built = Timing()
 
         def build() -> Snapshot:
+            if check():
+                raise Cancelled("cancelled before the prefill")
             snapshot, timing = self.engine.prefill(plan.prefix_tokens, base=self.base)
+            self.prefilled_tokens += len(plan.prefix_tokens) - self.base.n_tokens
             built.restore_ms, built.prefill_ms = timing.restore_ms, timing.prefill_ms
             return snapshot
 
@@ -132,6 +130,8 @@ class ModelService:
         # arrive in cannot change the batch layout and with it the floating-point rounding.
         order = sorted(range(len(plan.questions)), key=lambda i: plan.questions[i][2].tokens)
         jobs = [Job(plan.questions[i][2].tokens, plan.questions[i][2].label_ids) for i in order]
+        if check():
+            raise Cancelled("cancelled before the decode")
         try:
             answered = self.engine.answer(snapshot, jobs)
         except RestoreError as error:
@@ -141,9 +141,6 @@ class ModelService:
             snapshot = build()
             self.cache.put(key, snapshot)
             answered = self.engine.answer(snapshot, jobs)
-        unknown = self._unknown_priors(plan)
-        if unknown:
-            self.calibrator.learn(unknown, self.engine.answer(self.base, self.calibrator.jobs(unknown)).readouts)
         readout_of = dict(zip(order, answered.readouts, strict=True))
         readouts = [readout_of[i] for i in range(len(order))]
         cache_state = "off" if not self.cache.enabled else "hit" if hit else "miss"

@@ -45,7 +45,7 @@ def state_of(tokens: int, tag: int) -> str:
 
 
 def serve(settings: Settings) -> tuple[str, uvicorn.Server, threading.Thread]:
-    registry = ModelRegistry(load_model(settings))
+    registry = ModelRegistry.serving(load_model(settings))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)

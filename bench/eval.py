@@ -123,7 +123,7 @@ def metrics(outcomes: Sequence[Outcome]) -> dict[str, Any]:
 def run(model: Path, calibration: str, limit: int | None) -> dict[str, Any]:
     items = load_items(limit=limit)
     settings = Settings(model=model, calibration=calibration, n_ctx=4096)
-    registry = ModelRegistry(load_model(settings))
+    registry = ModelRegistry.serving(load_model(settings))
     outcomes: dict[str, list[Outcome]] = {"raw": [], "calibrated": []}
     began = time.perf_counter()
     with TestClient(create_app(settings, registry=registry)) as client:
@@ -139,7 +139,7 @@ def run(model: Path, calibration: str, limit: int | None) -> dict[str, Any]:
                 outcomes["raw"].append(outcome(item, answer, raw=False))
     registry.close()
     return {
-        "model": registry.default.name,
+        "model": registry.default_name,
         "calibration": calibration,
         "seconds": round(time.perf_counter() - began, 1),
         "results": {name: metrics(found) for name, found in outcomes.items() if found},
@@ -214,10 +214,10 @@ def main() -> None:
     args = parser.parse_args()
     report = run(args.model, args.calibration, args.limit)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"eval-{report['model']}"
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(markdown(report))
-    plot(report, stem.with_suffix(".png"))
+    stem = f"eval-{report['model']}"  # model names contain dots: no Path.with_suffix
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / f"{stem}.md").write_text(markdown(report))
+    plot(report, args.out / f"{stem}.png")
     print(markdown(report))
 
 

@@ -48,7 +48,7 @@ def tiny_plain_service(tiny_plain_path: Path) -> Iterator[ModelService]:
 
 @pytest.fixture
 def client(tiny_service: ModelService, tiny_chat_path: Path) -> Iterator[TestClient]:
-    app = create_app(tiny_settings(tiny_chat_path), registry=ModelRegistry(tiny_service))
+    app = create_app(tiny_settings(tiny_chat_path), registry=ModelRegistry.serving(tiny_service))
     with TestClient(app) as test_client:
         yield test_client
 

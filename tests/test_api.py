@@ -210,7 +210,7 @@ def test_a_state_longer_than_the_context_is_422_naming_the_counts(client: TestCl
 
 
 def test_a_body_over_the_limit_is_413(tiny_service: ModelService, tiny_chat_path: Path) -> None:
-    app = create_app(tiny_settings(tiny_chat_path, max_body_bytes=1000), registry=ModelRegistry(tiny_service))
+    app = create_app(tiny_settings(tiny_chat_path, max_body_bytes=1000), registry=ModelRegistry.serving(tiny_service))
     with TestClient(app) as small:
         response = post(small, body_with(state="x" * 2000))
         assert response.status_code == 413
@@ -231,7 +231,7 @@ def test_zstd_and_gzip_bodies_are_read(client: TestClient) -> None:
 class TestAuth:
     @pytest.fixture
     def secured(self, tiny_service: ModelService, tiny_chat_path: Path) -> Any:
-        app = create_app(tiny_settings(tiny_chat_path, api_key="s3cret"), registry=ModelRegistry(tiny_service))
+        app = create_app(tiny_settings(tiny_chat_path, api_key="s3cret"), registry=ModelRegistry.serving(tiny_service))
         with TestClient(app) as c:
             yield c
 
@@ -255,7 +255,9 @@ def test_models_lists_every_name_in_both_shapes(client: TestClient) -> None:
     assert data["object"] == "list"
     assert [m["id"] for m in data["data"]] == ["tiny-chat", "jev-latest"]
     assert [m["name"] for m in data["models"]] == ["tiny-chat", "jev-latest"]
-    assert all(set(m) == {"name", "description", "release_date"} for m in data["models"])
+    for entry in data["models"]:  # the System One fields, then onepass's x_ extras
+        assert {"name", "description", "release_date"} <= set(entry)
+        assert all(key.startswith("x_") for key in set(entry) - {"name", "description", "release_date"})
     assert all(m["object"] == "model" and m["owned_by"] == "onepass" for m in data["data"])
 
 
@@ -272,7 +274,7 @@ def test_health_is_503_while_the_model_loads_then_200(tiny_chat_path: Path) -> N
 
     def slow_loader(settings: Settings) -> ModelRegistry:
         release.wait()
-        return ModelRegistry(load_model(settings))  # the app owns (and closes) what it loads
+        return ModelRegistry.serving(load_model(settings))  # the app owns (and closes) what it loads
 
     app = create_app(tiny_settings(tiny_chat_path), loader=slow_loader)
     with TestClient(app) as c:

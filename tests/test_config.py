@@ -25,6 +25,7 @@ def test_defaults_with_no_flags_and_no_environment() -> None:
     settings = load_settings([], {})
     assert settings == Settings()
     assert dataclasses.asdict(settings) == {
+        "config": None,
         "host": "127.0.0.1",
         "port": 8080,
         "model": DEFAULT_MODEL_PATH,
@@ -37,14 +38,23 @@ def test_defaults_with_no_flags_and_no_environment() -> None:
         "session_cache_entries": 16,
         "session_cache_tokens": 32768,
         "calibration": "contextual",
+        "default_model": None,
+        "models_max": 2,
         "api_key": None,
+        "api_key_file": None,
         "max_body_bytes": 8 * 1024 * 1024,
+        "max_questions": 256,
+        "max_text_chars": 20_000,
+        "max_queue": 32,
+        "request_timeout": 300.0,
+        "shutdown_timeout": 30.0,
         "log_level": "info",
     }
 
 
 def test_env_var_names_are_the_prefixed_upper_case_field_names() -> None:
     assert [env_var(name) for name in FIELD_NAMES] == [
+        "ONEPASS_CONFIG",
         "ONEPASS_HOST",
         "ONEPASS_PORT",
         "ONEPASS_MODEL",
@@ -57,8 +67,16 @@ def test_env_var_names_are_the_prefixed_upper_case_field_names() -> None:
         "ONEPASS_SESSION_CACHE_ENTRIES",
         "ONEPASS_SESSION_CACHE_TOKENS",
         "ONEPASS_CALIBRATION",
+        "ONEPASS_DEFAULT_MODEL",
+        "ONEPASS_MODELS_MAX",
         "ONEPASS_API_KEY",
+        "ONEPASS_API_KEY_FILE",
         "ONEPASS_MAX_BODY_BYTES",
+        "ONEPASS_MAX_QUESTIONS",
+        "ONEPASS_MAX_TEXT_CHARS",
+        "ONEPASS_MAX_QUEUE",
+        "ONEPASS_REQUEST_TIMEOUT",
+        "ONEPASS_SHUTDOWN_TIMEOUT",
         "ONEPASS_LOG_LEVEL",
     ]
 

@@ -82,7 +82,7 @@ def test_calibration_measures_each_new_questions_prior_once_in_one_decode(tiny_c
     try:
         before = service.engine.decode_calls
         first = service.answer(request(state="first state", n_questions=7))
-        assert service.engine.decode_calls - before == 3  # prefill, the questions, their 7 x 2 content-free runs
+        assert service.engine.decode_calls - before == 2 + 7  # prefill, the questions, each prior in its own decode
         assert len(service.calibrator) == 7
         before = service.engine.decode_calls
         second = service.answer(request(state="second state", n_questions=7))
@@ -102,7 +102,7 @@ def test_calibration_divides_out_the_content_free_prior(tiny_chat_path: Path) ->
         raw, cal = plain.answer(req)["answers"], calibrated.answer(req)["answers"]
         for qid, answer in cal.items():
             rendered = calibrated.plan(req).questions[int(qid[1:])][2]
-            prior = calibrated.calibrator._priors[(rendered.tokens, rendered.label_ids)]
+            prior = calibrated.calibrator.prior(rendered.tokens, rendered.label_ids)
             p_raw = (
                 [raw[qid]["noul"], 1 - raw[qid]["noul"]]
                 if answer["type"] == "noul"

@@ -74,7 +74,8 @@ OBVIOUS: list[Any] = [
         {"type": "score", "instructions": "How angry is the writer?", "criteria": ["Calm", "Annoyed", "Furious"]},
         2,
     ),
-    pytest.param(
+    (
+        # Uncalibrated, this one leaned to the middle level (p = 0.15/0.55/0.30); calibration fixed it.
         "Thanks, everything is fine, no rush at all.",
         {
             "type": "score",
@@ -82,10 +83,6 @@ OBVIOUS: list[Any] = [
             "criteria": ["Not urgent", "Somewhat urgent", "Very urgent"],
         },
         0,
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="known: uncalibrated scores lean to the middle level (p = 0.15/0.55/0.30); calibration is issue 4",
-        ),
     ),
 ]
 
@@ -174,6 +171,8 @@ def test_question_order_and_ids_do_not_change_answers(real_service: ModelService
 
 
 def test_n_questions_cost_one_prefill_and_one_decode(real_service: ModelService) -> None:
+    questions = {f"q{i}": noul(f"Question {i}?") for i in range(5)}
+    ask(real_service, "Any state: this learns the questions' calibration priors.", questions)
     before = real_service.engine.decode_calls
-    ask(real_service, "A brand new state for counting decodes.", {f"q{i}": noul(f"Question {i}?") for i in range(5)})
+    ask(real_service, "A brand new state for counting decodes.", questions)
     assert real_service.engine.decode_calls - before == 2

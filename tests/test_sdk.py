@@ -7,15 +7,12 @@ itself, so requests queue in the listen backlog until uvicorn accepts them: no s
 from __future__ import annotations
 
 import json
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from backports.zstd import decompress as zstd_decompress
 from typesafe_sdk import (
     Choice,
@@ -35,11 +32,10 @@ from typesafe_sdk import (
     TypeSafeUnprocessableEntityError,
 )
 
-from app.config import Settings
 from app.models import ModelRegistry
-from app.server import create_app
 from app.service import ModelService
 from tests.conftest import tiny_settings
+from tests.live import RunningServer
 
 TEAM_OPTIONS = ("Billing", "Técnico ✓", "Ventas")
 QUESTIONS: dict[str, Any] = {
@@ -71,28 +67,9 @@ STATES: list[Any] = [
 NO_RETRY = RetryPolicy(max_retries=0)
 
 
-class RunningServer:
-    def __init__(self, settings: Settings, registry: ModelRegistry) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        host, port = self.sock.getsockname()
-        self.base_url = f"http://{host}:{port}"
-        config = uvicorn.Config(create_app(settings, registry=registry), log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-        self.sock.close()
-        assert not self.thread.is_alive(), "uvicorn did not shut down"
-
-
 @pytest.fixture(scope="module")
 def tiny_registry(tiny_service: ModelService) -> ModelRegistry:
-    return ModelRegistry(tiny_service)
+    return ModelRegistry.serving(tiny_service)
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +200,8 @@ def test_sdk_lists_the_served_models(base_url: str) -> None:
         listing = client.models.list()
     assert isinstance(listing, ListModelsResponse)
     raw = httpx.get(base_url + "/v1/models", timeout=30.0).json()
-    assert [model.model_dump() for model in listing.models] == raw["models"]
+    system_one_fields = [{k: v for k, v in entry.items() if not k.startswith("x_")} for entry in raw["models"]]
+    assert [model.model_dump() for model in listing.models] == system_one_fields
     assert all(isinstance(model, ModelMetadata) for model in listing.models)
     assert [model.name for model in listing.models] == ["tiny-chat", "jev-latest"]
 

@@ -1,0 +1,131 @@
+"""Request ids, one structured log line per request, and Prometheus metrics (GET /metrics).
+
+`RequestObserver` is a plain ASGI middleware: it assigns or echoes X-Request-Id, times the
+request, counts it by route and status, and logs one JSON line with what the handler put
+in `scope["state"]["observed"]` (model, questions, tokens, cache, timings).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("onepass.requests")
+
+REQUEST_ID = "x-request-id"
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    """One registry per app, so several apps in one process (tests) never share counters."""
+
+    def __init__(self, sources: Callable[[], dict[str, Any]]) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("onepass_requests", "HTTP requests", ["route", "status"], registry=self.registry)
+        self.latency = Histogram(
+            "onepass_request_seconds",
+            "request latency by cache outcome",
+            ["route", "cache"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_Sources(sources))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Sources(Collector):
+    """Gauges and counters read at scrape time from the live objects (cache stats, queue)."""
+
+    def __init__(self, sources: Callable[[], dict[str, Any]]) -> None:
+        self._sources = sources
+
+    def collect(self) -> Iterable[Metric]:
+        found = self._sources()
+        queue = GaugeMetricFamily("onepass_queue_depth", "requests waiting for a llama.cpp context")
+        queue.add_metric([], found.get("queue_depth", 0))
+        in_flight = GaugeMetricFamily("onepass_in_flight", "requests being answered or waiting")
+        in_flight.add_metric([], found.get("in_flight", 0))
+        yield queue
+        yield in_flight
+        gauges = {
+            name: GaugeMetricFamily(f"onepass_cache_{name}", f"session cache {name}", labels=["model"])
+            for name in ("entries", "tokens", "bytes")
+        }
+        counters = {
+            name: CounterMetricFamily(f"onepass_cache_{name}", f"session cache {name}", labels=["model"])
+            for name in ("hits", "misses", "evictions")
+        }
+        prefilled = CounterMetricFamily("onepass_prefilled_tokens", "state tokens prefilled", labels=["model"])
+        for model, stats in found.get("models", {}).items():
+            for name, family in gauges.items():
+                family.add_metric([model], stats["cache"][name])
+            for name, counter in counters.items():
+                counter.add_metric([model], stats["cache"][name])
+            prefilled.add_metric([model], stats["prefilled_tokens"])
+        yield from gauges.values()
+        yield from counters.values()
+        yield prefilled
+
+
+class RequestObserver:
+    def __init__(self, app: ASGIApp, metrics: Callable[[], Metrics | None]) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers", []))
+        request_id = headers.get(REQUEST_ID.encode(), b"").decode("latin-1")[:128] or uuid.uuid4().hex
+        observed: dict[str, Any] = {}
+        scope.setdefault("state", {})["observed"] = observed
+        status = 500
+        began = time.perf_counter()
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), (REQUEST_ID.encode(), request_id.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            seconds = time.perf_counter() - began
+            route = _route(scope)
+            metrics = self.metrics()
+            if metrics is not None:
+                metrics.requests.labels(route, str(status)).inc()
+                metrics.latency.labels(route, observed.get("cache", "none")).observe(seconds)
+            log.info(
+                "%s",
+                json.dumps(
+                    {
+                        "request_id": request_id,
+                        "method": scope["method"],
+                        "route": route,
+                        "status": status,
+                        "ms": round(seconds * 1000, 1),
+                        **observed,
+                    }
+                ),
+            )
+
+
+def _route(scope: Scope) -> str:
+    route = scope.get("route")
+    path: str = getattr(route, "path", None) or scope["path"]
+    return path if route is not None else "unmatched"

@@ -1,0 +1,429 @@
+"""make bench: what the session cache and batching gain, against llama.cpp's own server.
+
+Every server runs in its own process on a loopback port; this process is only the client
+(and loads the model's tokenizer to build states of a given token length and to render
+the very same prompts for llama-server). Each latency is measured from the client.
+
+    python -m bench.run [--model PATH] [--quick]
+
+Writes bench/results/<date>-<sha>-<model>.json and .md, and a .png of latency vs state length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.config import DEFAULT_MODEL_PATH, REPO_ROOT
+from app.contract import SystemOneRequest
+from app.engine import Engine
+from app.prompting import Prompter
+from bench import peer
+
+QUESTIONS: list[dict[str, Any]] = [
+    {"type": "noul", "instructions": "Does the customer ask for money back?"},
+    {
+        "type": "choice",
+        "instructions": "Which team handles it?",
+        "criteria": {"Billing": "Payments and refunds", "Technical": "Bugs and outages", "Sales": None},
+    },
+    {"type": "score", "instructions": "How frustrated is the customer?", "criteria": ["Calm", "Annoyed", "Furious"]},
+    {"type": "noul", "instructions": "Is the message written in English?"},
+    {"type": "choice", "instructions": "What is the sentiment?", "criteria": {"positive": None, "negative": None}},
+    {"type": "noul", "instructions": "Does the message mention a date?"},
+    {"type": "score", "instructions": "How urgent is it?", "criteria": ["Can wait", "This week", "Today", "Now"]},
+    {"type": "noul", "instructions": "Is an order number given?"},
+    {"type": "choice", "instructions": "Which channel fits the reply?", "criteria": {"email": None, "phone": None}},
+    {"type": "noul", "instructions": "Is the customer threatening to leave?"},
+]
+SENTENCES = [
+    "Order {n} was charged twice on my card and I still have not received the parcel.",
+    "Support promised a call back on Monday {n} but nobody ever called me.",
+    "I want a refund for the duplicate charge, and I am close to cancelling my plan.",
+    "The tracking page for shipment {n} has said 'in transit' for nine days now.",
+]
+
+
+@dataclass
+class Config:
+    sizes: list[int]
+    question_counts: list[int]
+    cold_runs: int
+    hit_runs: int
+    off_runs: int
+    peer_sizes: list[int]
+    interleave_rounds: int
+    eviction_states: int
+
+
+FULL = Config([64, 256, 1024, 2048], [1, 5, 10], 2, 3, 1, [256, 1024], 2, 18)
+QUICK = Config([64, 256], [1, 5], 1, 2, 1, [256], 1, 0)
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+    return {"median": round(statistics.median(ordered), 1), "p90": round(p90, 1), "n": len(ordered)}
+
+
+class StateMaker:
+    """States of (about) a given token count, each new one different from all before."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.count = 0
+
+    def make(self, tokens: int) -> str:
+        self.count += 1
+        text, i = "", 0
+        while len(self.engine.tokenize(text, special=False)) < tokens:
+            text += SENTENCES[i % len(SENTENCES)].format(n=f"{self.count}-{i}") + " "
+            i += 1
+        return text.strip()
+
+
+@contextmanager
+def onepass_server(model: Path, port: int, *extra: str) -> Iterator[tuple[str, int]]:
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "--model",
+            str(model),
+            "--port",
+            str(port),
+            "--n-ctx",
+            "8192",
+            "--log-level",
+            "warning",
+            *extra,
+        ],
+        cwd=REPO_ROOT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        peer.wait_ready(url + "/health", process)
+        yield url, process.pid
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+def ask(client: httpx.Client, url: str, state: str, questions: list[dict[str, Any]]) -> tuple[float, dict[str, Any]]:
+    body = {"model": "jev-latest", "state": state, "questions": {f"q{i}": q for i, q in enumerate(questions)}}
+    began = time.perf_counter()
+    response = client.post(url + "/v1/systemone", json=body, timeout=900)
+    elapsed = (time.perf_counter() - began) * 1000
+    response.raise_for_status()
+    return elapsed, response.json()
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cache_gain(client: httpx.Client, url: str, states: StateMaker, cfg: Config) -> list[dict[str, Any]]:
+    rows = []
+    for size in cfg.sizes:
+        for n in cfg.question_counts:
+            cold, hit, engine_ms, decode_ms, prefill_ms = [], [], [], [], []
+            for _ in range(cfg.cold_runs):
+                state = states.make(size)
+                ms, data = ask(client, url, state, QUESTIONS[:n])
+                cold.append(ms)
+                prefill_ms.append(data["x_timing_ms"]["prefill"])
+            for _ in range(cfg.hit_runs):
+                ms, data = ask(client, url, state, QUESTIONS[:n])
+                assert data["x_cache"] == "hit"
+                hit.append(ms)
+                timing = data["x_timing_ms"]
+                engine_ms.append(timing["restore"] + timing["decode"])
+                decode_ms.append(timing["decode"])
+            rows.append(
+                {
+                    "state_tokens": size,
+                    "questions": n,
+                    "input_tokens": data["usage"]["input_tokens"],
+                    "cold_ms": summary(cold),
+                    "hit_ms": summary(hit),
+                    "engine_hit_ms": summary(engine_ms),
+                    "engine_decode_ms": summary(decode_ms),
+                    "engine_prefill_ms": summary(prefill_ms),
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def cache_off(client: httpx.Client, url: str, states: StateMaker, cfg: Config) -> dict[tuple[int, int], Any]:
+    found = {}
+    for size in cfg.sizes:
+        for n in cfg.question_counts:
+            samples = [ask(client, url, states.make(size), QUESTIONS[:n])[0] for _ in range(cfg.off_runs)]
+            found[size, n] = summary(samples)
+    return found
+
+
+def batching(client: httpx.Client, url: str, states: StateMaker, cfg: Config) -> list[dict[str, Any]]:
+    state = states.make(256)
+    ask(client, url, state, QUESTIONS[:1])  # cached from here on
+    rows = []
+    for n in [n for n in cfg.question_counts if n > 1]:
+        together = [ask(client, url, state, QUESTIONS[:n])[0] for _ in range(cfg.hit_runs)]
+        apart = [sum(ask(client, url, state, [q])[0] for q in QUESTIONS[:n]) for _ in range(cfg.hit_runs)]
+        rows.append({"questions": n, "one_request_ms": summary(together), "one_per_question_ms": summary(apart)})
+    return rows
+
+
+def interleaving(client: httpx.Client, url: str, states: StateMaker, cfg: Config, pid: int) -> dict[str, Any]:
+    a, b = states.make(256), states.make(256)
+    before = client.get(url + "/v1/cache").json()
+    latencies = [ask(client, url, s, QUESTIONS[:5])[0] for _ in range(cfg.interleave_rounds * 2) for s in (a, b)]
+    after = client.get(url + "/v1/cache").json()
+    name = next(iter(after))
+    result: dict[str, Any] = {
+        "within_budget": {
+            "requests": len(latencies),
+            "latency_ms": summary(latencies),
+            "hit_rate": (after[name]["hits"] - before[name]["hits"]) / len(latencies),
+        }
+    }
+    if cfg.eviction_states:
+        ring = [states.make(128) for _ in range(cfg.eviction_states)]
+        before = client.get(url + "/v1/cache").json()[name]
+        ring_ms = [ask(client, url, s, QUESTIONS[:1])[0] for _ in range(2) for s in ring]
+        after = client.get(url + "/v1/cache").json()[name]
+        result["over_budget"] = {
+            "states": len(ring),
+            "cache_entries": after["max_entries"],
+            "requests": len(ring_ms),
+            "latency_ms": summary(ring_ms),
+            "hit_rate": (after["hits"] - before["hits"]) / len(ring_ms),
+            "evictions": after["evictions"] - before["evictions"],
+        }
+    result["rss_mb_full_cache"] = round(rss_mb(pid), 1)
+    return result
+
+
+def against_peer(
+    model: Path, engine: Engine, prompter: Prompter, client: httpx.Client, url: str, states: StateMaker, cfg: Config
+) -> list[dict[str, Any]]:
+    """The same workloads answered by llama-server, one /completion per question."""
+    rows = []
+    questions = QUESTIONS[:5]
+    with peer.llama_server(model, port=8391, n_ctx=8192) as peer_url:
+
+        def prompts(state: str) -> list[tuple[str, list[str]]]:
+            request = SystemOneRequest.model_validate(
+                {"model": "m", "state": state, "questions": {f"q{i}": q for i, q in enumerate(questions)}}
+            )
+            fmt = prompter.format
+            found = []
+            for question in request.questions.values():
+                rendered = prompter.question(question)
+                labels = [engine.piece(t) for t in rendered.label_ids]
+                found.append((fmt.head + state + fmt.between + rendered.text + fmt.tail, labels))
+            return found
+
+        def on_peer(state: str) -> float:
+            began = time.perf_counter()
+            for prompt, labels in prompts(state):
+                peer.label_probabilities(client, peer_url, prompt, labels)
+            return (time.perf_counter() - began) * 1000
+
+        for size in cfg.peer_sizes:
+            for workload in ("cold", "warm", "interleaved"):
+                ours, theirs = measure_pair(
+                    workload, size, states, lambda s: ask(client, url, s, questions)[0], on_peer, cfg
+                )
+                rows.append(
+                    {
+                        "workload": workload,
+                        "state_tokens": size,
+                        "questions": len(questions),
+                        "onepass_ms": summary(ours),
+                        "llama_server_ms": summary(theirs),
+                        "ratio": round(statistics.median(ours) / statistics.median(theirs), 3),
+                    }
+                )
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def measure_pair(
+    workload: str,
+    size: int,
+    states: StateMaker,
+    ours: Callable[[str], float],
+    theirs: Callable[[str], float],
+    cfg: Config,
+) -> tuple[list[float], list[float]]:
+    if workload == "cold":
+        runs = max(cfg.cold_runs, 1)
+        return [ours(states.make(size)) for _ in range(runs)], [theirs(states.make(size)) for _ in range(runs)]
+    if workload == "warm":
+        a = states.make(size)
+        ours(a), theirs(a)
+        return [ours(a) for _ in range(cfg.hit_runs)], [theirs(a) for _ in range(cfg.hit_runs)]
+    a, b = states.make(size), states.make(size)
+    ours(a), ours(b), theirs(a), theirs(b)
+    rounds = range(cfg.interleave_rounds)
+    return [ours(s) for _ in rounds for s in (a, b)], [theirs(s) for _ in rounds for s in (a, b)]
+
+
+def git_sha() -> str:
+    result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+    return result.stdout.strip() or "unknown"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    off = {(r["state_tokens"], r["questions"]): r for r in report["cache_off"]}
+    lines = [
+        f"# onepass bench: {report['model']} ({report['date']}, {report['git']}, {report['machine']})",
+        "",
+        "Latency in ms, median (p90) from the client. engine = restore + batched decode, in-process.",
+        "",
+        "| state tokens | questions | cold | hit | cache off | engine on hit | hit / engine decode |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in report["cache_gain"]:
+        o = off[r["state_tokens"], r["questions"]]["ms"]
+        lines.append(
+            f"| {r['state_tokens']} | {r['questions']} | {r['cold_ms']['median']} ({r['cold_ms']['p90']}) "
+            f"| {r['hit_ms']['median']} ({r['hit_ms']['p90']}) | {o['median']} ({o['p90']}) "
+            f"| {r['engine_hit_ms']['median']} | {r['hit_ms']['median'] / r['engine_decode_ms']['median']:.3f} |"
+        )
+    lines += ["", "| batching (hit, 256 tokens) | one request | one request per question |", "|---|---|---|"]
+    for r in report["batching"]:
+        lines.append(
+            f"| {r['questions']} questions | {r['one_request_ms']['median']} | {r['one_per_question_ms']['median']} |"
+        )
+    if report["against_llama_server"]:
+        lines += [
+            "",
+            "| vs llama-server (5 questions) | state tokens | onepass | llama-server | onepass / llama-server |",
+            "|---|---|---|---|---|",
+        ]
+        for r in report["against_llama_server"]:
+            lines.append(
+                f"| {r['workload']} | {r['state_tokens']} | {r['onepass_ms']['median']} "
+                f"| {r['llama_server_ms']['median']} | {r['ratio']} |"
+            )
+    m = report["memory"]
+    lines += [
+        "",
+        f"Memory: snapshot {m['snapshot_bytes_per_token']:.0f} B/token vs KV {m['kv_bytes_per_token']} "
+        f"B/token ({m['snapshot_over_kv']:.3f}x); server RSS {m['rss_mb_start']} MB at start, "
+        f"{report['interleaving']['rss_mb_full_cache']} MB after the interleaving runs.",
+        "",
+        f"Interleaving: {json.dumps(report['interleaving'])}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = 5 if 5 in {r["questions"] for r in report["cache_gain"]} else report["cache_gain"][0]["questions"]
+    rows = [r for r in report["cache_gain"] if r["questions"] == n]
+    sizes = [r["state_tokens"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(sizes, [r["cold_ms"]["median"] for r in rows], marker="o", label="onepass cold")
+    ax.plot(sizes, [r["hit_ms"]["median"] for r in rows], marker="o", label="onepass hit")
+    for workload in ("cold", "warm"):
+        peer_rows = [r for r in report["against_llama_server"] if r["workload"] == workload]
+        if peer_rows:
+            ax.plot(
+                [r["state_tokens"] for r in peer_rows],
+                [r["llama_server_ms"]["median"] for r in peer_rows],
+                marker="s",
+                linestyle="--",
+                label=f"llama-server {workload}",
+            )
+    ax.set(
+        xscale="log", yscale="log", xlabel="state tokens", ylabel=f"latency, {n} questions (ms)", title=report["model"]
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)
+    parser.add_argument("--quick", action="store_true", help="a smaller run (under 2 minutes)")
+    parser.add_argument("--no-peer", action="store_true", help="skip the llama-server comparison")
+    args = parser.parse_args()
+    cfg = QUICK if args.quick else FULL
+    began = time.perf_counter()
+    engine = Engine(args.model, n_ctx=512, contexts=1)  # tokenizer and prompts only
+    prompter = Prompter.for_model(
+        engine,
+        engine.metadata("tokenizer.chat_template"),
+        engine.special_token_text(engine.bos_token),
+        engine.special_token_text(engine.eos_token),
+    )
+    states = StateMaker(engine)
+    report: dict[str, Any] = {
+        "model": args.model.name.removesuffix(".gguf"),
+        "date": datetime.date.today().isoformat(),
+        "git": git_sha(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "quick": args.quick,
+    }
+    with httpx.Client() as client:
+        with onepass_server(args.model, 8390) as (url, pid):
+            rss_start = rss_mb(pid)
+            ask(client, url, "warm-up", QUESTIONS)  # learns each question's calibration prior once
+            report["cache_gain"] = cache_gain(client, url, states, cfg)
+            report["batching"] = batching(client, url, states, cfg)
+            report["interleaving"] = interleaving(client, url, states, cfg, pid)
+            stats = next(iter(client.get(url + "/v1/cache").json().values()))
+            report["memory"] = {
+                "snapshot_bytes_per_token": stats["bytes"] / stats["tokens"],
+                "kv_bytes_per_token": engine.kv_bytes_per_token,
+                "snapshot_over_kv": stats["bytes"] / stats["tokens"] / engine.kv_bytes_per_token,
+                "rss_mb_start": round(rss_start, 1),
+            }
+            report["against_llama_server"] = (
+                [] if args.no_peer else against_peer(args.model, engine, prompter, client, url, states, cfg)
+            )
+        with onepass_server(args.model, 8392, "--session-cache-entries", "0") as (url, _):
+            ask(client, url, "warm-up", QUESTIONS)
+            off = cache_off(client, url, states, cfg)
+            report["cache_off"] = [{"state_tokens": s, "questions": n, "ms": v} for (s, n), v in off.items()]
+    report["seconds"] = round(time.perf_counter() - began, 1)
+    out = REPO_ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{report['date']}-{report['git']}-{report['model']}" + ("-quick" if args.quick else "")
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(markdown(report))
+    plot(report, out / f"{stem}.png")
+    print(markdown(report))
+    print(f"bench took {report['seconds']} s; wrote bench/results/{stem}.*")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""A real uvicorn server on a loopback port, in a thread, for clients that need a socket.
+
+The socket is bound and listening before the thread starts, so clients can connect at once:
+connections wait in the backlog until uvicorn accepts them (no polling, no sleeps).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import uvicorn
+
+from app.config import Settings
+from app.models import ModelRegistry
+from app.server import create_app
+
+
+class RunningServer:
+    def __init__(self, settings: Settings, registry: ModelRegistry) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        host, port = self.sock.getsockname()
+        self.base_url = f"http://{host}:{port}"
+        config = uvicorn.Config(create_app(settings, registry=registry), log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()
+        assert not self.thread.is_alive(), "uvicorn did not shut down"

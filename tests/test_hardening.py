@@ -1,0 +1,250 @@
+"""Limits, overload, timeouts, faults, auth keys, request ids, metrics and OpenAPI."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette.testclient import TestClient
+
+from app.config import REPO_ROOT
+from app.contract import SystemOneRequest
+from app.models import ModelRegistry
+from app.server import create_app
+from app.service import ModelService
+from tests.conftest import tiny_settings
+
+BODY: dict[str, Any] = {
+    "model": "jev-latest",
+    "state": "My order never arrived.",
+    "questions": {"q": {"type": "noul", "instructions": "Is it about delivery?"}},
+}
+
+
+class HeldService(ModelService):
+    """The real service, held at the door until the test lets each request through."""
+
+    def __init__(self, inner: ModelService) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.passed = threading.Event()
+        self.saw_cancel: list[bool] = []
+
+    def answer(self, request: SystemOneRequest, cancelled: threading.Event | None = None) -> dict[str, Any]:
+        self.entered.set()
+        self.release.wait(30)
+        self.saw_cancel.append(cancelled is not None and cancelled.is_set())
+        self.passed.set()
+        return super().answer(request, cancelled)
+
+
+class FaultyService(ModelService):
+    """The real service, but the first request feeds llama.cpp a token id outside the vocabulary."""
+
+    def __init__(self, inner: ModelService) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.faults = 1
+
+    def plan(self, request: SystemOneRequest) -> Any:
+        plan = super().plan(request)
+        if self.faults:
+            self.faults -= 1
+            _, _, rendered = plan.questions[0]
+            object.__setattr__(rendered, "tokens", (*rendered.tokens[:-1], self.engine.n_vocab + 7))
+        return plan
+
+
+@pytest.fixture
+def held(tiny_service: ModelService) -> HeldService:
+    return HeldService(tiny_service)
+
+
+def app_with(service: ModelService, path: Path, **settings: Any) -> Any:
+    return create_app(tiny_settings(path, **settings), registry=ModelRegistry.serving(service))
+
+
+def test_too_many_questions_and_too_long_texts_are_422_before_inference(
+    tiny_service: ModelService, tiny_chat_path: Path
+) -> None:
+    with TestClient(app_with(tiny_service, tiny_chat_path, max_questions=2, max_text_chars=50)) as client:
+        before = tiny_service.engine.decode_calls
+        many = client.post("/v1/systemone", json=BODY | {"questions": {f"q{i}": {"type": "noul"} for i in range(3)}})
+        assert many.status_code == 422
+        assert many.json()["detail"][0]["loc"] == ["body", "questions"]
+        long = client.post(
+            "/v1/systemone",
+            json=BODY | {"questions": {"q": {"type": "choice", "criteria": {"short": None, "x" * 51: None}}}},
+        )
+        assert long.status_code == 422
+        assert long.json()["detail"][0]["loc"] == ["body", "questions", "q", "choice", "criteria", "x" * 51]
+        assert tiny_service.engine.decode_calls == before
+
+
+def test_several_keys_from_a_file_and_none_of_them_logged(
+    tiny_service: ModelService, tiny_chat_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("# team keys\nalpha-key\n\nbeta-key\n")
+    caplog.set_level(logging.DEBUG)
+    with TestClient(app_with(tiny_service, tiny_chat_path, api_key="gamma-key", api_key_file=keys)) as client:
+        for key in ("alpha-key", "beta-key", "gamma-key"):
+            assert (
+                client.post("/v1/systemone", json=BODY, headers={"Authorization": f"Bearer {key}"}).status_code == 200
+            )
+        for headers in ({}, {"Authorization": "Bearer alpha"}, {"Authorization": "Bearer # team keys"}):
+            assert client.post("/v1/systemone", json=BODY, headers=headers).status_code == 401
+        for route in ("/metrics", "/openapi.json", "/v1/cache", "/health"):
+            assert client.get(route).status_code == 401
+        assert client.get("/health/live").status_code == 200
+    assert not any(key in caplog.text for key in ("alpha-key", "beta-key", "gamma-key"))
+
+
+def test_a_full_queue_answers_503_with_retry_after(held: HeldService, tiny_chat_path: Path) -> None:
+    with TestClient(app_with(held, tiny_chat_path, max_queue=0)) as client, ThreadPoolExecutor(1) as pool:
+        first = pool.submit(client.post, "/v1/systemone", json=BODY)
+        assert held.entered.wait(30)
+        busy = client.post("/v1/systemone", json=BODY)
+        assert busy.status_code == 503
+        assert busy.json()["detail"]["error_type"] == "overloaded"
+        assert busy.headers["retry-after"] == "1"
+        held.release.set()
+        assert first.result().status_code == 200
+        assert client.post("/v1/systemone", json=BODY).status_code == 200
+
+
+def test_a_request_past_its_timeout_is_504_and_its_work_is_dropped(held: HeldService, tiny_chat_path: Path) -> None:
+    with TestClient(app_with(held, tiny_chat_path, request_timeout=0.2)) as client:
+        before = held.engine.decode_calls
+        response = client.post("/v1/systemone", json=BODY | {"state": "a state for the timeout test"})
+        assert response.status_code == 504
+        assert response.json()["detail"]["error_type"] == "timeout"
+        held.release.set()
+        assert held.passed.wait(30)
+    assert held.saw_cancel == [True]  # the abandoned worker saw the cancellation ...
+    assert held.engine.decode_calls == before  # ... and ran no llama.cpp work
+
+
+def test_a_fault_inside_llama_cpp_fails_that_request_only(tiny_service: ModelService, tiny_chat_path: Path) -> None:
+    with TestClient(app_with(tiny_service, tiny_chat_path)) as client:
+        expected = client.post("/v1/systemone", json=BODY).json()["answers"]
+    faulty = FaultyService(tiny_service)
+    with TestClient(app_with(faulty, tiny_chat_path), raise_server_exceptions=False) as client:
+        failed = client.post("/v1/systemone", json=BODY)
+        assert failed.status_code == 500
+        assert failed.json() == {
+            "detail": {"error_type": "internal_error", "message": "internal error; see the server log"}
+        }
+        assert client.post("/v1/systemone", json=BODY).json()["answers"] == expected
+
+
+def test_request_ids_are_echoed_or_made_and_each_request_logs_one_line(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="onepass.requests")
+    given = client.post("/v1/systemone", json=BODY, headers={"X-Request-Id": "abc-123"})
+    assert given.headers["x-request-id"] == "abc-123"
+    made = client.get("/health/live").headers["x-request-id"]
+    assert len(made) == 32
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "onepass.requests"]
+    line = next(entry for entry in lines if entry["request_id"] == "abc-123")
+    assert line["route"] == "/v1/systemone" and line["status"] == 200 and line["model"] == "tiny-chat"
+    assert line["questions"] == 1 and line["cache"] in ("hit", "miss") and line["input_tokens"] > 0
+    assert set(line["timing_ms"]) == {"prefill", "restore", "decode", "total"}
+
+
+def test_metrics_count_requests_latency_and_cache_in_prometheus_format(client: TestClient) -> None:
+    client.post("/v1/systemone", json=BODY | {"state": "metrics state"})
+    client.post("/v1/systemone", json=BODY | {"state": "metrics state"})
+    client.post("/v1/systemone", json={"bad": True})
+    text = client.get("/metrics").text
+    assert 'onepass_requests_total{route="/v1/systemone",status="200"} 2.0' in text
+    assert 'onepass_requests_total{route="/v1/systemone",status="422"} 1.0' in text
+    assert 'onepass_request_seconds_count{cache="hit",route="/v1/systemone"} 1.0' in text
+    assert 'onepass_request_seconds_count{cache="miss",route="/v1/systemone"} 1.0' in text
+    for name in (
+        "onepass_cache_entries",
+        "onepass_cache_tokens",
+        "onepass_cache_bytes",
+        "onepass_cache_hits_total",
+        "onepass_cache_misses_total",
+        "onepass_cache_evictions_total",
+        "onepass_prefilled_tokens_total",
+        "onepass_queue_depth",
+        "onepass_in_flight",
+    ):
+        assert name in text, name
+
+
+def test_openapi_describes_the_contract(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    assert spec["openapi"].startswith("3.1")
+    operation = spec["paths"]["/v1/systemone"]["post"]
+    assert {"200", "401", "404", "413", "422", "503"} <= set(operation["responses"])
+    request_schema = spec["components"]["schemas"]["SystemOneRequest"]
+    assert set(request_schema["required"]) == {"model", "state", "questions"}
+
+
+def test_sigterm_finishes_in_flight_requests_then_exits(tiny_chat_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "--model",
+            str(tiny_chat_path),
+            "--port",
+            str(port),
+            "--n-ctx",
+            "8192",
+            "--threads",
+            "1",
+            "--log-level",
+            "debug",
+            "--config",
+            "",
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for_line(process, "Uvicorn running on")
+        heavy = BODY | {
+            "state": "word " * 1000,
+            "questions": {f"q{i}": {"type": "noul", "instructions": f"Q{i}?"} for i in range(40)},
+        }
+        with ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(httpx.post, url + "/v1/systemone", json=heavy, timeout=120)
+            _wait_for_line(process, "admitted")  # the server logs each request it starts working on
+            process.send_signal(signal.SIGTERM)
+            assert in_flight.result().status_code == 200
+        # uvicorn re-raises the signal once it has shut down, so the exit status reports SIGTERM
+        assert process.wait(60) in (0, -signal.SIGTERM)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def _wait_for_line(process: subprocess.Popen[str], marker: str) -> None:
+    assert process.stderr is not None
+    for line in process.stderr:
+        if marker in line:
+            return
+    raise AssertionError(f"the server exited ({process.wait()}) before logging {marker!r}")

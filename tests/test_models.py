@@ -1,0 +1,248 @@
+"""Several models from one config file: routing, LRU residency, reload, per-model caches."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from app.config import ConfigError, Settings, load_settings
+from app.models import ModelRegistry, ModelsConfig, ModelSpec, load_spec, read_models_config
+from app.server import create_app
+from app.service import ModelService
+from tests.tiny_gguf import write_tiny_gguf
+
+QUESTION = {"type": "choice", "instructions": "Which?", "criteria": {"Alpha": None, "Beta": None, "Gamma": None}}
+
+
+@pytest.fixture(scope="module")
+def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("models")
+    return {
+        "one": write_tiny_gguf(folder / "one.gguf", seed=11),
+        "two": write_tiny_gguf(folder / "two.gguf", seed=22, extra_words=("hello", "world")),
+        "three": write_tiny_gguf(folder / "three.gguf", seed=33, chat_template=None, extra_words=("zeta",)),
+    }
+
+
+def write_config(
+    path: Path,
+    ggufs: dict[str, Path],
+    models_max: int = 2,
+    names: tuple[str, ...] = ("one", "two", "three"),
+    default: str = "one",
+    extra: str = "",
+) -> Path:
+    lines = ["[server]", f'default_model = "{default}"', f"models_max = {models_max}", "threads = 1", ""]
+    for name in names:
+        lines += [
+            "[[models]]",
+            f'name = "{name}"',
+            f'path = "{ggufs[name]}"',
+            f'aliases = ["{name}-alias"]',
+            "n_ctx = 2048",
+            "",
+        ]
+    path.write_text("\n".join(lines) + extra)
+    return path
+
+
+def settings_for(config: Path) -> Settings:
+    return load_settings(["--config", str(config)], {})
+
+
+def ask(client: TestClient, model: str, state: str = "the same state for every model") -> Any:
+    return client.post("/v1/systemone", json={"model": model, "state": state, "questions": {"q": QUESTION}})
+
+
+@pytest.fixture
+def served(tmp_path: Path, ggufs: dict[str, Path]) -> Iterator[tuple[TestClient, Path]]:
+    config = write_config(tmp_path / "onepass.toml", ggufs)
+    app = create_app(settings_for(config))
+    with TestClient(app) as client:
+        assert app.state.runtime.loaded.wait(30)
+        yield client, config
+
+
+def test_the_config_file_sets_server_settings_below_flags_and_env(tmp_path: Path, ggufs: dict[str, Path]) -> None:
+    config = write_config(tmp_path / "c.toml", ggufs, models_max=3)
+    assert settings_for(config).models_max == 3
+    assert load_settings(["--config", str(config)], {"ONEPASS_MODELS_MAX": "4"}).models_max == 4
+    assert load_settings(["--config", str(config), "--models-max", "5"], {"ONEPASS_MODELS_MAX": "4"}).models_max == 5
+    assert load_settings([], {}, default_config=config).config == config
+    assert load_settings([], {}, default_config=tmp_path / "absent.toml").config is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ('[[models]]\nname = "one"\npath = "x.gguf"\n', "used twice"),
+        ('[[models]]\nname = "four"\n', "needs a string 'name' and a string 'path'"),
+        ('[[models]]\nname = "four"\npath = "x.gguf"\nn_ctx = "big"\n', "n_ctx must be an integer"),
+        ('[[models]]\nname = "four"\npath = "x.gguf"\ncolour = "red"\n', "unknown setting"),
+        ('[[models]]\nname = "four"\npath = "x.gguf"\ntemplate = "fancy"\n', "template must be one of"),
+        ("this is not toml = = =\n", "not valid TOML"),
+    ],
+)
+def test_a_config_with_errors_is_rejected_with_a_clear_message(
+    tmp_path: Path, ggufs: dict[str, Path], extra: str, message: str
+) -> None:
+    config = write_config(tmp_path / "bad.toml", ggufs, extra=extra)
+    with pytest.raises(ConfigError, match=message):
+        read_models_config(settings_for(config))
+
+
+def test_unknown_default_and_server_keys_are_rejected(tmp_path: Path, ggufs: dict[str, Path]) -> None:
+    with pytest.raises(ConfigError, match="default_model 'nope'"):
+        read_models_config(settings_for(write_config(tmp_path / "a.toml", ggufs, default="nope")))
+    bad = tmp_path / "b.toml"
+    bad.write_text("[server]\nprot = 8080\n")
+    with pytest.raises(ConfigError, match="unknown setting 'prot'"):
+        settings_for(bad)
+
+
+def test_requests_route_by_name_and_alias_and_models_answer_differently(served: tuple[TestClient, Path]) -> None:
+    client, _ = served
+    answers = {}
+    for name in ("one", "two", "three"):
+        by_name, by_alias = ask(client, name), ask(client, f"{name}-alias")
+        assert by_name.status_code == 200, by_name.text
+        assert by_name.json()["model"] == by_alias.json()["model"] == name
+        assert by_name.json()["answers"] == by_alias.json()["answers"]
+        answers[name] = by_name.json()["answers"]["q"]["probabilities"]
+    assert answers["one"] != answers["two"] != answers["three"] != answers["one"]
+    assert ask(client, "jev-latest").json()["model"] == "one"
+
+
+def test_unknown_names_get_404_listing_every_name(served: tuple[TestClient, Path]) -> None:
+    client, _ = served
+    response = ask(client, "four")
+    assert response.status_code == 404
+    message = response.json()["detail"]["message"]
+    for name in ("one", "one-alias", "two", "two-alias", "three", "three-alias", "jev-latest"):
+        assert repr(name) in message or name in message
+
+
+def test_models_lists_every_name_with_its_load_state_and_settings(served: tuple[TestClient, Path]) -> None:
+    client, _ = served
+    listing = client.get("/v1/models").json()
+    names = [m["name"] for m in listing["models"]]
+    assert names == ["one", "one-alias", "two", "two-alias", "three", "three-alias", "jev-latest"]
+    assert [d["id"] for d in listing["data"]] == names
+    loaded = {m["name"]: m["x_loaded"] for m in listing["models"]}
+    assert loaded["one"] and not loaded["two"] and not loaded["three"]  # the default loads at startup
+    assert listing["models"][0]["x_n_ctx"] == 2048
+
+
+def test_at_most_models_max_stay_resident_least_recently_used_first(served: tuple[TestClient, Path]) -> None:
+    client, _ = served
+    ask(client, "two")
+    ask(client, "three")  # one, two, three: one is the least recently used
+    loaded = {m["name"]: m["x_loaded"] for m in client.get("/v1/models").json()["models"]}
+    assert (loaded["one"], loaded["two"], loaded["three"]) == (False, True, True)
+    assert set(client.get("/v1/cache").json()) == {"two", "three"}
+
+
+def test_load_and_unload_routes(served: tuple[TestClient, Path]) -> None:
+    client, _ = served
+    assert client.post("/v1/models/two-alias/load").json() == {"name": "two", "loaded": True}
+    assert client.post("/v1/models/two/unload").json() == {"name": "two", "unloaded": True}
+    assert client.post("/v1/models/two/unload").json() == {"name": "two", "unloaded": False}
+    assert client.post("/v1/models/nope/load").status_code == 404
+
+
+def test_each_model_has_its_own_cache(served: tuple[TestClient, Path]) -> None:
+    client, _ = served
+    assert ask(client, "one", "shared state").json()["x_cache"] == "miss"
+    assert ask(client, "two", "shared state").json()["x_cache"] == "miss"
+    assert ask(client, "one", "shared state").json()["x_cache"] == "hit"
+    stats = client.get("/v1/cache").json()
+    assert stats["one"]["hits"] == 1 and stats["two"]["hits"] == 0
+
+
+def test_reload_adds_removes_and_rejects(served: tuple[TestClient, Path], ggufs: dict[str, Path]) -> None:
+    client, config = served
+    write_config(config, ggufs, names=("one", "two"))
+    assert client.post("/v1/config/reload").json() == {
+        "reloaded": True,
+        "added": [],
+        "removed": ["three"],
+        "changed": [],
+    }
+    assert ask(client, "three").status_code == 404
+    write_config(config, ggufs, names=("one", "two", "three"))
+    assert client.post("/v1/config/reload").json()["added"] == ["three"]
+    assert ask(client, "three").status_code == 200
+    config.write_text(config.read_text() + '[[models]]\nname = "two"\npath = "dup.gguf"\n')
+    rejected = client.post("/v1/config/reload")
+    assert rejected.status_code == 400
+    assert rejected.json()["detail"]["error_type"] == "invalid_config"
+    assert "used twice" in rejected.json()["detail"]["message"]
+    assert ask(client, "three").status_code == 200  # the previous config keeps serving
+
+
+def test_a_changed_model_reloads_with_its_new_settings(served: tuple[TestClient, Path], ggufs: dict[str, Path]) -> None:
+    client, config = served
+    ask(client, "one")
+    config.write_text(config.read_text().replace("n_ctx = 2048", "n_ctx = 1024", 1))
+    assert client.post("/v1/config/reload").json()["changed"] == ["one"]
+    assert ask(client, "one").status_code == 200
+    one = next(m for m in client.get("/v1/models").json()["models"] if m["name"] == "one")
+    assert one["x_n_ctx"] == 1024 and one["x_loaded"]
+
+
+def test_a_missing_or_broken_model_file_is_503_for_that_model_only(tmp_path: Path, ggufs: dict[str, Path]) -> None:
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF but not really")
+    config = write_config(
+        tmp_path / "c.toml",
+        ggufs,
+        names=("one",),
+        extra=(
+            f'[[models]]\nname = "missing"\npath = "{tmp_path / "absent.gguf"}"\n\n'
+            f'[[models]]\nname = "junk"\npath = "{junk}"\n'
+        ),
+    )
+    app = create_app(settings_for(config))
+    with TestClient(app) as client:
+        assert app.state.runtime.loaded.wait(30)
+        for name, reason in (("missing", "not found"), ("junk", "could not load")):
+            response = ask(client, name)
+            assert response.status_code == 503
+            assert response.json()["detail"]["error_type"] == "model_unavailable"
+            assert reason in response.json()["detail"]["message"]
+        assert ask(client, "one").status_code == 200
+        listed = {m["name"]: m["x_error"] for m in client.get("/v1/models").json()["models"]}
+        assert "not found" in listed["missing"]
+
+
+def test_a_model_is_never_unloaded_under_an_in_flight_request(ggufs: dict[str, Path]) -> None:
+    specs = tuple(ModelSpec(name, ggufs[name], n_ctx=1024, threads=1) for name in ("one", "two"))
+    entered, release = threading.Event(), threading.Event()
+
+    def loader(spec: ModelSpec) -> ModelService:
+        return load_spec(spec)
+
+    registry = ModelRegistry(ModelsConfig(specs, "one", models_max=1), loader=loader)
+    results: list[bool] = []
+
+    def hold_one() -> None:
+        with registry.lease("one") as service:
+            entered.set()
+            release.wait()
+            results.append(service.engine.model is not None)  # still loaded while we hold it
+
+    holder = threading.Thread(target=hold_one)
+    holder.start()
+    entered.wait()
+    registry.load("two")  # over models_max, but "one" is busy: it stays until released
+    assert registry.is_loaded("one") and registry.is_loaded("two")
+    release.set()
+    holder.join()
+    assert results == [True]
+    assert registry.is_loaded("two") and not registry.is_loaded("one")
+    registry.close()
