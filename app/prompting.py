@@ -12,6 +12,7 @@ so text such as "<|im_end|>" in a request cannot forge the template's control to
 
 from __future__ import annotations
 
+import functools
 import logging
 import string
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ SYSTEM_PROMPT = (
 STATE_MARK = "\x00ONEPASS-STATE\x00"
 QUESTION_MARK = "\x00ONEPASS-QUESTION\x00"
 MAX_OPTIONS = 255
+STATE_TOKEN_MEMO = 64  # recent states whose tokens are kept (about 4 bytes x tokens each)
 MAX_LEVELS = 10
 
 
@@ -137,6 +139,7 @@ class Prompter:
         self.labels = choose_labels(tokenizer, fmt.label_space)
         self.head_tokens = tuple(tokenizer.tokenize(fmt.head, add_bos=tokenizer.add_bos, special=True))
         self._tail_tokens = tuple(tokenizer.tokenize(fmt.tail, add_bos=False, special=True))
+        self._state_tokens = functools.lru_cache(maxsize=STATE_TOKEN_MEMO)(self._tokenize_state)
 
     @classmethod
     def for_model(
@@ -155,9 +158,16 @@ class Prompter:
     def max_options(self) -> int:
         return len(self.labels.options)
 
-    def state_tokens(self, state: str) -> list[int]:
-        """Tokens of the state part of the prefix (what a cache miss prefills)."""
-        return self.tokenizer.tokenize(state + self.format.between, add_bos=False, special=False)
+    def state_tokens(self, state: str) -> tuple[int, ...]:
+        """Tokens of the state part of the prefix (what a cache miss prefills).
+
+        Memoised for recent states: a cache hit should not pay for tokenizing its state again
+        (4 ms for 2,000 tokens), and a tokenizer is a pure function of the text.
+        """
+        return self._state_tokens(state)
+
+    def _tokenize_state(self, state: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.tokenize(state + self.format.between, add_bos=False, special=False))
 
     def question(self, question: Question) -> RenderedQuestion:
         if isinstance(question, NoulQuestion):

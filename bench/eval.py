@@ -26,6 +26,7 @@ from starlette.testclient import TestClient
 from app.config import DEFAULT_MODEL_PATH, REPO_ROOT, Settings
 from app.models import ModelRegistry, load_model
 from app.server import create_app
+from bench.figure import figure
 
 ITEMS = REPO_ROOT / "tests" / "eval" / "items.jsonl"
 N_BINS = 10
@@ -177,32 +178,23 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 5))
-    ax.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
-    for name, m in report["results"].items():
-        rows = [r for r in m["reliability"] if r["count"]]
-        ax.plot(
-            [r["confidence"] for r in rows],
-            [r["accuracy"] for r in rows],
-            marker="o",
-            label=f"{name} (acc {m['accuracy']:.2f}, ECE {m['ece']:.3f})",
+    with figure(path, (5, 5)) as ax:
+        ax.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
+        for name, m in report["results"].items():
+            rows = [r for r in m["reliability"] if r["count"]]
+            ax.plot(
+                [r["confidence"] for r in rows],
+                [r["accuracy"] for r in rows],
+                marker="o",
+                label=f"{name} (acc {m['accuracy']:.2f}, ECE {m['ece']:.3f})",
+            )
+        ax.set(
+            xlabel="confidence of the top answer",
+            ylabel="accuracy",
+            xlim=(0, 1),
+            ylim=(0, 1),
+            title=f"Reliability: {report['model']}",
         )
-    ax.set(
-        xlabel="confidence of the top answer",
-        ylabel="accuracy",
-        xlim=(0, 1),
-        ylim=(0, 1),
-        title=f"Reliability: {report['model']}",
-    )
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def main() -> None:

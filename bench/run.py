@@ -33,6 +33,7 @@ from app.contract import SystemOneRequest
 from app.engine import Engine
 from app.prompting import Prompter
 from bench import peer
+from bench.figure import figure
 
 QUESTIONS: list[dict[str, Any]] = [
     {"type": "noul", "instructions": "Does the customer ask for money back?"},
@@ -340,34 +341,29 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     n = 5 if 5 in {r["questions"] for r in report["cache_gain"]} else report["cache_gain"][0]["questions"]
     rows = [r for r in report["cache_gain"] if r["questions"] == n]
     sizes = [r["state_tokens"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(sizes, [r["cold_ms"]["median"] for r in rows], marker="o", label="onepass cold")
-    ax.plot(sizes, [r["hit_ms"]["median"] for r in rows], marker="o", label="onepass hit")
-    for workload in ("cold", "warm"):
-        peer_rows = [r for r in report["against_llama_server"] if r["workload"] == workload]
-        if peer_rows:
-            ax.plot(
-                [r["state_tokens"] for r in peer_rows],
-                [r["llama_server_ms"]["median"] for r in peer_rows],
-                marker="s",
-                linestyle="--",
-                label=f"llama-server {workload}",
-            )
-    ax.set(
-        xscale="log", yscale="log", xlabel="state tokens", ylabel=f"latency, {n} questions (ms)", title=report["model"]
-    )
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with figure(path, (6, 4)) as ax:
+        ax.plot(sizes, [r["cold_ms"]["median"] for r in rows], marker="o", label="onepass cold")
+        ax.plot(sizes, [r["hit_ms"]["median"] for r in rows], marker="o", label="onepass hit")
+        for workload in ("cold", "warm"):
+            peer_rows = [r for r in report["against_llama_server"] if r["workload"] == workload]
+            if peer_rows:
+                ax.plot(
+                    [r["state_tokens"] for r in peer_rows],
+                    [r["llama_server_ms"]["median"] for r in peer_rows],
+                    marker="s",
+                    linestyle="--",
+                    label=f"llama-server {workload}",
+                )
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="state tokens",
+            ylabel=f"latency, {n} questions (ms)",
+            title=report["model"],
+        )
 
 
 def main() -> None:
