@@ -143,6 +143,12 @@ class ModelService:
             answered = self.engine.answer(snapshot, jobs)
         readout_of = dict(zip(order, answered.readouts, strict=True))
         readouts = [readout_of[i] for i in range(len(order))]
+        scored = time.perf_counter()
+        answers = {  # a question seen for the first time has its calibration prior measured here
+            qid: self._render(question, rendered, readout)
+            for (qid, question, rendered), readout in zip(plan.questions, readouts, strict=True)
+        }
+        calibrate_ms = (time.perf_counter() - scored) * 1000
         cache_state = "off" if not self.cache.enabled else "hit" if hit else "miss"
         total_ms = (time.perf_counter() - started) * 1000
         log.info(
@@ -156,10 +162,7 @@ class ModelService:
         )
         return {
             "model": self.name,
-            "answers": {
-                qid: self._render(question, rendered, readout)
-                for (qid, question, rendered), readout in zip(plan.questions, readouts, strict=True)
-            },
+            "answers": answers,
             "usage": {
                 "input_tokens": len(plan.prefix_tokens) + sum(len(job.tokens) for job in jobs),
                 "output_tokens": len(plan.questions),
@@ -169,6 +172,7 @@ class ModelService:
                 "prefill": round(built.prefill_ms, 3),
                 "restore": round(built.restore_ms + answered.timing.restore_ms, 3),
                 "decode": round(answered.timing.decode_ms, 3),
+                "calibrate": round(calibrate_ms, 3),
                 "total": round(total_ms, 3),
             },
         }

@@ -24,6 +24,7 @@ from app.models import ModelRegistry
 from app.server import create_app
 from app.service import ModelService
 from tests.conftest import tiny_settings
+from tests.live import RunningServer
 
 BODY: dict[str, Any] = {
     "model": "jev-latest",
@@ -46,6 +47,22 @@ class HeldService(ModelService):
         self.entered.set()
         self.release.wait(30)
         self.saw_cancel.append(cancelled is not None and cancelled.is_set())
+        self.passed.set()
+        return super().answer(request, cancelled)
+
+
+class CancelWatchingService(ModelService):
+    """The real service, which first waits (bounded) to be told nobody needs its answer any more."""
+
+    def __init__(self, inner: ModelService) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.entered = threading.Event()
+        self.passed = threading.Event()
+        self.saw_cancel: list[bool] = []
+
+    def answer(self, request: SystemOneRequest, cancelled: threading.Event | None = None) -> dict[str, Any]:
+        self.entered.set()
+        self.saw_cancel.append(cancelled is not None and cancelled.wait(30))
         self.passed.set()
         return super().answer(request, cancelled)
 
@@ -136,6 +153,27 @@ def test_a_request_past_its_timeout_is_504_and_its_work_is_dropped(held: HeldSer
     assert held.engine.decode_calls == before  # ... and ran no llama.cpp work
 
 
+def test_a_client_that_disconnects_leaves_no_work_running(tiny_service: ModelService, tiny_chat_path: Path) -> None:
+    watching = CancelWatchingService(tiny_service)
+    running = RunningServer(tiny_settings(tiny_chat_path), ModelRegistry.serving(watching))
+    try:
+        body = json.dumps(BODY | {"state": "a state for the disconnect test"}).encode()
+        port = int(running.base_url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            client.sendall(
+                b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            assert watching.entered.wait(30)
+            before = watching.engine.decode_calls
+        assert watching.passed.wait(30)  # closing the socket cancelled the request ...
+        assert watching.saw_cancel == [True]
+        assert watching.engine.decode_calls == before  # ... before any llama.cpp work
+    finally:
+        running.stop()
+
+
 def test_a_fault_inside_llama_cpp_fails_that_request_only(tiny_service: ModelService, tiny_chat_path: Path) -> None:
     with TestClient(app_with(tiny_service, tiny_chat_path)) as client:
         expected = client.post("/v1/systemone", json=BODY).json()["answers"]
@@ -161,7 +199,7 @@ def test_request_ids_are_echoed_or_made_and_each_request_logs_one_line(
     line = next(entry for entry in lines if entry["request_id"] == "abc-123")
     assert line["route"] == "/v1/systemone" and line["status"] == 200 and line["model"] == "tiny-chat"
     assert line["questions"] == 1 and line["cache"] in ("hit", "miss") and line["input_tokens"] > 0
-    assert set(line["timing_ms"]) == {"prefill", "restore", "decode", "total"}
+    assert set(line["timing_ms"]) == {"prefill", "restore", "decode", "calibrate", "total"}
 
 
 def test_metrics_count_requests_latency_and_cache_in_prometheus_format(client: TestClient) -> None:
