@@ -4,7 +4,10 @@ A small model prefers some labels whatever the text says ("Yes", "A", the middle
 We estimate that prior per question by asking the same question about content-free states
 ("N/A" and the empty string), average the label probabilities, and divide them out:
 
-    p_calibrated(label) ∝ p(label | state) / p(label | content-free)
+    p_calibrated(label) ∝ (p(label | state) / p(label | content-free)) ^ (1 / T)
+
+T (the calibration temperature, default 1) rescales the result's confidence; it never
+changes which answer is the most likely.
 
 A question's prior does not depend on the state, so it is computed once per distinct
 question (its suffix tokens) and kept in a bounded LRU. Each question's content-free runs
@@ -31,11 +34,17 @@ Measure = Callable[[list[Job]], list[Readout]]
 
 
 class ContextualCalibrator:
-    def __init__(self, content_free_tokens: Sequence[Sequence[int]], measure: Measure) -> None:
+    def __init__(
+        self, content_free_tokens: Sequence[Sequence[int]], measure: Measure, temperature: float = 1.0
+    ) -> None:
         """`content_free_tokens`: each stand-in state's tokens, as they follow the system prompt;
-        `measure`: decodes jobs after the system prompt and returns their readouts."""
+        `measure`: decodes jobs after the system prompt and returns their readouts;
+        `temperature`: divides the calibrated log-probabilities (below 1 sharpens them)."""
+        if temperature <= 0:
+            raise ValueError("the calibration temperature must be positive")
         self._stand_ins = [tuple(tokens) for tokens in content_free_tokens]
         self._measure = measure
+        self._temperature = temperature
         self._priors: OrderedDict[tuple[int, ...], dict[int, float]] = OrderedDict()  # suffix -> label -> p
         self._lock = threading.Lock()
 
@@ -66,7 +75,10 @@ class ContextualCalibrator:
         prior = self.prior(suffix, labels)
         # Dividing in log space keeps tiny priors finite; softmax renormalises.
         return softmax(
-            [math.log(max(p, 1e-300)) - math.log(max(q, 1e-300)) for p, q in zip(probabilities, prior, strict=True)]
+            [
+                (math.log(max(p, 1e-300)) - math.log(max(q, 1e-300))) / self._temperature
+                for p, q in zip(probabilities, prior, strict=True)
+            ]
         )
 
     def __len__(self) -> int:

@@ -70,6 +70,9 @@ class Settings:
         "label-prior correction: 'contextual' (content-free states, Zhao et al. 2021) or 'none'",
         _calibration,
     )
+    calibration_temperature: float = _option(
+        1.0, "divides calibrated log-probabilities: below 1 sharpens, above 1 softens (argmax unchanged)", float
+    )
     default_model: str | None = _option(None, "the model 'jev-latest' means (default: the first one)", _optional_str)
     models_max: int = _option(2, "models resident at once; the least recently used idle one is unloaded", int)
     api_key: str | None = _option(None, "require 'Authorization: Bearer <key>' (default: no auth)", _optional_str)

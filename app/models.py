@@ -54,6 +54,7 @@ class ModelSpec:
     session_cache_tokens: int = 32768
     template: str = "auto"
     calibration: str = "contextual"
+    calibration_temperature: float = 1.0
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> ModelSpec:
@@ -68,6 +69,7 @@ class ModelSpec:
             "session_cache_entries": settings.session_cache_entries,
             "session_cache_tokens": settings.session_cache_tokens,
             "calibration": settings.calibration,
+            "calibration_temperature": settings.calibration_temperature,
         }
         values.update(overrides)
         return cls(**values)
@@ -123,6 +125,9 @@ def _spec(settings: Settings, entry: Any, where: str) -> ModelSpec:
             raise ConfigError(f"{where}: {key} must be an integer")
     if values.get("template", "auto") not in TEMPLATES:
         raise ConfigError(f"{where}: template must be one of {TEMPLATES}")
+    temperature = entry.get("calibration_temperature", 1.0)
+    if not isinstance(temperature, int | float) or isinstance(temperature, bool) or temperature <= 0:
+        raise ConfigError(f"{where}: calibration_temperature must be a positive number")
     if values.get("calibration", settings.calibration) not in CALIBRATIONS:
         raise ConfigError(f"{where}: calibration must be one of {CALIBRATIONS}")
     return ModelSpec.from_settings(settings, **values)
@@ -151,7 +156,14 @@ def load_spec(spec: ModelSpec) -> ModelService:
             read_context(spec.context_path),
         )
         cache = SnapshotCache(spec.session_cache_entries, spec.session_cache_tokens)
-        return ModelService(spec.name, engine, prompter, cache, calibration=spec.calibration)
+        return ModelService(
+            spec.name,
+            engine,
+            prompter,
+            cache,
+            calibration=spec.calibration,
+            calibration_temperature=spec.calibration_temperature,
+        )
     except BaseException:
         engine.close()
         raise

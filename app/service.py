@@ -40,6 +40,7 @@ class ModelService:
         cache: SnapshotCache,
         key_fn: Callable[..., CacheKey] = cache_key,
         calibration: str = "none",
+        calibration_temperature: float = 1.0,
     ) -> None:
         self.name = name
         self.engine = engine
@@ -55,6 +56,7 @@ class ModelService:
         self.calibrator = ContextualCalibrator(
             [prompter.state_tokens(state) for state in CONTENT_FREE_STATES],
             lambda jobs: self.engine.answer(self.base, jobs).readouts,
+            calibration_temperature,
         )
         log.info(
             "%s: system prompt prefilled (%d tokens, %.0f ms)",

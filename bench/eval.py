@@ -12,6 +12,7 @@ Writes <out>/eval-<model>.json, .md and a reliability diagram .png.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -23,8 +24,8 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from app.config import DEFAULT_MODEL_PATH, REPO_ROOT, Settings
-from app.models import ModelRegistry, load_model
+from app.config import DEFAULT_CONFIG_PATH, DEFAULT_MODEL_PATH, REPO_ROOT, Settings, load_settings
+from app.models import ModelRegistry, ModelSpec, load_spec, read_models_config
 from app.server import create_app
 from bench.figure import figure
 
@@ -121,10 +122,21 @@ def metrics(outcomes: Sequence[Outcome]) -> dict[str, Any]:
     }
 
 
-def run(model: Path, calibration: str, limit: int | None) -> dict[str, Any]:
-    items = load_items(limit=limit)
+def model_spec(model: Path, calibration: str, config: Path | None) -> ModelSpec:
+    """The model as the server would configure it: its [[models]] entry in the config, if it has one."""
     settings = Settings(model=model, calibration=calibration, n_ctx=4096)
-    registry = ModelRegistry.serving(load_model(settings))
+    if config is not None and config.is_file():
+        for spec in read_models_config(load_settings(["--config", str(config)], {})).models:
+            if (REPO_ROOT / spec.path).resolve() == model.resolve():
+                return dataclasses.replace(spec, calibration=calibration, n_ctx=4096)
+    return ModelSpec.from_settings(settings)
+
+
+def run(model: Path, calibration: str, limit: int | None, config: Path | None = None) -> dict[str, Any]:
+    items = load_items(limit=limit)
+    spec = model_spec(model, calibration, config)
+    settings = Settings(model=model, calibration=calibration, n_ctx=4096)
+    registry = ModelRegistry.serving(load_spec(spec), spec)
     outcomes: dict[str, list[Outcome]] = {"raw": [], "calibrated": []}
     began = time.perf_counter()
     with TestClient(create_app(settings, registry=registry)) as client:
@@ -142,9 +154,11 @@ def run(model: Path, calibration: str, limit: int | None) -> dict[str, Any]:
     return {
         "model": registry.default_name,
         "calibration": calibration,
+        "calibration_temperature": spec.calibration_temperature,
         "seconds": round(time.perf_counter() - began, 1),
         "results": {name: metrics(found) for name, found in outcomes.items() if found},
         "misses": [o.item_id for o in outcomes["calibrated" if outcomes["calibrated"] else "raw"] if not o.right],
+        "items": {name: [[o.item_id, o.probabilities, o.correct] for o in found] for name, found in outcomes.items()},
     }
 
 
@@ -203,8 +217,14 @@ def main() -> None:
     parser.add_argument("--calibration", choices=["contextual", "none"], default="contextual")
     parser.add_argument("--limit", type=int, help="only the first N items (a quick check)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=DEFAULT_CONFIG_PATH,
+        help="per-model settings (calibration temperature, template) come from here",
+    )
     args = parser.parse_args()
-    report = run(args.model, args.calibration, args.limit)
+    report = run(args.model, args.calibration, args.limit, args.config)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"eval-{report['model']}"  # model names contain dots: no Path.with_suffix
     (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")

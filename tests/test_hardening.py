@@ -24,7 +24,7 @@ from app.models import ModelRegistry
 from app.server import create_app
 from app.service import ModelService
 from tests.conftest import tiny_settings
-from tests.live import RunningServer
+from tests.live import RunningServer, wait_for_line
 
 BODY: dict[str, Any] = {
     "model": "jev-latest",
@@ -263,14 +263,14 @@ def test_sigterm_finishes_in_flight_requests_then_exits(tiny_chat_path: Path) ->
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_for_line(process, "Uvicorn running on")
+        wait_for_line(process, "Uvicorn running on")
         heavy = BODY | {
             "state": "word " * 1000,
             "questions": {f"q{i}": {"type": "noul", "instructions": f"Q{i}?"} for i in range(40)},
         }
         with ThreadPoolExecutor(1) as pool:
             in_flight = pool.submit(httpx.post, url + "/v1/systemone", json=heavy, timeout=120)
-            _wait_for_line(process, "admitted")  # the server logs each request it starts working on
+            wait_for_line(process, "admitted")  # the server logs each request it starts working on
             process.send_signal(signal.SIGTERM)
             assert in_flight.result().status_code == 200
         # uvicorn re-raises the signal once it has shut down, so the exit status reports SIGTERM
@@ -278,11 +278,3 @@ def test_sigterm_finishes_in_flight_requests_then_exits(tiny_chat_path: Path) ->
     finally:
         if process.poll() is None:
             process.kill()
-
-
-def _wait_for_line(process: subprocess.Popen[str], marker: str) -> None:
-    assert process.stderr is not None
-    for line in process.stderr:
-        if marker in line:
-            return
-    raise AssertionError(f"the server exited ({process.wait()}) before logging {marker!r}")

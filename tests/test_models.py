@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from app.config import ConfigError, Settings, load_settings
+from app.config import REPO_ROOT, ConfigError, Settings, load_settings
 from app.models import ModelRegistry, ModelsConfig, ModelSpec, load_spec, read_models_config
 from app.server import create_app
 from app.service import ModelService
+from tests.live import wait_for_line
 from tests.tiny_gguf import write_tiny_gguf
 
 QUESTION = {"type": "choice", "instructions": "Which?", "criteria": {"Alpha": None, "Beta": None, "Gamma": None}}
@@ -246,3 +253,29 @@ def test_a_model_is_never_unloaded_under_an_in_flight_request(ggufs: dict[str, P
     assert results == [True]
     assert registry.is_loaded("two") and not registry.is_loaded("one")
     registry.close()
+
+
+def test_sighup_reloads_the_config(tmp_path: Path, ggufs: dict[str, Path]) -> None:
+    config = write_config(tmp_path / "onepass.toml", ggufs, names=("one", "two"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app", "--config", str(config), "--port", str(port), "--log-level", "info"],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_line(process, "Uvicorn running on")
+        names = [m["name"] for m in httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["models"]]
+        assert "two" in names
+        write_config(config, ggufs, names=("one", "three"))
+        process.send_signal(signal.SIGHUP)
+        wait_for_line(process, "config reloaded")
+        names = [m["name"] for m in httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["models"]]
+        assert "two" not in names and "three" in names
+    finally:
+        process.terminate()
+        process.wait(60)
