@@ -51,6 +51,7 @@ class ModelService:
             raise ValueError(f"calibration must be one of {CALIBRATIONS}, not {calibration!r}")
         self.calibration = calibration
         self.prefilled_tokens = 0  # state tokens prefilled so far (for /metrics)
+        self._counter_lock = threading.Lock()
         started = time.perf_counter()
         self.base, _ = engine.prefill(prompter.head_tokens)
         self.calibrator = ContextualCalibrator(
@@ -123,7 +124,8 @@ class ModelService:
             if check():
                 raise Cancelled("cancelled before the prefill")
             snapshot, timing = self.engine.prefill(plan.prefix_tokens, base=self.base)
-            self.prefilled_tokens += len(plan.prefix_tokens) - self.base.n_tokens
+            with self._counter_lock:  # pooled contexts prefill in parallel threads
+                self.prefilled_tokens += len(plan.prefix_tokens) - self.base.n_tokens
             built.restore_ms, built.prefill_ms = timing.restore_ms, timing.prefill_ms
             return snapshot
 
