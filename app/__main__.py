@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import uvicorn
 
 from app.config import DEFAULT_CONFIG_PATH, ConfigError, load_settings
-from app.models import read_models_config
+from app.model_config import read_models_config
 from app.server import create_app
 
 

@@ -27,7 +27,8 @@ from app.body import decode_content, parse_json, too_large
 from app.config import ConfigError, Settings, server_section
 from app.contract import SystemOneRequest, errors_for_response, limit_errors
 from app.errors import ApiError, Cancelled, Unprocessable
-from app.models import ModelNotFound, ModelRegistry, ModelUnavailable, read_models_config
+from app.model_config import read_models_config
+from app.models import ModelNotFound, ModelRegistry, ModelUnavailable
 from app.observability import Metrics, RequestObserver
 from app.openapi import build_openapi
 

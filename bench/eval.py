@@ -25,7 +25,8 @@ from typing import Any
 from starlette.testclient import TestClient
 
 from app.config import DEFAULT_CONFIG_PATH, DEFAULT_MODEL_PATH, REPO_ROOT, Settings, load_settings
-from app.models import ModelRegistry, ModelSpec, load_spec, read_models_config
+from app.model_config import ModelSpec, read_models_config
+from app.models import ModelRegistry, load_spec
 from app.server import create_app
 from bench.figure import figure
 

@@ -17,7 +17,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.config import REPO_ROOT, ConfigError, Settings, load_settings
-from app.models import ModelRegistry, ModelsConfig, ModelSpec, load_spec, read_models_config
+from app.model_config import ModelsConfig, ModelSpec, read_models_config
+from app.models import ModelRegistry, load_spec
 from app.server import create_app
 from app.service import ModelService
 from tests.live import wait_for_line
