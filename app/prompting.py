@@ -94,7 +94,7 @@ class Labels:
 
     yes_no: tuple[tuple[str, int], tuple[str, int]]
     options: tuple[tuple[str, int], ...]  # A-Z, then further single-token strings
-    levels: tuple[tuple[str, int], ...]  # "0".."9" where those are single tokens
+    levels: tuple[tuple[str, int], ...]  # "1".."9", then "0".."9" for ten levels; letters without digits
 
 
 def choose_labels(tokenizer: Tokenizer, label_space: bool) -> Labels:
@@ -120,6 +120,18 @@ def choose_labels(tokenizer: Tokenizer, label_space: bool) -> Labels:
     if len(levels) < MAX_LEVELS:
         levels = options[:MAX_LEVELS]  # digits are not single tokens: rate with letters instead
     return Labels((yes_no[0], yes_no[1]), options, levels)
+
+
+def level_labels(labels: Labels, n: int) -> tuple[tuple[str, int], ...]:
+    """Labels for n score levels, lowest first.
+
+    Rated 1..n where the digits allow (9 levels at most): on tests/eval the default model
+    rated 1-based levels right 25 of 40 times against 21 of 40 for 0-based ones.
+    """
+    digits = [label for label in labels.levels if label[0].isdigit()]
+    if len(digits) == MAX_LEVELS and n < MAX_LEVELS:
+        return tuple(digits[1 : n + 1])
+    return labels.levels[:n]
 
 
 @dataclass(frozen=True)
@@ -204,7 +216,7 @@ class Prompter:
         return "\n".join(lines), tuple(label_of[name][1] for name in q.criteria)
 
     def _score(self, q: ScoreQuestion) -> tuple[str, tuple[int, ...]]:
-        levels = self.labels.levels[: len(q.criteria)]
+        levels = level_labels(self.labels, len(q.criteria))
         lines = [f"Question: {_text_or(q.instructions, 'Which level fits the text best?')}", "Levels:"]
         lines += [f"{label}. {render_text(level)}" for (label, _), level in zip(levels, q.criteria, strict=True)]
         lines.append("Answer with the label of one level")

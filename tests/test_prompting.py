@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.contract import SystemOneRequest
-from app.prompting import SYSTEM_PROMPT, Prompter, chat_format, render_state
+from app.prompting import SYSTEM_PROMPT, Prompter, chat_format, level_labels, render_state
 from app.service import ModelService
 from tests.tiny_gguf import CHATML_TEMPLATE
 
@@ -126,3 +126,15 @@ def test_system_context_enters_the_head(tiny_service: ModelService) -> None:
     prompter = Prompter.for_model(tiny_service.engine, CHATML_TEMPLATE, "<s>", "</s>", context="Refunds take 5 days.")
     assert "Refunds take 5 days." in prompter.format.head
     assert prompter.format.head.index("Refunds") < prompter.format.head.index("Text:")
+
+
+def test_score_levels_are_rated_from_one_unless_there_are_ten(tiny_service: ModelService) -> None:
+    labels = tiny_service.prompter.labels
+    assert [text for text, _ in level_labels(labels, 3)] == ["1", "2", "3"]
+    assert [text for text, _ in level_labels(labels, 9)] == list("123456789")
+    assert [text for text, _ in level_labels(labels, 10)] == list("0123456789")
+    request = SystemOneRequest.model_validate(
+        {"model": "m", "state": "s", "questions": {"q": {"type": "score", "criteria": ["low", "mid", "high"]}}}
+    )
+    rendered = tiny_service.prompter.question(request.questions["q"])
+    assert "1. low\n2. mid\n3. high\n" in rendered.text
