@@ -33,9 +33,12 @@ def _optional_str(text: str) -> str | None:
     return text or None
 
 
+CALIBRATIONS = ("none", "contextual")
+
+
 def _calibration(text: str) -> str:
-    if text not in ("none", "contextual"):
-        raise ValueError(f"calibration must be 'none' or 'contextual', not {text!r}")
+    if text not in CALIBRATIONS:
+        raise ValueError(f"calibration must be one of {CALIBRATIONS}, not {text!r}")
     return text
 
 

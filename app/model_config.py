@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.config import ConfigError, Settings, read_toml
-from app.service import CALIBRATIONS
+from app.config import CALIBRATIONS, ConfigError, Settings, read_toml
 
 DEFAULT_ALIAS = "jev-latest"  # the SDKs' default model name: always the default model
 TEMPLATES = ("auto", "plain")

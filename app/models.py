@@ -147,16 +147,7 @@ class ModelRegistry:
 
     def unload(self, name: str) -> bool:
         """Unload now, or as soon as its in-flight requests end. False if it was not loaded."""
-        canonical = self.canonical(name)
-        with self._cond:
-            resident = self._resident.pop(canonical, None)
-            if resident is None:
-                return False
-            resident.retiring = True
-            closing = resident.busy == 0
-        if closing:
-            self._close(resident)
-        return True
+        return self._retire(self.canonical(name))
 
     def reload(self, config: ModelsConfig) -> dict[str, list[str]]:
         """Adopt a new configuration; removed and changed models retire once idle."""
@@ -256,15 +247,17 @@ class ModelRegistry:
             self._close(resident)
         self._evict_idle()
 
-    def _retire(self, name: str) -> None:
+    def _retire(self, name: str) -> bool:
+        """Take a model out of residence; it closes now if idle, else when its last request ends."""
         with self._cond:
             resident = self._resident.pop(name, None)
             if resident is None:
-                return
+                return False
             resident.retiring = True
             closing = resident.busy == 0
         if closing:
             self._close(resident)
+        return True
 
     def _evict_idle(self) -> None:
         """Unload least recently used idle models while more than models_max are resident."""

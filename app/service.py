@@ -12,14 +12,13 @@ from typing import Any
 from app import scoring
 from app.cache import CacheKey, Snapshot, SnapshotCache, cache_key
 from app.calibration import CONTENT_FREE_STATES, ContextualCalibrator
+from app.config import CALIBRATIONS
 from app.contract import ChoiceQuestion, NoulQuestion, Question, SystemOneRequest, validation_error
 from app.engine import Engine, Job, Readout, RestoreError, Timing
 from app.errors import Cancelled, Unprocessable
 from app.prompting import Prompter, RenderedQuestion, render_state
 
 log = logging.getLogger("onepass.service")
-
-CALIBRATIONS = ("none", "contextual")
 
 
 @dataclass(frozen=True)
