@@ -3,10 +3,12 @@
 The only module that imports llama_cpp. It uses the low-level API: the high-level `Llama`
 class saves whole-context state with a large scores array, which is far too slow here.
 
-A request borrows one pooled context, clears it, restores its prefix snapshot into
-sequence 0, copies sequence 0 to one sequence per question (with a unified KV cache the
-copies share the prefix cells), and decodes every question suffix in one `llama_decode`,
-reading logits only at each suffix's last token.
+A request borrows one pooled context, restores its prefix snapshot into sequence 0,
+copies sequence 0 to one sequence per question (with a unified KV cache the copies share
+the prefix cells), and decodes every question suffix in one `llama_decode`, reading logits
+only at each suffix's last token. A context is handed back holding only sequence 0, so a
+request for the snapshot it holds (or for the base that snapshot grew from) skips the
+restore: the cells already hold the snapshot's exact bytes.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import ctypes
 import logging
 import math
 import os
-import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -112,9 +113,16 @@ class _Context:
         self.memory = llama.llama_get_memory(self.ctx)
         self.n_ctx = n_ctx
         self.batch = llama.llama_batch_init(n_ctx, 0, 1)
+        # Snapshots whose exact bytes sequence 0 holds, shortest first (a base, then what was
+        # prefilled on it); sequence 0 is the only sequence left between requests.
+        self.held: tuple[Snapshot, ...] = ()
 
     def clear(self) -> None:
         llama.llama_memory_clear(self.memory, False)  # cells emptied; stale data stays masked
+        self.held = ()
+
+    def holds(self, snapshot: Snapshot) -> bool:
+        return any(held is snapshot for held in self.held)
 
     def close(self) -> None:
         llama.llama_batch_free(self.batch)
@@ -145,11 +153,11 @@ class Engine:
         # Everything besides the tokens that shapes a snapshot's bytes; part of every cache key.
         self.kv_settings = f"n_ctx={n_ctx};kv=f16/f16;flash_attn=off;kv_unified=1;n_ubatch={N_UBATCH}"
         self.decode_calls = 0  # llama_decode calls made, for tests and stats
+        self.restores = 0  # snapshots copied into a context (the rest were still held there)
         self._counter_lock = threading.Lock()
-        self._pool: queue.Queue[_Context] = queue.Queue()
         self._contexts = [_Context(self.model, n_ctx, threads or os.cpu_count() or 1) for _ in range(contexts)]
-        for ctx in self._contexts:
-            self._pool.put(ctx)
+        self._idle = list(self._contexts)  # least recently used first
+        self._idle_changed = threading.Condition()
         log.info(
             "loaded %s in %.2fs (%d contexts of %d tokens)",
             model_path.name,
@@ -171,9 +179,13 @@ class Engine:
 
     def close(self) -> None:
         """Free the contexts and the model; later calls raise EngineError instead of crashing."""
-        for _ in self._contexts:
-            self._pool.get().close()  # waits for requests in flight to hand their context back
-        self._contexts.clear()
+        with self._idle_changed:
+            # Waits for requests in flight to hand their context back.
+            self._idle_changed.wait_for(lambda: len(self._idle) == len(self._contexts))
+            for ctx in self._contexts:
+                ctx.close()
+            self._contexts.clear()
+            self._idle.clear()
         if self.model:
             llama.llama_model_free(self.model)
             self.model = None
@@ -222,17 +234,21 @@ class Engine:
         if base is not None and tuple(tokens[: base.n_tokens]) != base.tokens:
             raise ValueError("base snapshot is not a prefix of the tokens to prefill")
         timing = Timing()
-        with self._borrow() as ctx:
+        with self._borrow(base) as ctx:
             start = 0
             if base is not None:
-                timing.restore_ms = self._restore(ctx, base)
+                timing.restore_ms = self._hold(ctx, base)
                 start = base.n_tokens
+            else:
+                ctx.clear()
             began = time.perf_counter()
             self._fill(ctx, [(tok, start + i, 0, False) for i, tok in enumerate(tokens[start:])])
             if len(tokens) > start:
                 self._decode(ctx)
             timing.prefill_ms = _ms_since(began)
-            return Snapshot(self._save(ctx), tuple(tokens)), timing
+            snapshot = Snapshot(self._save(ctx), tuple(tokens))
+            ctx.held = (*ctx.held, snapshot)
+            return snapshot, timing
 
     def answer(self, prefix: Snapshot, jobs: Sequence[Job]) -> Answered:
         """Restore `prefix`, decode every job after it, read each job's label logits.
@@ -243,8 +259,8 @@ class Engine:
         readouts: list[Readout] = []
         timing = Timing()
         groups = self.plan_groups(prefix.n_tokens, [len(job.tokens) for job in jobs])
-        with self._borrow() as ctx:
-            timing.restore_ms = self._restore(ctx, prefix)
+        with self._borrow(prefix) as ctx:
+            timing.restore_ms = self._hold(ctx, prefix)
             began = time.perf_counter()
             for group in groups:
                 readouts.extend(self._decode_group(ctx, prefix.n_tokens, [jobs[i] for i in group]))
@@ -295,27 +311,50 @@ class Engine:
     # Context primitives
 
     @contextlib.contextmanager
-    def _borrow(self) -> Iterator[_Context]:
-        if not self._contexts:
-            raise EngineError("the engine is closed")
-        ctx = self._pool.get()
-        try:
-            ctx.clear()  # a request never sees KV left by another one
-            yield ctx
-        finally:
-            ctx.clear()
-            self._pool.put(ctx)
+    def _borrow(self, wanted: Snapshot | None) -> Iterator[_Context]:
+        """An idle context: one that already holds `wanted` if there is one, else the least recently used.
 
-    def _restore(self, ctx: _Context, snapshot: Snapshot) -> float:
+        A context is handed back holding its sequence 0, so the next request for the same
+        prefix (or a prefix of it, such as the base) skips the restore. Anything that goes
+        wrong on the way clears it.
+        """
+        with self._idle_changed:
+            self._idle_changed.wait_for(lambda: bool(self._idle) or not self._contexts)
+            if not self._contexts:
+                raise EngineError("the engine is closed")
+            holding = [ctx for ctx in self._idle if wanted is not None and ctx.holds(wanted)]
+            ctx = holding[-1] if holding else self._idle[0]
+            self._idle.remove(ctx)
+        handed_back = False
+        try:
+            yield ctx
+            handed_back = True
+        finally:
+            if not handed_back:
+                ctx.clear()
+            with self._idle_changed:
+                self._idle.append(ctx)
+                self._idle_changed.notify()
+
+    def _hold(self, ctx: _Context, snapshot: Snapshot) -> float:
+        """Make sequence 0 hold exactly `snapshot`: cut back to it when the context holds it
+        already (the cells keep the very bytes the snapshot has), else clear and restore."""
         began = time.perf_counter()
+        if ctx.holds(snapshot):
+            llama.llama_memory_seq_rm(ctx.memory, 0, snapshot.n_tokens, -1)
+            ctx.held = ctx.held[: next(i for i, held in enumerate(ctx.held) if held is snapshot) + 1]
+            return _ms_since(began)
+        ctx.clear()
         blob = snapshot.data
         read = llama.llama_state_seq_set_data(
             ctx.ctx, ctypes.cast(ctypes.c_char_p(blob), ctypes.POINTER(ctypes.c_uint8)), len(blob), 0
         )
         if read != len(blob):
-            llama.llama_memory_seq_rm(ctx.memory, 0, -1, -1)  # never decode on a half-restored sequence
-            ctx.clear()
+            ctx.clear()  # never decode on a half-restored sequence
             raise RestoreError(f"llama.cpp restored {read} of {len(blob)} snapshot bytes")
+        ctx.held = (snapshot,)
+        with self._counter_lock:
+            self.restores += 1
         return _ms_since(began)
 
     def _save(self, ctx: _Context) -> bytes:

@@ -49,6 +49,27 @@ def test_restore_then_decode_equals_prefill_then_decode(tiny_service: ModelServi
     assert engine.answer(one_shot, jobs).readouts == cold  # the snapshot is reusable
 
 
+def test_a_context_still_holding_the_prefix_skips_the_restore_and_answers_identically(tiny_plain_path: Path) -> None:
+    engine = Engine(tiny_plain_path, n_ctx=1024, threads=1, contexts=1)
+    try:
+        head = engine.tokenize("System prompt. Text:\n", add_bos=True)
+        base, _ = engine.prefill(head)
+        a, _ = engine.prefill([*head, *engine.tokenize("the first state " * 20)], base=base)
+        jobs = [Job(engine.tokenize("Question one\n"), [300, 301]), Job(engine.tokenize("Two\n"), [302, 303])]
+        restores = engine.restores
+        kept = engine.answer(a, jobs)  # the prefill left `a` in the context
+        b_prefix = [*head, *engine.tokenize("another state " * 30)]
+        b, _ = engine.prefill(b_prefix, base=base)  # cut back to the base that `a` grew from
+        assert engine.restores == restores
+        restored = engine.answer(a, jobs)  # the context holds `b` now: `a` is copied back in
+        assert engine.restores == restores + 1
+        assert restored.readouts == kept.readouts
+        assert engine.prefill(b_prefix, base=base)[0].data == b.data  # base restored, not cut back to
+        assert engine.restores == restores + 2
+    finally:
+        engine.close()
+
+
 def test_hit_miss_and_cache_off_answer_bit_identically(tiny_chat_path: Path) -> None:
     cached = fresh_service(tiny_chat_path)
     off = fresh_service(tiny_chat_path, session_cache_entries=0)
