@@ -35,6 +35,21 @@ def test_the_chat_template_is_cut_into_head_between_and_tail() -> None:
     assert not fmt.label_space
 
 
+def test_chat_models_get_answer_instructions_and_base_models_a_terse_block(
+    tiny_service: ModelService, tiny_plain_service: ModelService
+) -> None:
+    request = SystemOneRequest.model_validate({"model": "m", "state": "s", "questions": questions()})
+    chat, plain = (
+        {qid: service.prompter.question(q).text for qid, q in request.questions.items()}
+        for service in (tiny_service, tiny_plain_service)
+    )
+    assert chat["n"].endswith("Answer Yes or No") and "Options:" in chat["c"] and "Levels:" in chat["s"]
+    assert plain["n"].startswith("Question: Is it short? (Yes or No)")
+    assert plain["c"].splitlines() == ["Question: Which?", "A. Alpha: first", "B. Beta"]
+    assert plain["s"].splitlines() == ["Question: How much?", "1. none", "2. some", "3. lots"]
+    assert tiny_plain_service.prompter.format.tail.endswith("Answer:")
+
+
 def test_models_without_a_template_get_the_plain_format(tiny_plain_service: ModelService) -> None:
     fmt = tiny_plain_service.prompter.format
     assert (fmt.kind, fmt.label_space) == ("plain", True)
