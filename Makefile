@@ -63,7 +63,7 @@ test: model lint
 lint: setup
 	$(BIN)/ruff check app tests bench models
 	$(BIN)/ruff format --check app tests bench models
-	$(BIN)/mypy --strict app
+	$(BIN)/mypy --strict app tests bench
 
 BENCH_STAMP := $(VENV)/.bench-installed
 

@@ -65,9 +65,14 @@ def test_either_limit_zero_disables_the_cache(entries: int, tokens: int) -> None
     cache = SnapshotCache(entries, tokens)
     assert not cache.enabled
     assert not cache.put(key("a"), snap(1))
-    built = []
-    first = cache.get_or_build(key("a"), (0,), lambda: built.append(1) or snap(1))
-    second = cache.get_or_build(key("a"), (0,), lambda: built.append(1) or snap(1))
+    built: list[int] = []
+
+    def build() -> Snapshot:
+        built.append(1)
+        return snap(1)
+
+    first = cache.get_or_build(key("a"), (0,), build)
+    second = cache.get_or_build(key("a"), (0,), build)
     assert (first[1], second[1], len(built), cache.stats()["entries"]) == (False, False, 2, 0)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ STATE = "Order 1234 arrived broken. I want a refund or a replacement, today."
 
 
 def request(state: object = STATE, n_questions: int = 3) -> SystemOneRequest:
-    kinds = [
+    kinds: list[dict[str, Any]] = [
         {"type": "noul", "instructions": "Is the customer asking for a refund?"},
         {"type": "choice", "instructions": "Which team?", "criteria": {"Billing": "money", "Shipping": None}},
         {"type": "score", "instructions": "How angry?", "criteria": ["Calm", "Annoyed", "Furious"]},

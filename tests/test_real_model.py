@@ -120,7 +120,8 @@ def test_the_chat_prompt_makes_the_model_emit_labels_without_a_leading_space(rea
 
 def test_prefix_tokens_are_a_literal_prefix_with_the_real_tokenizer(real_service: ModelService) -> None:
     fmt = real_service.prompter.format
-    for state in [TICKET, {"k": [1, 2], "é": "ü"}, "line one\n\nline two\n", "ends with punctuation?!"]:
+    states: list[str | dict[str, Any]] = [TICKET, {"k": [1, 2], "é": "ü"}, "line one\n\nline two\n", "ends?!"]
+    for state in states:
         request = SystemOneRequest.model_validate(
             {
                 "model": "m",
