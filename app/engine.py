@@ -340,8 +340,8 @@ class Engine:
         """Make sequence 0 hold exactly `snapshot`: cut back to it when the context holds it
         already (the cells keep the very bytes the snapshot has), else clear and restore."""
         began = time.perf_counter()
-        if ctx.holds(snapshot):
-            llama.llama_memory_seq_rm(ctx.memory, 0, snapshot.n_tokens, -1)
+        # A memory that cannot drop a tail of a sequence (recurrent models) answers False: restore.
+        if ctx.holds(snapshot) and llama.llama_memory_seq_rm(ctx.memory, 0, snapshot.n_tokens, -1):
             ctx.held = ctx.held[: next(i for i, held in enumerate(ctx.held) if held is snapshot) + 1]
             return _ms_since(began)
         ctx.clear()
