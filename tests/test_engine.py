@@ -233,6 +233,24 @@ def test_concurrent_requests_for_a_new_state_prefill_once(tiny_chat_path: Path) 
         service.close()
 
 
+def test_pooled_contexts_reused_across_states_under_concurrency_answer_like_a_cold_run(tiny_chat_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    states = [f"state number {i}: " + "words " * (10 * i + 5) for i in range(4)]
+    reference = fresh_service(tiny_chat_path, session_cache_entries=0, calibration="none")
+    service = fresh_service(tiny_chat_path, contexts=3, calibration="none")
+    try:
+        expected = {state: answers(reference, request(state=state)) for state in states}
+        work = [states[i % len(states)] for i in range(48)]
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda state: answers(service, request(state=state)), work))
+        assert got == [expected[state] for state in work]
+        assert service.engine.restores < len(work)  # some requests found their prefix still in place
+    finally:
+        service.close()
+        reference.close()
+
+
 def test_a_missing_or_invalid_model_file_fails_clearly(tmp_path: Path) -> None:
     from app.engine import EngineError
 
