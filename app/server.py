@@ -324,6 +324,7 @@ def create_app(
             def load_in_background() -> None:
                 try:
                     runtime.registry = loader(settings)
+                    log.info("ready: serving %s", runtime.registry.default_name)
                 except Exception as error:
                     log.exception("loading the model failed")
                     runtime.load_error = str(error)

@@ -263,7 +263,7 @@ def test_sigterm_finishes_in_flight_requests_then_exits(tiny_chat_path: Path) ->
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for_line(process, "Uvicorn running on")
+        wait_for_line(process, "ready: serving")  # the model loads after the port opens
         heavy = BODY | {
             "state": "word " * 1000,
             "questions": {f"q{i}": {"type": "noul", "instructions": f"Q{i}?"} for i in range(40)},

@@ -269,7 +269,7 @@ def test_sighup_reloads_the_config(tmp_path: Path, ggufs: dict[str, Path]) -> No
         text=True,
     )
     try:
-        wait_for_line(process, "Uvicorn running on")
+        wait_for_line(process, "ready: serving")  # the model loads after the port opens
         names = [m["name"] for m in httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["models"]]
         assert "two" in names
         write_config(config, ggufs, names=("one", "three"))
