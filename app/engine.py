@@ -121,8 +121,9 @@ class _Context:
         llama.llama_memory_clear(self.memory, False)  # cells emptied; stale data stays masked
         self.held = ()
 
-    def holds(self, snapshot: Snapshot) -> bool:
-        return any(held is snapshot for held in self.held)
+    def position_of(self, snapshot: Snapshot) -> int | None:
+        """Where `snapshot` stands in `held` (compared by identity), or None."""
+        return next((i for i, held in enumerate(self.held) if held is snapshot), None)
 
     def close(self) -> None:
         llama.llama_batch_free(self.batch)
@@ -322,7 +323,7 @@ class Engine:
             self._idle_changed.wait_for(lambda: bool(self._idle) or not self._contexts)
             if not self._contexts:
                 raise EngineError("the engine is closed")
-            holding = [ctx for ctx in self._idle if wanted is not None and ctx.holds(wanted)]
+            holding = [ctx for ctx in self._idle if wanted is not None and ctx.position_of(wanted) is not None]
             ctx = holding[-1] if holding else self._idle[0]
             self._idle.remove(ctx)
         handed_back = False
@@ -340,17 +341,17 @@ class Engine:
         """Make sequence 0 hold exactly `snapshot`: cut back to it when the context holds it
         already (the cells keep the very bytes the snapshot has), else clear and restore."""
         began = time.perf_counter()
+        position = ctx.position_of(snapshot)
         # A memory that cannot drop a tail of a sequence (recurrent models) answers False: restore.
-        if ctx.holds(snapshot) and llama.llama_memory_seq_rm(ctx.memory, 0, snapshot.n_tokens, -1):
-            ctx.held = ctx.held[: next(i for i, held in enumerate(ctx.held) if held is snapshot) + 1]
+        if position is not None and llama.llama_memory_seq_rm(ctx.memory, 0, snapshot.n_tokens, -1):
+            ctx.held = ctx.held[: position + 1]
             return _ms_since(began)
         ctx.clear()
         blob = snapshot.data
         read = llama.llama_state_seq_set_data(
             ctx.ctx, ctypes.cast(ctypes.c_char_p(blob), ctypes.POINTER(ctypes.c_uint8)), len(blob), 0
         )
-        if read != len(blob):
-            ctx.clear()  # never decode on a half-restored sequence
+        if read != len(blob):  # _borrow clears the context on the way out: never a half-restored sequence
             raise RestoreError(f"llama.cpp restored {read} of {len(blob)} snapshot bytes")
         ctx.held = (snapshot,)
         with self._counter_lock:
@@ -382,8 +383,7 @@ class Engine:
         status = llama.llama_decode(ctx.ctx, ctx.batch)
         with self._counter_lock:
             self.decode_calls += 1
-        if status != 0:
-            ctx.clear()
+        if status != 0:  # _borrow clears the context on the way out
             raise EngineError(f"llama_decode failed with status {status}")
 
 
