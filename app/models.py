@@ -45,19 +45,27 @@ def read_context(path: Path | None) -> str:
     return path.read_text(encoding="utf-8")
 
 
+def prompter_for(engine: Engine, template: str = "auto", context: str = "") -> Prompter:
+    """The prompts a model is served with: its GGUF's chat template ("auto") or the plain layout.
+
+    The bench renders llama-server's prompts with this too, so both sides see the same text.
+    """
+    chat_template = engine.metadata("tokenizer.chat_template") if template == "auto" else None
+    return Prompter.for_model(
+        engine,
+        chat_template,
+        engine.special_token_text(engine.bos_token),
+        engine.special_token_text(engine.eos_token),
+        context,
+    )
+
+
 def load_spec(spec: ModelSpec) -> ModelService:
     engine = Engine(
         spec.path, n_ctx=spec.n_ctx, n_gpu_layers=spec.n_gpu_layers, threads=spec.threads, contexts=spec.contexts
     )
     try:
-        template = engine.metadata("tokenizer.chat_template") if spec.template == "auto" else None
-        prompter = Prompter.for_model(
-            engine,
-            template,
-            engine.special_token_text(engine.bos_token),
-            engine.special_token_text(engine.eos_token),
-            read_context(spec.context_path),
-        )
+        prompter = prompter_for(engine, spec.template, read_context(spec.context_path))
         cache = SnapshotCache(spec.session_cache_entries, spec.session_cache_tokens)
         return ModelService(
             spec.name,

@@ -31,6 +31,7 @@ import httpx
 from app.config import DEFAULT_MODEL_PATH, REPO_ROOT
 from app.contract import SystemOneRequest
 from app.engine import Engine
+from app.models import prompter_for
 from app.prompting import Prompter
 from bench import peer
 from bench.figure import figure
@@ -376,12 +377,7 @@ def main() -> None:
     cfg = QUICK if args.quick else FULL
     began = time.perf_counter()
     engine = Engine(args.model, n_ctx=512, contexts=1)  # tokenizer and prompts only
-    prompter = Prompter.for_model(
-        engine,
-        engine.metadata("tokenizer.chat_template"),
-        engine.special_token_text(engine.bos_token),
-        engine.special_token_text(engine.eos_token),
-    )
+    prompter = prompter_for(engine)
     states = StateMaker(engine)
     report: dict[str, Any] = {
         "model": args.model.name.removesuffix(".gguf"),
