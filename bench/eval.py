@@ -123,20 +123,20 @@ def metrics(outcomes: Sequence[Outcome]) -> dict[str, Any]:
     }
 
 
-def model_spec(model: Path, calibration: str, config: Path | None) -> ModelSpec:
-    """The model as the server would configure it: its [[models]] entry in the config, if it has one."""
-    settings = Settings(model=model, calibration=calibration, n_ctx=4096)
+def model_spec(settings: Settings, config: Path | None) -> ModelSpec:
+    """The model as the server would configure it: its [[models]] entry in the config, if it has one,
+    with the eval's calibration and context size."""
     if config is not None and config.is_file():
         for spec in read_models_config(load_settings(["--config", str(config)], {})).models:
-            if (REPO_ROOT / spec.path).resolve() == model.resolve():
-                return dataclasses.replace(spec, calibration=calibration, n_ctx=4096)
+            if (REPO_ROOT / spec.path).resolve() == settings.model.resolve():
+                return dataclasses.replace(spec, calibration=settings.calibration, n_ctx=settings.n_ctx)
     return ModelSpec.from_settings(settings)
 
 
 def run(model: Path, calibration: str, limit: int | None, config: Path | None = None) -> dict[str, Any]:
     items = load_items(limit=limit)
-    spec = model_spec(model, calibration, config)
     settings = Settings(model=model, calibration=calibration, n_ctx=4096)
+    spec = model_spec(settings, config)
     registry = ModelRegistry.serving(load_spec(spec), spec)
     outcomes: dict[str, list[Outcome]] = {"raw": [], "calibrated": []}
     began = time.perf_counter()
