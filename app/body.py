@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 import zlib
 from typing import Any
 
@@ -40,23 +42,66 @@ def decode_content(body: bytes, encoding: str, limit: int) -> bytes:
     return decoded
 
 
+MAX_DEPTH = 64  # objects and arrays nested deeper than this are rejected, before any recursion can fail
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a lone "\\ud800" escape parses, but is not text UTF-8 can hold
+
+
 def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):  # 1e999 parses to infinity
+        raise ValueError(f"the number {text[:40]} is out of range (it would be {number})")
+    return number
+
+
+def _invalid(loc: list[Any], msg: str, error_type: str, ctx: str) -> Unprocessable:
+    return Unprocessable([{"loc": loc, "msg": msg, "type": error_type, "input": {}, "ctx": {"error": ctx}}])
+
+
+def _printable(key: str) -> str:
+    """A key for an error's loc: lone surrogates shown as \\udXXX escapes, since they cannot be sent as UTF-8."""
+    return key.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def check_tree(value: Any) -> None:
+    """Depth within MAX_DEPTH and every string (keys too) valid Unicode text, or a 422 naming the place.
+
+    Iterative, so a deep body cannot exhaust the stack here either.
+    """
+    stack: list[tuple[Any, int, list[Any]]] = [(value, 0, ["body"])]
+    while stack:
+        item, depth, loc = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                raise _invalid(loc, "string holds a lone UTF-16 surrogate", "string_unicode", "not valid UTF-8 text")
+            continue
+        if not isinstance(item, dict | list):
+            continue
+        if depth >= MAX_DEPTH:
+            raise _invalid(loc, f"JSON nested deeper than {MAX_DEPTH} levels", "json_too_deep", f"limit {MAX_DEPTH}")
+        pairs = item.items() if isinstance(item, dict) else enumerate(item)
+        for key, child in pairs:
+            if isinstance(key, str) and _SURROGATE.search(key):
+                raise _invalid(
+                    [*loc, _printable(key)],
+                    "key holds a lone UTF-16 surrogate",
+                    "string_unicode",
+                    "not valid UTF-8 text",
+                )
+            stack.append((child, depth + 1, [*loc, key]))
+
+
 def parse_json(body: bytes) -> Any:
-    """JSON as RFC 8259 has it: NaN and Infinity are rejected, not parsed."""
+    """JSON as RFC 8259 has it, as text the tokenizer can take: NaN, Infinity and numbers out of a
+    double's range are rejected, as are lone surrogates and nesting deeper than MAX_DEPTH."""
     try:
-        return json.loads(body, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise Unprocessable(
-            [
-                {
-                    "loc": ["body", getattr(error, "pos", 0)],
-                    "msg": "JSON decode error",
-                    "type": "json_invalid",
-                    "input": {},
-                    "ctx": {"error": str(error)},
-                }
-            ]
-        ) from error
+        payload = json.loads(body, parse_constant=_reject_constant, parse_float=_finite)
+    except RecursionError as error:  # deeper than the interpreter's stack: far past MAX_DEPTH
+        raise _invalid(["body"], f"JSON nested deeper than {MAX_DEPTH} levels", "json_too_deep", str(error)) from error
+    except ValueError as error:  # also UnicodeDecodeError, and ints of more digits than Python converts
+        raise _invalid(["body", getattr(error, "pos", 0)], "JSON decode error", "json_invalid", str(error)) from error
+    check_tree(payload)
+    return payload

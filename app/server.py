@@ -256,9 +256,31 @@ async def _cancelled(request: Request, exc: Exception) -> JSONResponse:
     return _detail(503, "overloaded", f"the request was dropped before it ran: {exc}", {"Retry-After": "1"})
 
 
-async def _internal(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
-    return _detail(500, "internal_error", "internal error; see the server log")
+class _ContainInternalErrors:
+    """A bug's exception becomes a 500 in the contract's shape and goes no further.
+
+    Starlette's own handler for `Exception` answers and then re-raises, and the server then
+    closes the keep-alive connection, so the client's next request on it fails too.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        started = False
+
+        async def send_tracked(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception:
+            log.exception("internal error on %s %s", scope.get("method"), scope.get("path"))
+            if started or scope["type"] != "http":
+                raise  # a response already began: all we can do is drop the connection
+            await _detail(500, "internal_error", "internal error; see the server log")(scope, receive, send)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -360,7 +382,7 @@ def create_app(
             Route("/health", health, methods=["GET"]),
             Route("/health/live", health_live, methods=["GET"]),
         ],
-        middleware=[Middleware(RequestObserver, metrics=lambda: metrics)],
+        middleware=[Middleware(RequestObserver, metrics=lambda: metrics), Middleware(_ContainInternalErrors)],
         lifespan=lifespan,
         exception_handlers={
             ApiError: _api_error,
@@ -369,6 +391,5 @@ def create_app(
             ModelUnavailable: _unavailable,
             Cancelled: _cancelled,
             HTTPException: _http_error,
-            Exception: _internal,
         },
     )

@@ -13,7 +13,8 @@ from app.config import DEFAULT_MODEL_PATH, Settings
 from app.models import ModelRegistry, load_model
 from app.server import create_app
 from app.service import ModelService
-from tests.tiny_gguf import write_tiny_gguf
+from app.tiny_gguf import write_tiny_gguf
+from tests.live import RunningServer
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +52,16 @@ def client(tiny_service: ModelService, tiny_chat_path: Path) -> Iterator[TestCli
     app = create_app(tiny_settings(tiny_chat_path), registry=ModelRegistry.serving(tiny_service))
     with TestClient(app) as test_client:
         yield test_client
+
+
+@pytest.fixture(scope="module")
+def live_url(tiny_service: ModelService, tiny_chat_path: Path) -> Iterator[str]:
+    """A real uvicorn server over the tiny model, for clients that need a socket."""
+    running = RunningServer(tiny_settings(tiny_chat_path), ModelRegistry.serving(tiny_service))
+    try:
+        yield running.base_url
+    finally:
+        running.stop()
 
 
 @pytest.fixture(scope="session")

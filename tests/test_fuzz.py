@@ -6,28 +6,11 @@ plugin does not run under pytest 9).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
-
-from app.models import ModelRegistry
-from app.service import ModelService
-from tests.conftest import tiny_settings
-from tests.live import RunningServer
-
-
-@pytest.fixture(scope="module")
-def live_url(tiny_service: ModelService, tiny_chat_path: Path) -> Iterator[str]:
-    running = RunningServer(tiny_settings(tiny_chat_path), ModelRegistry.serving(tiny_service))
-    try:
-        yield running.base_url
-    finally:
-        running.stop()
 
 
 def test_no_server_errors_and_responses_match_the_schema(live_url: str) -> None:

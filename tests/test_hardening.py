@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -185,6 +186,26 @@ def test_a_fault_inside_llama_cpp_fails_that_request_only(tiny_service: ModelSer
             "detail": {"error_type": "internal_error", "message": "internal error; see the server log"}
         }
         assert client.post("/v1/systemone", json=BODY).json()["answers"] == expected
+
+
+def test_an_internal_error_keeps_the_keep_alive_connection(tiny_service: ModelService, tiny_chat_path: Path) -> None:
+    running = RunningServer(tiny_settings(tiny_chat_path), ModelRegistry.serving(FaultyService(tiny_service)))
+    host, port = running.base_url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        connection.connect()
+        first_socket = connection.sock
+        for expected in (500, 200):  # the first request hits the planted fault, the second is fine
+            connection.request(
+                "POST", "/v1/systemone", body=json.dumps(BODY), headers={"Content-Type": "application/json"}
+            )
+            response = connection.getresponse()
+            assert response.status == expected
+            response.read()
+            assert connection.sock is first_socket  # not closed and silently reopened by http.client
+    finally:
+        connection.close()
+        running.stop()
 
 
 def test_request_ids_are_echoed_or_made_and_each_request_logs_one_line(

@@ -21,8 +21,8 @@ from app.model_config import ModelsConfig, ModelSpec, read_models_config
 from app.models import ModelRegistry, load_spec
 from app.server import create_app
 from app.service import ModelService
+from app.tiny_gguf import write_tiny_gguf
 from tests.live import wait_for_line
-from tests.tiny_gguf import write_tiny_gguf
 
 QUESTION = {"type": "choice", "instructions": "Which?", "criteria": {"Alpha": None, "Beta": None, "Gamma": None}}
 

@@ -7,7 +7,7 @@ import pytest
 from app.contract import SystemOneRequest
 from app.prompting import SYSTEM_PROMPT, Prompter, chat_format, level_labels, render_state
 from app.service import ModelService
-from tests.tiny_gguf import CHATML_TEMPLATE
+from app.tiny_gguf import CHATML_TEMPLATE
 
 STATES = ["Plain words.", "Zeile 1\nZeile 2 — ünïcode", '{"a":1}', "trailing punctuation!!", "ends with digits 42"]
 

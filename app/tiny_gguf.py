@@ -1,4 +1,4 @@
-"""Write a tiny llama-architecture GGUF with random weights, for engine tests in milliseconds.
+"""Write a tiny llama-architecture GGUF with random weights: engine tests in milliseconds, and the build check.
 
 The vocabulary is SentencePiece-style ("llama" tokenizer): byte fallback tokens, printable
 ASCII, ChatML control tokens, and the answer labels onepass looks for (Yes/No, A-Z,
