@@ -6,14 +6,21 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 LLAMA_CPP_VERSION := 0.3.36
-# -march=native enables ggml's AMX kernels, which segfault on these Xeons (DESIGN.md).
-# Override for a GPU build: make setup CMAKE_ARGS="-DGGML_CUDA=on"
-CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
-	-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON
+# The CPU flags come from this machine (app/cpu.py: every x86 instruction set named ON or OFF
+# from /proc/cpuinfo or sysctl, AMX always off; ggml's own detection on arm64). A user's
+# CMAKE_ARGS go after them and win: make setup CMAKE_ARGS="-DGGML_CUDA=on"
+CMAKE_ARGS ?=
+# ONEPASS_CPUINFO=FILE builds for a recorded /proc/cpuinfo instead of this CPU (tests/cpuinfo/).
+ONEPASS_CPUINFO ?=
+export ONEPASS_CPUINFO
+CPU_CMAKE_ARGS := $(shell ONEPASS_CPUINFO='$(ONEPASS_CPUINFO)' $(PYTHON) -m app.cpu cmake-args)
+BUILD_ARGS := $(strip $(CPU_CMAKE_ARGS) $(CMAKE_ARGS))
 
-# pip's own wheel cache ignores CMAKE_ARGS, so we keep our wheel in a folder named by the flags.
+# pip's own wheel cache ignores CMAKE_ARGS, so we keep our wheel in a folder named by the
+# version, the flags and this CPU's features: a shared or copied cache never hands a wheel
+# to a CPU it was not built for.
 WHEEL_CACHE ?= $(HOME)/.cache/onepass/wheels
-WHEEL_KEY := $(shell printf '%s|%s' '$(LLAMA_CPP_VERSION)' '$(CMAKE_ARGS)' | sha256sum | cut -c1-16)
+WHEEL_KEY := $(shell ONEPASS_CPUINFO='$(ONEPASS_CPUINFO)' $(PYTHON) -m app.cpu key '$(LLAMA_CPP_VERSION)' '$(BUILD_ARGS)')
 WHEEL_DIR := $(WHEEL_CACHE)/$(WHEEL_KEY)
 WHEEL_STAMP := $(WHEEL_DIR)/.built
 INSTALL_STAMP := $(VENV)/.installed-$(WHEEL_KEY)
@@ -23,7 +30,7 @@ SMALL_MODEL := models/gemma-3-270m-q4_k_m.gguf
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: setup model model-small run test lint bench bench-quick eval load check-gpu clean
+.PHONY: setup model model-small run test test-tools lint check-build doctor bench bench-quick eval load check-gpu clean clean-build
 
 setup: $(INSTALL_STAMP)
 
@@ -33,15 +40,18 @@ $(BIN)/python:
 
 $(WHEEL_STAMP): | $(BIN)/python
 	@echo "building llama-cpp-python $(LLAMA_CPP_VERSION) into $(WHEEL_DIR) (a few minutes, once)"
-	mkdir -p $(WHEEL_DIR)
-	CMAKE_ARGS="$(CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+	@echo "  CMAKE_ARGS=$(BUILD_ARGS)"
+	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)
+	CMAKE_ARGS="$(BUILD_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(getconf _NPROCESSORS_ONLN) \
 		$(BIN)/python -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python \
 		-w $(WHEEL_DIR) llama-cpp-python==$(LLAMA_CPP_VERSION)
+	$(PYTHON) -m app.cpu describe '$(LLAMA_CPP_VERSION)' '$(BUILD_ARGS)' > $(WHEEL_DIR)/built-for.json
 	touch $@
 
 $(INSTALL_STAMP): $(WHEEL_STAMP) pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --force-reinstall --no-deps $(WHEEL_DIR)/llama_cpp_python-*.whl
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	cp $(WHEEL_DIR)/built-for.json $(VENV)/llama-build.json
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -57,8 +67,28 @@ ARGS ?=
 run: model
 	$(BIN)/python -m app --host $(HOST) --port $(PORT) $(ARGS)
 
-test: model lint
+test: model lint check-build test-tools
 	$(BIN)/python -m pytest -q
+
+# tests/test_cpu_emulated.py runs the build on an emulated AVX2-only CPU with qemu's user mode.
+test-tools:
+	@if [ "$$(uname -m)" = x86_64 ] && ! command -v qemu-x86_64 >/dev/null; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing qemu-user (apt-get) for the emulated-CPU test"; \
+			(apt-get update -qq && apt-get install -y -qq qemu-user >/dev/null) \
+				|| echo "note: qemu-user could not be installed: the emulated-CPU test will be skipped"; \
+		else \
+			echo "note: qemu-x86_64 is missing (apt-get install qemu-user): the emulated-CPU test will be skipped"; \
+		fi; \
+	fi
+
+# Load llama.cpp in a subprocess and decode once: a build for another CPU fails here with words.
+check-build: setup
+	$(BIN)/python -m app.build_check
+
+# What a bug report needs: OS, Python, CPU, the llama.cpp build, backends, models, the wheel.
+doctor:
+	@$(PYTHON) -m app.doctor --venv $(VENV) --wheel-dir $(WHEEL_DIR)
 
 lint: setup
 	$(BIN)/ruff check app tests bench models
@@ -95,3 +125,8 @@ check-gpu: model
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# Build llama-cpp-python again for this machine (after a CPU mismatch, or to change compilers).
+clean-build:
+	rm -rf $(WHEEL_DIR)
+	rm -f $(VENV)/.installed-* $(VENV)/llama-build.json

