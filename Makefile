@@ -25,8 +25,8 @@ WHEEL_DIR := $(WHEEL_CACHE)/$(WHEEL_KEY)
 WHEEL_STAMP := $(WHEEL_DIR)/.built
 INSTALL_STAMP := $(VENV)/.installed-$(WHEEL_KEY)
 
-DEFAULT_MODEL := models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
-SMALL_MODEL := models/gemma-3-270m-q4_k_m.gguf
+DEFAULT_MODEL := $(shell $(PYTHON) models/fetch.py default --print-path)
+SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import sys
 from collections.abc import Sequence
 
 import uvicorn
 
 from app.build_check import run_check
-from app.config import DEFAULT_CONFIG_PATH, ConfigError, load_settings
+from app.config import DEFAULT_CONFIG_PATH, ConfigError, SettingsSource
 from app.model_config import read_models_config
 from app.server import create_app
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     try:
-        settings = load_settings(argv, default_config=DEFAULT_CONFIG_PATH)
+        source = SettingsSource(tuple(sys.argv[1:] if argv is None else argv), dict(os.environ), DEFAULT_CONFIG_PATH)
+        settings = source.load()
         models = read_models_config(settings)  # a config with errors stops us before binding the port
     except (ValueError, ConfigError) as error:  # a malformed ONEPASS_* value or config file
         sys.exit(f"onepass: {error}")
@@ -27,13 +30,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     problem = run_check()  # a llama.cpp built for another CPU explains itself here, not with SIGILL later
     if problem is not None:
         sys.exit(problem)
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
+    # We bind the socket ourselves so that with --port 0 the port the OS picked can be logged.
+    family, kind, proto, _, address = socket.getaddrinfo(
+        settings.host, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(address)
+    except OSError as error:
+        sys.exit(f"onepass: cannot listen on {settings.host}:{settings.port}: {error.strerror}")
+    host, port = listener.getsockname()[:2]
+    logging.getLogger("onepass").info("listening on http://%s:%d", f"[{host}]" if ":" in host else host, port)
+    config = uvicorn.Config(
+        create_app(settings, source=source),
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=int(settings.shutdown_timeout),
     )
+    uvicorn.Server(config).run(sockets=[listener])
 
 
 if __name__ == "__main__":

@@ -12,10 +12,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, NewType
 
 import blake3
+
+from app.snapshot import Snapshot
 
 CacheKey = NewType("CacheKey", bytes)
 
@@ -28,22 +29,6 @@ def cache_key(*parts: str | bytes) -> CacheKey:
         hasher.update(len(data).to_bytes(8, "little"))
         hasher.update(data)
     return CacheKey(hasher.digest())
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """The KV state of sequence 0 after prefilling `tokens` (llama_state_seq_get_data)."""
-
-    data: bytes
-    tokens: tuple[int, ...]
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def n_bytes(self) -> int:
-        return len(self.data)
 
 
 class SnapshotCache:
@@ -61,20 +46,11 @@ class SnapshotCache:
         self._collisions = 0
         self._oversized = 0
         self._dropped = 0
+        self._waiting = 0  # requests waiting for another request's prefill of the same prefix
 
     @property
     def enabled(self) -> bool:
         return self.max_entries > 0 and self.max_tokens > 0
-
-    def get(self, key: CacheKey, tokens: Sequence[int]) -> Snapshot | None:
-        """The snapshot for key if it holds exactly these prefix tokens; counts a hit or a miss."""
-        with self._lock:
-            snapshot = self._lookup(key, tokens)
-            if snapshot is None:
-                self._misses += 1
-            else:
-                self._hits += 1
-            return snapshot
 
     def put(self, key: CacheKey, snapshot: Snapshot) -> bool:
         """Store as most recently used, evicting the least recently used until both bounds hold."""
@@ -104,10 +80,15 @@ class SnapshotCache:
                 future = self._in_flight[key] = Future()
                 self._misses += 1
         if not leader:
+            with self._lock:
+                self._waiting += 1
             try:
                 shared = future.result()
             except Exception:
                 shared = None  # the leader failed; try on our own rather than share its fate
+            finally:
+                with self._lock:
+                    self._waiting -= 1
             if shared is not None and shared.tokens == tuple(tokens):
                 with self._lock:
                     self._hits += 1
@@ -139,14 +120,10 @@ class SnapshotCache:
                 "collisions": self._collisions,
                 "oversized": self._oversized,
                 "dropped": self._dropped,
+                "waiting": self._waiting,
                 "max_entries": self.max_entries,
                 "max_tokens": self.max_tokens,
             }
-
-    def keys(self) -> list[CacheKey]:
-        """Keys from least to most recently used."""
-        with self._lock:
-            return list(self._entries)
 
     # The methods below expect self._lock to be held.
 

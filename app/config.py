@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL_PATH = REPO_ROOT / "models" / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+with (REPO_ROOT / "models" / "sources.toml").open("rb") as _sources:  # the pinned models (models/fetch.py)
+    DEFAULT_MODEL_PATH = REPO_ROOT / "models" / tomllib.load(_sources)["default"]["filename"]
 DEFAULT_CONFIG_PATH = REPO_ROOT / "models" / "onepass.toml"
 ENV_PREFIX = "ONEPASS_"
 
 
-def _option(default: Any, help: str, parse: Callable[[str], Any] = str) -> Any:
-    return dataclasses.field(default=default, metadata={"help": help, "parse": parse})
+def _option(default: Any, help: str, parse: Callable[[str], Any] = str, *, restart: bool = False) -> Any:
+    """A setting. `restart`: a reload cannot change it in a running server (it binds or logs at start)."""
+    return dataclasses.field(default=default, metadata={"help": help, "parse": parse, "restart": restart})
 
 
 def _optional_path(text: str) -> Path | None:
@@ -36,7 +38,7 @@ def _optional_str(text: str) -> str | None:
 CALIBRATIONS = ("none", "contextual")
 
 
-def _calibration(text: str) -> str:
+def parse_calibration(text: str) -> str:
     if text not in CALIBRATIONS:
         raise ValueError(f"calibration must be one of {CALIBRATIONS}, not {text!r}")
     return text
@@ -53,8 +55,8 @@ class Settings:
         "TOML file with server settings and the models to serve (the CLI reads models/onepass.toml if present)",
         _optional_path,
     )
-    host: str = _option("127.0.0.1", "address to bind")
-    port: int = _option(8080, "port to bind", int)
+    host: str = _option("127.0.0.1", "address to bind", restart=True)
+    port: int = _option(8080, "port to bind (0: any free port, logged at start)", int, restart=True)
     model: Path = _option(DEFAULT_MODEL_PATH, "GGUF model file to serve when no config file lists models", Path)
     served_model_name: str | None = _option(
         None, "name the model answers as (default: the GGUF file name without .gguf)", _optional_str
@@ -71,7 +73,7 @@ class Settings:
     calibration: str = _option(
         "contextual",
         "label-prior correction: 'contextual' (content-free states, Zhao et al. 2021) or 'none'",
-        _calibration,
+        parse_calibration,
     )
     calibration_temperature: float = _option(
         1.0, "divides calibrated log-probabilities: below 1 sharpens, above 1 softens (argmax unchanged)", float
@@ -89,8 +91,10 @@ class Settings:
     request_timeout: float = _option(
         300.0, "seconds before a request is answered 504 and its pending work dropped", float
     )
-    shutdown_timeout: float = _option(30.0, "seconds SIGTERM waits for in-flight requests before exiting", float)
-    log_level: str = _option("info", "logging level: debug, info, warning, error")
+    shutdown_timeout: float = _option(
+        30.0, "seconds SIGTERM waits for in-flight requests before exiting", float, restart=True
+    )
+    log_level: str = _option("info", "logging level: debug, info, warning, error", restart=True)
 
     @property
     def model_name(self) -> str:
@@ -142,6 +146,37 @@ def load_settings(
         config = default_config  # --model alone serves that one file, without the default config
     from_file = server_section(config) if config is not None else {}
     return Settings(**{**from_file, **from_env, **from_flags, "config": config})
+
+
+@dataclasses.dataclass(frozen=True)
+class SettingsSource:
+    """Where a server's settings came from (its argv and environment at start), to read them again."""
+
+    argv: tuple[str, ...] = ()
+    environ: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    default_config: Path | None = None
+
+    def load(self) -> Settings:
+        return load_settings(self.argv, self.environ, self.default_config)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reloaded:
+    settings: Settings  # what the server runs with now
+    changed: list[str]  # settings that took effect
+    needs_restart: list[str]  # settings that changed in the sources but keep their old value until a restart
+
+
+def reload_settings(current: Settings, source: SettingsSource) -> Reloaded:
+    """The same loader as at start, over the same argv and environment, so precedence holds across a
+    reload (a flag still beats the file). Settings a running server cannot change keep their values."""
+    fresh = source.load()
+    differ = [f.name for f in dataclasses.fields(Settings) if getattr(fresh, f.name) != getattr(current, f.name)]
+    restart = {f.name for f in dataclasses.fields(Settings) if f.metadata["restart"]}
+    kept = {name: getattr(current, name) for name in differ if name in restart}
+    return Reloaded(
+        dataclasses.replace(fresh, **kept), [n for n in differ if n not in restart], [n for n in differ if n in restart]
+    )
 
 
 def read_toml(path: Path) -> dict[str, Any]:

@@ -1,13 +1,15 @@
 """The System One wire contract as pydantic models: validation and canonical text, no I/O.
 
 Requests are validated here into typed questions; anything that fails becomes a 422 in
-pydantic's own error shape (`errors_for_response`). Responses are plain dicts built by
-the service, because their keys (option names, question ids) are user data.
+pydantic's own error shape (`errors_for_response`). Responses are built by the service from
+the models at the end of this module, the same ones /openapi.json describes.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
@@ -126,32 +128,39 @@ def limit_errors(request: SystemOneRequest, max_questions: int, max_text_chars: 
     return errors
 
 
-# Response shapes, for /openapi.json (the service builds plain dicts; extra x_ fields are allowed).
+# Responses: the service builds these, the wire is their JSON (fields that are None left out),
+# and /openapi.json is generated from the same classes, so the three cannot drift apart.
+
+Probability = Annotated[float, Field(ge=0, le=1)]
 
 
-class _Answer(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    x_label_mass: float | None = None
+class NoulAnswer(BaseModel):
+    type: Literal["noul"] = "noul"
+    noul: Probability
+    x_label_mass: Probability  # the share of the next-token distribution on the answer labels
+    x_raw: Probability | None = None  # before calibration (absent when calibration is off)
 
 
-class NoulAnswer(_Answer):
-    type: Literal["noul"]
-    noul: Annotated[float, Field(ge=0, le=1)]
-
-
-class ChoiceAnswer(_Answer):
-    type: Literal["choice"]
+class ChoiceAnswer(BaseModel):
+    type: Literal["choice"] = "choice"
     choice: str
-    confidence: Annotated[float, Field(ge=0, le=1)]
-    probabilities: dict[str, Annotated[float, Field(ge=0, le=1)]]
+    confidence: Probability
+    probabilities: dict[str, Probability]
+    x_label_mass: Probability
+    x_raw: dict[str, Probability] | None = None
 
 
-class ScoreAnswer(_Answer):
-    type: Literal["score"]
+class ScoreAnswer(BaseModel):
+    type: Literal["score"] = "score"
     score: float
-    confidence: Annotated[float, Field(ge=0, le=1)]
+    confidence: Probability
     legend: dict[str, Text]
-    probabilities: dict[str, Annotated[float, Field(ge=0, le=1)]]
+    probabilities: dict[str, Probability]
+    x_label_mass: Probability
+    x_raw: dict[str, Probability] | None = None
+
+
+Answer = Annotated[NoulAnswer | ChoiceAnswer | ScoreAnswer, Field(discriminator="type")]
 
 
 class Usage(BaseModel):
@@ -159,11 +168,70 @@ class Usage(BaseModel):
     output_tokens: int
 
 
+class TimingMs(BaseModel):
+    prefill: float
+    restore: float
+    decode: float
+    calibrate: float
+    total: float
+
+
 class SystemOneResponse(BaseModel):
-    model_config = ConfigDict(extra="allow")
     model: str
-    answers: dict[str, Annotated[NoulAnswer | ChoiceAnswer | ScoreAnswer, Field(discriminator="type")]]
+    answers: dict[str, Answer]
     usage: Usage
+    x_cache: Literal["hit", "miss", "off"]
+    x_timing_ms: TimingMs
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(exclude_none=True).encode()
+
+    def wire(self) -> dict[str, Any]:
+        """What a client reads: the response as parsed JSON."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+@dataclass(frozen=True)
+class CatalogueEntry:
+    """One name /v1/models lists: a model's own name or an alias, and the model it means."""
+
+    name: str
+    model: str
+    spec: Any  # the model's ModelSpec: every field is reported as x_<field>
+    loaded: bool
+    error: str | None
+
+
+def models_listing(entries: list[CatalogueEntry]) -> dict[str, Any]:
+    """GET /v1/models in both shapes clients expect: OpenAI's `data` and System One's `models`."""
+
+    def settings(spec: Any) -> dict[str, Any]:
+        plain = {
+            k: str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v
+            for k, v in asdict(spec).items()
+        }
+        return {f"x_{k}": v for k, v in plain.items() if k not in ("name", "aliases")}
+
+    return {
+        "object": "list",
+        "data": [
+            {"id": e.name, "object": "model", "owned_by": "onepass", "x_model": e.model, "x_loaded": e.loaded}
+            for e in entries
+        ],
+        "models": [
+            {
+                "name": e.name,
+                "description": f"{e.spec.path.name} served by onepass"
+                + ("" if e.name == e.model else f" (alias of {e.model})"),
+                "release_date": "unknown",
+                "x_model": e.model,
+                "x_loaded": e.loaded,
+                "x_error": e.error,
+                **settings(e.spec),
+            }
+            for e in entries
+        ],
+    }
 
 
 class ValidationDetail(BaseModel):

@@ -28,7 +28,7 @@ import blake3
 import llama_cpp as llama
 import numpy as np
 
-from app.cache import Snapshot
+from app.snapshot import Snapshot
 
 log = logging.getLogger("onepass.engine")
 llama_log = logging.getLogger("onepass.llama")
@@ -91,22 +91,45 @@ llama.llama_log_set(_log_callback, ctypes.c_void_p(0))
 llama.llama_backend_init()
 
 
+@dataclass(frozen=True)
+class KvSettings:
+    """Every context parameter that shapes a snapshot's bytes: set on each context from here, and
+    described in every cache key from here, so the two cannot disagree."""
+
+    n_ctx: int
+    n_ubatch: int = N_UBATCH
+    # Restore is exact only with the same attention and KV settings as the save; flash
+    # attention on the CPU made one-shot and split prefills differ (DESIGN.md).
+    flash_attn: bool = False
+    kv_type: str = "f16"
+    kv_unified: bool = True  # seq_cp then shares the prefix cells between question sequences
+
+    def apply(self, params: llama.llama_context_params) -> None:
+        params.n_ctx = params.n_batch = self.n_ctx
+        params.n_ubatch = self.n_ubatch
+        params.flash_attn_type = (
+            llama.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn else llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        params.type_k = params.type_v = {"f16": llama.GGML_TYPE_F16, "f32": llama.GGML_TYPE_F32}[self.kv_type]
+        params.kv_unified = self.kv_unified
+
+    def describe(self) -> str:
+        return (
+            f"n_ctx={self.n_ctx};kv={self.kv_type}/{self.kv_type};flash_attn={'on' if self.flash_attn else 'off'};"
+            f"kv_unified={int(self.kv_unified)};n_ubatch={self.n_ubatch}"
+        )
+
+
 class _Context:
     """One llama_context with its reusable batch. Used by one thread at a time."""
 
-    def __init__(self, model: ctypes.c_void_p, n_ctx: int, threads: int) -> None:
+    def __init__(self, model: ctypes.c_void_p, kv: KvSettings, threads: int) -> None:
         params = llama.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = n_ctx
-        params.n_ubatch = N_UBATCH
+        kv.apply(params)
         params.n_seq_max = MAX_SEQUENCES
         params.n_threads = params.n_threads_batch = threads
-        # Restore is exact only with the same attention and KV settings as the save; flash
-        # attention on the CPU made one-shot and split prefills differ (DESIGN.md).
-        params.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        params.type_k = params.type_v = llama.GGML_TYPE_F16
-        params.kv_unified = True
         params.no_perf = True
+        n_ctx = kv.n_ctx
         self.ctx = llama.llama_init_from_model(model, params)
         if not self.ctx:
             raise EngineError(f"llama.cpp could not create a context (n_ctx={n_ctx})")
@@ -151,12 +174,12 @@ class Engine:
         self.n_ctx = n_ctx
         self.add_bos = bool(llama.llama_vocab_get_add_bos(self.vocab))
         self.fingerprint = _file_fingerprint(model_path)
-        # Everything besides the tokens that shapes a snapshot's bytes; part of every cache key.
-        self.kv_settings = f"n_ctx={n_ctx};kv=f16/f16;flash_attn=off;kv_unified=1;n_ubatch={N_UBATCH}"
+        kv = KvSettings(n_ctx)
+        self.kv_settings = kv.describe()  # besides the tokens, what shapes a snapshot's bytes: in every cache key
         self.decode_calls = 0  # llama_decode calls made, for tests and stats
         self.restores = 0  # snapshots copied into a context (the rest were still held there)
         self._counter_lock = threading.Lock()
-        self._contexts = [_Context(self.model, n_ctx, threads or os.cpu_count() or 1) for _ in range(contexts)]
+        self._contexts = [_Context(self.model, kv, threads or os.cpu_count() or 1) for _ in range(contexts)]
         self._idle = list(self._contexts)  # least recently used first
         self._idle_changed = threading.Condition()
         log.info(

@@ -6,10 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.config import CALIBRATIONS, ConfigError, Settings, read_toml
+from app.config import ConfigError, Settings, parse_calibration, read_toml
 
 DEFAULT_ALIAS = "jev-latest"  # the SDKs' default model name: always the default model
 TEMPLATES = ("auto", "plain")
+
+
+_DEFAULTS = Settings()  # the per-model settings' defaults are the server's, declared once in Settings
 
 
 @dataclass(frozen=True)
@@ -19,16 +22,16 @@ class ModelSpec:
     name: str
     path: Path
     aliases: tuple[str, ...] = ()
-    context_path: Path | None = None
-    n_ctx: int = 8192
-    n_gpu_layers: int = 0
-    threads: int = 0
-    contexts: int = 1
-    session_cache_entries: int = 16
-    session_cache_tokens: int = 32768
+    context_path: Path | None = _DEFAULTS.context_path
+    n_ctx: int = _DEFAULTS.n_ctx
+    n_gpu_layers: int = _DEFAULTS.n_gpu_layers
+    threads: int = _DEFAULTS.threads
+    contexts: int = _DEFAULTS.contexts
+    session_cache_entries: int = _DEFAULTS.session_cache_entries
+    session_cache_tokens: int = _DEFAULTS.session_cache_tokens
     template: str = "auto"
-    calibration: str = "contextual"
-    calibration_temperature: float = 1.0
+    calibration: str = _DEFAULTS.calibration
+    calibration_temperature: float = _DEFAULTS.calibration_temperature
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> ModelSpec:
@@ -102,6 +105,8 @@ def _spec(settings: Settings, entry: Any, where: str) -> ModelSpec:
     temperature = entry.get("calibration_temperature", 1.0)
     if not isinstance(temperature, int | float) or isinstance(temperature, bool) or temperature <= 0:
         raise ConfigError(f"{where}: calibration_temperature must be a positive number")
-    if values.get("calibration", settings.calibration) not in CALIBRATIONS:
-        raise ConfigError(f"{where}: calibration must be one of {CALIBRATIONS}")
+    try:
+        parse_calibration(values.get("calibration", settings.calibration))
+    except ValueError as error:
+        raise ConfigError(f"{where}: {error}") from error
     return ModelSpec.from_settings(settings, **values)

@@ -1,4 +1,4 @@
-"""The model registry: configured GGUFs and aliases, loading on first use, LRU unloading.
+"""The model registry: which models are resident. Leases, loading on first use, LRU unloading, reload.
 
 A request leases its model: the lease loads it if needed and keeps it resident until the
 request is done, so a model is never unloaded under an in-flight request. Beyond
@@ -13,15 +13,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field
 
-from app.cache import SnapshotCache
-from app.config import Settings
-from app.engine import Engine
+from app.contract import CatalogueEntry, SystemOneRequest, SystemOneResponse
+from app.loading import load_spec
 from app.model_config import DEFAULT_ALIAS, ModelsConfig, ModelSpec
-from app.prompting import Prompter
 from app.service import ModelService
 
 log = logging.getLogger("onepass.models")
@@ -34,55 +30,6 @@ class ModelNotFound(LookupError):
 
 class ModelUnavailable(RuntimeError):
     """A configured model that cannot be loaded (missing file, not a GGUF, ...)."""
-
-
-def read_context(path: Path | None) -> str:
-    """The system context file's text; a missing file means no context."""
-    if path is None or not path.is_file():
-        if path is not None:
-            log.warning("context file %s not found; serving without a system context", path)
-        return ""
-    return path.read_text(encoding="utf-8")
-
-
-def prompter_for(engine: Engine, template: str = "auto", context: str = "") -> Prompter:
-    """The prompts a model is served with: its GGUF's chat template ("auto") or the plain layout.
-
-    The bench renders llama-server's prompts with this too, so both sides see the same text.
-    """
-    chat_template = engine.metadata("tokenizer.chat_template") if template == "auto" else None
-    return Prompter.for_model(
-        engine,
-        chat_template,
-        engine.special_token_text(engine.bos_token),
-        engine.special_token_text(engine.eos_token),
-        context,
-    )
-
-
-def load_spec(spec: ModelSpec) -> ModelService:
-    engine = Engine(
-        spec.path, n_ctx=spec.n_ctx, n_gpu_layers=spec.n_gpu_layers, threads=spec.threads, contexts=spec.contexts
-    )
-    try:
-        prompter = prompter_for(engine, spec.template, read_context(spec.context_path))
-        cache = SnapshotCache(spec.session_cache_entries, spec.session_cache_tokens)
-        return ModelService(
-            spec.name,
-            engine,
-            prompter,
-            cache,
-            calibration=spec.calibration,
-            calibration_temperature=spec.calibration_temperature,
-        )
-    except BaseException:
-        engine.close()
-        raise
-
-
-def load_model(settings: Settings) -> ModelService:
-    """The single model the settings name (no config file involved)."""
-    return load_spec(ModelSpec.from_settings(settings))
 
 
 @dataclass
@@ -136,9 +83,9 @@ class ModelRegistry:
         except KeyError:
             raise ModelNotFound(name, list(self._state.names)) from None
 
-    def is_loaded(self, name: str) -> bool:
-        with self._cond:
-            return self.canonical(name) in self._resident
+    def contexts_of(self, name: str) -> int:
+        """How many requests the model decodes at once (its pool of llama.cpp contexts)."""
+        return self._state.specs[self.canonical(name)].contexts
 
     @contextmanager
     def lease(self, name: str) -> Iterator[ModelService]:
@@ -171,46 +118,25 @@ class ModelRegistry:
         self._evict_idle()
         return {"added": [n for n in state.specs if n not in old], "removed": removed, "changed": changed}
 
-    def answer(self, name: str, request: Any, cancelled: threading.Event | None = None) -> dict[str, Any]:
+    def answer(
+        self, name: str, request: SystemOneRequest, cancelled: threading.Event | None = None
+    ) -> SystemOneResponse:
         with self.lease(name) as service:
             return service.answer(request, cancelled)
 
-    def loaded(self) -> list[ModelService]:
+    def loaded(self) -> dict[str, ModelService]:
+        """The resident models by their configured name."""
         with self._cond:
-            return [resident.service for resident in self._resident.values()]
+            return {name: resident.service for name, resident in self._resident.items()}
 
-    def listing(self) -> dict[str, Any]:
+    def catalogue(self) -> list[CatalogueEntry]:
+        """Every name a client may ask for (aliases too), the model it means and its state."""
         with self._cond:
             state, loaded, errors = self._state, set(self._resident), dict(self._errors)
-        entries = []
-        for name, model in state.names.items():
-            spec = state.specs[model]
-            settings = {
-                f"x_{k}": (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
-                for k, v in asdict(spec).items()
-                if k not in ("name", "aliases")
-            }
-            entries.append((name, model, spec, settings))
-        return {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "owned_by": "onepass", "x_model": model, "x_loaded": model in loaded}
-                for name, model, _, _ in entries
-            ],
-            "models": [
-                {
-                    "name": name,
-                    "description": f"{spec.path.name} served by onepass"
-                    + ("" if name == model else f" (alias of {model})"),
-                    "release_date": "unknown",
-                    "x_model": model,
-                    "x_loaded": model in loaded,
-                    "x_error": errors.get(model),
-                    **settings,
-                }
-                for name, model, spec, settings in entries
-            ],
-        }
+        return [
+            CatalogueEntry(name, model, state.specs[model], model in loaded, errors.get(model))
+            for name, model in state.names.items()
+        ]
 
     def close(self) -> None:
         with self._cond:

@@ -58,12 +58,12 @@ class _Sources(Collector):
 
     def collect(self) -> Iterable[Metric]:
         found = self._sources()
-        queue = GaugeMetricFamily("onepass_queue_depth", "requests waiting for a llama.cpp context")
-        queue.add_metric([], found.get("queue_depth", 0))
-        in_flight = GaugeMetricFamily("onepass_in_flight", "requests being answered or waiting")
-        in_flight.add_metric([], found.get("in_flight", 0))
-        yield queue
-        yield in_flight
+        requests = {
+            "queue_depth": GaugeMetricFamily(
+                "onepass_queue_depth", "requests waiting for one of the model's contexts", labels=["model"]
+            ),
+            "in_flight": GaugeMetricFamily("onepass_in_flight", "requests being answered or waiting", labels=["model"]),
+        }
         gauges = {
             name: GaugeMetricFamily(f"onepass_cache_{name}", f"session cache {name}", labels=["model"])
             for name in ("entries", "tokens", "bytes")
@@ -74,18 +74,21 @@ class _Sources(Collector):
         }
         prefilled = CounterMetricFamily("onepass_prefilled_tokens", "state tokens prefilled", labels=["model"])
         for model, stats in found.get("models", {}).items():
+            for name, family in requests.items():
+                family.add_metric([model], stats[name])
             for name, family in gauges.items():
                 family.add_metric([model], stats["cache"][name])
             for name, counter in counters.items():
                 counter.add_metric([model], stats["cache"][name])
             prefilled.add_metric([model], stats["prefilled_tokens"])
+        yield from requests.values()
         yield from gauges.values()
         yield from counters.values()
         yield prefilled
 
 
 class RequestObserver:
-    def __init__(self, app: ASGIApp, metrics: Callable[[], Metrics | None]) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
 
@@ -112,10 +115,8 @@ class RequestObserver:
         finally:
             seconds = time.perf_counter() - began
             route = _route(scope)
-            metrics = self.metrics()
-            if metrics is not None:
-                metrics.requests.labels(route, str(status)).inc()
-                metrics.latency.labels(route, observed.get("cache", "none")).observe(seconds)
+            self.metrics.requests.labels(route, str(status)).inc()
+            self.metrics.latency.labels(route, observed.get("cache", "none")).observe(seconds)
             log.info(
                 "%s",
                 json.dumps(

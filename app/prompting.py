@@ -148,10 +148,9 @@ class RenderedQuestion:
 class Prompter:
     """Renders prefixes and suffixes for one model; built once at load time."""
 
-    def __init__(self, tokenizer: Tokenizer, fmt: PromptFormat, system: str) -> None:
+    def __init__(self, tokenizer: Tokenizer, fmt: PromptFormat) -> None:
         self.tokenizer = tokenizer
         self.format = fmt
-        self.system = system
         self.labels = choose_labels(tokenizer, fmt.label_space)
         self.head_tokens = tuple(tokenizer.tokenize(fmt.head, add_bos=tokenizer.add_bos, special=True))
         self._tail_tokens = tuple(tokenizer.tokenize(fmt.tail, add_bos=False, special=True))
@@ -168,7 +167,7 @@ class Prompter:
                 fmt = chat_format(chat_template, system, bos_text, eos_text)
             except (TemplateError, ValueError) as error:  # a broken template must not stop the server
                 log.warning("chat template unusable (%s); using the plain prompt", error)
-        return cls(tokenizer, fmt, system)
+        return cls(tokenizer, fmt)
 
     @property
     def max_options(self) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hmac
 import logging
 import signal
@@ -24,8 +23,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from app.body import decode_content, parse_json, too_large
-from app.config import ConfigError, Settings, server_section
-from app.contract import SystemOneRequest, errors_for_response, limit_errors
+from app.config import ConfigError, Settings, SettingsSource, reload_settings
+from app.contract import SystemOneRequest, SystemOneResponse, errors_for_response, limit_errors, models_listing
 from app.errors import ApiError, Cancelled, Unprocessable
 from app.model_config import read_models_config
 from app.models import ModelNotFound, ModelRegistry, ModelUnavailable
@@ -48,19 +47,12 @@ class Runtime:
     """What the routes share; yielded by the lifespan as request.state.runtime."""
 
     settings: Settings
+    source: SettingsSource | None = None  # the argv and environment the settings came from, for reloads
     registry: ModelRegistry | None = None
     load_error: str | None = None
     loaded: threading.Event = field(default_factory=threading.Event)
     api_keys: tuple[bytes, ...] = ()
-    in_flight: int = 0  # /v1/systemone requests admitted and not yet answered
-
-    @property
-    def capacity(self) -> int:
-        return self.settings.contexts + self.settings.max_queue
-
-    @property
-    def queue_depth(self) -> int:
-        return max(0, self.in_flight - self.settings.contexts)
+    in_flight: dict[str, int] = field(default_factory=dict)  # per model: requests admitted, not yet answered
 
     def authorize(self, request: Request) -> None:
         if not self.api_keys:
@@ -73,35 +65,41 @@ class Runtime:
             raise ApiError(401, "authentication_error", "a valid 'Authorization: Bearer <key>' header is required")
 
     @contextlib.contextmanager
-    def admit(self) -> Any:
-        """A place among the requests being served or queued; 503 when the queue is full."""
-        if self.in_flight >= self.capacity:
+    def admit(self, name: str, contexts: int) -> Any:
+        """A place among the requests one model is serving (its `contexts`) or queueing; 503 when full.
+
+        Per model: each model has its own pool of contexts, so a busy model does not turn
+        requests for an idle one away."""
+        in_flight = self.in_flight.get(name, 0)
+        if in_flight >= contexts + self.settings.max_queue:
             raise ApiError(
-                503, "overloaded", f"{self.in_flight} requests in flight; try again shortly", {"Retry-After": "1"}
+                503, "overloaded", f"{in_flight} requests in flight for {name}; try again shortly", {"Retry-After": "1"}
             )
-        self.in_flight += 1  # the event loop is single-threaded: no lock needed
+        self.in_flight[name] = in_flight + 1  # the event loop is single-threaded: no lock needed
         try:
             yield
         finally:
-            self.in_flight -= 1
+            self.in_flight[name] -= 1
 
     def reload(self) -> dict[str, list[str]]:
-        """Re-read the config file's models (SIGHUP, POST /v1/config/reload); a bad file changes nothing."""
+        """Read the settings again from the same sources (SIGHUP, POST /v1/config/reload) and apply
+        them: the models, limits, keys. A bad file changes nothing."""
         registry = self.require_registry()
-        if self.settings.config is None:
-            raise ApiError(400, "invalid_config", "the server was started without --config: nothing to reload")
+        if self.source is None or self.settings.config is None:
+            raise ApiError(400, "invalid_config", "the server was started without a config file: nothing to reload")
         try:
-            section = server_section(self.settings.config)
-            settings = dataclasses.replace(
-                self.settings, **{key: section[key] for key in ("default_model", "models_max") if key in section}
-            )
-            changes = registry.reload(read_models_config(settings))
-        except ConfigError as error:
+            reloaded = reload_settings(self.settings, self.source)
+            models = read_models_config(reloaded.settings)
+            api_keys = read_api_keys(reloaded.settings)
+        except (ConfigError, ValueError, OSError) as error:
             raise ApiError(
                 400, "invalid_config", f"config rejected, still serving the previous one: {error}"
             ) from error
-        log.info("config reloaded: %s", changes)
-        return changes
+        changes = registry.reload(models)
+        self.settings, self.api_keys = reloaded.settings, api_keys
+        report = {**changes, "settings_changed": reloaded.changed, "needs_restart": reloaded.needs_restart}
+        log.info("config reloaded: %s", report)
+        return report
 
     def require_registry(self) -> ModelRegistry:
         if self.registry is not None:
@@ -113,9 +111,15 @@ class Runtime:
     def metric_sources(self) -> dict[str, Any]:
         models = {}
         if self.registry is not None:
-            for service in self.registry.loaded():
-                models[service.name] = {"cache": service.cache.stats(), "prefilled_tokens": service.prefilled_tokens}
-        return {"in_flight": self.in_flight, "queue_depth": self.queue_depth, "models": models}
+            for name, service in self.registry.loaded().items():
+                in_flight = self.in_flight.get(name, 0)
+                models[name] = {
+                    "cache": service.cache.stats(),
+                    "prefilled_tokens": service.prefilled_tokens,
+                    "in_flight": in_flight,
+                    "queue_depth": max(0, in_flight - self.registry.contexts_of(name)),
+                }
+        return {"models": models}
 
 
 def _runtime(request: Request) -> Runtime:
@@ -147,7 +151,7 @@ async def _until_disconnected(request: Request, cancelled: threading.Event, scop
             return
 
 
-async def systemone(request: Request) -> JSONResponse:
+async def systemone(request: Request) -> Response:
     runtime = _runtime(request)
     settings = runtime.settings
     payload = parse_json(await _read_body(request, settings.max_body_bytes))
@@ -164,7 +168,7 @@ async def systemone(request: Request) -> JSONResponse:
     observed.update(model=name, questions=len(parsed.questions))
     cancelled = threading.Event()
     outcome: dict[str, Any] = {}
-    with runtime.admit():
+    with runtime.admit(name, registry.contexts_of(name)):
         log.debug("request %s admitted for %s", request.headers.get("x-request-id", "-"), name)
         async with anyio.create_task_group() as group:
             group.start_soon(_until_disconnected, request, cancelled, group.cancel_scope)
@@ -184,20 +188,20 @@ async def systemone(request: Request) -> JSONResponse:
         raise outcome["error"]
     if "response" not in outcome:
         raise Cancelled("the client disconnected")
-    response = outcome["response"]
+    response: SystemOneResponse = outcome["response"]
     observed.update(
-        cache=response["x_cache"], input_tokens=response["usage"]["input_tokens"], timing_ms=response["x_timing_ms"]
+        cache=response.x_cache, input_tokens=response.usage.input_tokens, timing_ms=response.x_timing_ms.model_dump()
     )
-    return JSONResponse(response)
+    return Response(response.to_json(), media_type="application/json")
 
 
 async def list_models(request: Request) -> JSONResponse:
-    return JSONResponse(_runtime(request).require_registry().listing())
+    return JSONResponse(models_listing(_runtime(request).require_registry().catalogue()))
 
 
 async def cache_stats(request: Request) -> JSONResponse:
     registry = _runtime(request).require_registry()
-    return JSONResponse({service.name: service.cache.stats() for service in registry.loaded()})
+    return JSONResponse({name: service.cache.stats() for name, service in registry.loaded().items()})
 
 
 async def load_model_route(request: Request) -> JSONResponse:
@@ -322,8 +326,12 @@ def create_app(
     settings: Settings,
     registry: ModelRegistry | None = None,
     loader: Callable[[Settings], ModelRegistry] = default_loader,
+    source: SettingsSource | None = None,
 ) -> Starlette:
-    """The app. With `registry` it serves that; otherwise the lifespan loads one in the background."""
+    """The app. With `registry` it serves that; otherwise the lifespan loads one in the background.
+
+    `source` (where `settings` were read from) lets SIGHUP and POST /v1/config/reload read them again.
+    """
     openapi = build_openapi(_package_version())
     holder: dict[str, Runtime] = {}
     metrics = Metrics(lambda: holder["runtime"].metric_sources() if "runtime" in holder else {})
@@ -338,7 +346,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
-        runtime = Runtime(settings, registry, api_keys=read_api_keys(settings))
+        runtime = Runtime(settings, source, registry, api_keys=read_api_keys(settings))
         holder["runtime"] = app.state.runtime = runtime  # app.state: for tests and embedders to wait on
         thread = None
         if registry is None:
@@ -382,7 +390,7 @@ def create_app(
             Route("/health", health, methods=["GET"]),
             Route("/health/live", health_live, methods=["GET"]),
         ],
-        middleware=[Middleware(RequestObserver, metrics=lambda: metrics), Middleware(_ContainInternalErrors)],
+        middleware=[Middleware(RequestObserver, metrics=metrics), Middleware(_ContainInternalErrors)],
         lifespan=lifespan,
         exception_handlers={
             ApiError: _api_error,

@@ -7,16 +7,29 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 
 from app import scoring
-from app.cache import CacheKey, Snapshot, SnapshotCache, cache_key
+from app.cache import CacheKey, SnapshotCache, cache_key
 from app.calibration import CONTENT_FREE_STATES, ContextualCalibrator
-from app.config import CALIBRATIONS
-from app.contract import ChoiceQuestion, NoulQuestion, Question, SystemOneRequest, validation_error
+from app.contract import (
+    Answer,
+    ChoiceAnswer,
+    ChoiceQuestion,
+    NoulAnswer,
+    NoulQuestion,
+    Question,
+    ScoreAnswer,
+    SystemOneRequest,
+    SystemOneResponse,
+    TimingMs,
+    Usage,
+    validation_error,
+)
 from app.engine import Engine, Job, Readout, RestoreError, Timing
 from app.errors import Cancelled, Unprocessable
 from app.prompting import Prompter, RenderedQuestion, render_state
+from app.snapshot import Snapshot
 
 log = logging.getLogger("onepass.service")
 
@@ -46,8 +59,6 @@ class ModelService:
         self.prompter = prompter
         self.cache = cache
         self._key_fn = key_fn  # a test hook: a constant key forces hash collisions
-        if calibration not in CALIBRATIONS:
-            raise ValueError(f"calibration must be one of {CALIBRATIONS}, not {calibration!r}")
         self.calibration = calibration
         self.prefilled_tokens = 0  # state tokens prefilled so far (for /metrics)
         self._counter_lock = threading.Lock()
@@ -68,12 +79,17 @@ class ModelService:
     def close(self) -> None:
         self.engine.close()
 
-    def _render(self, question: Question, rendered: RenderedQuestion, readout: Readout) -> dict[str, Any]:
+    def _render(self, question: Question, rendered: RenderedQuestion, readout: Readout) -> Answer:
         raw = scoring.softmax(readout.label_logits)
         if self.calibration == "none":
             return render_answer(question, raw, readout.label_mass)
         calibrated = self.calibrator.calibrate(rendered.tokens, rendered.label_ids, raw)
         return render_answer(question, calibrated, readout.label_mass, raw)
+
+    def prefix_key(self, state: str) -> CacheKey:
+        """The session cache's key for a state: everything that shapes the prefix snapshot's bytes."""
+        fmt = self.prompter.format
+        return self._key_fn(self.engine.fingerprint, self.engine.kv_settings, fmt.head, fmt.between, state)
 
     def plan(self, request: SystemOneRequest) -> Plan:
         """Render and tokenize everything, and check it fits, before any inference."""
@@ -105,18 +121,12 @@ class ModelService:
             )
         return Plan(state, prefix, questions)
 
-    def answer(self, request: SystemOneRequest, cancelled: threading.Event | None = None) -> dict[str, Any]:
-        """The response body. `cancelled` (a timeout, a client gone) stops it before the next llama.cpp step."""
+    def answer(self, request: SystemOneRequest, cancelled: threading.Event | None = None) -> SystemOneResponse:
+        """The response. `cancelled` (a timeout, a client gone) stops it before the next llama.cpp step."""
         started = time.perf_counter()
         plan = self.plan(request)
         check = cancelled.is_set if cancelled is not None else (lambda: False)
-        key = self._key_fn(
-            self.engine.fingerprint,
-            self.engine.kv_settings,
-            self.prompter.format.head,
-            self.prompter.format.between,
-            plan.state,
-        )
+        key = self.prefix_key(plan.state)
         built = Timing()
 
         def build() -> Snapshot:
@@ -152,7 +162,7 @@ class ModelService:
             for (qid, question, rendered), readout in zip(plan.questions, readouts, strict=True)
         }
         calibrate_ms = (time.perf_counter() - scored) * 1000
-        cache_state = "off" if not self.cache.enabled else "hit" if hit else "miss"
+        cache_state: Literal["hit", "miss", "off"] = "off" if not self.cache.enabled else "hit" if hit else "miss"
         total_ms = (time.perf_counter() - started) * 1000
         log.info(
             "%s: cache %s, %d prefix tokens, %d questions in %d decode(s), %.0f ms",
@@ -163,55 +173,46 @@ class ModelService:
             answered.n_decodes,
             total_ms,
         )
-        return {
-            "model": self.name,
-            "answers": answers,
-            "usage": {
-                "input_tokens": len(plan.prefix_tokens) + sum(len(job.tokens) for job in jobs),
-                "output_tokens": len(plan.questions),
-            },
-            "x_cache": cache_state,
-            "x_timing_ms": {
-                "prefill": round(built.prefill_ms, 3),
-                "restore": round(built.restore_ms + answered.timing.restore_ms, 3),
-                "decode": round(answered.timing.decode_ms, 3),
-                "calibrate": round(calibrate_ms, 3),
-                "total": round(total_ms, 3),
-            },
-        }
+        return SystemOneResponse(
+            model=self.name,
+            answers=answers,
+            usage=Usage(
+                input_tokens=len(plan.prefix_tokens) + sum(len(job.tokens) for job in jobs),
+                output_tokens=len(plan.questions),
+            ),
+            x_cache=cache_state,
+            x_timing_ms=TimingMs(
+                prefill=round(built.prefill_ms, 3),
+                restore=round(built.restore_ms + answered.timing.restore_ms, 3),
+                decode=round(answered.timing.decode_ms, 3),
+                calibrate=round(calibrate_ms, 3),
+                total=round(total_ms, 3),
+            ),
+        )
 
 
 def render_answer(
     question: Question, probabilities: list[float], mass: float, raw: list[float] | None = None
-) -> dict[str, Any]:
+) -> Answer:
     """The contract's answer for one question; `raw` (uncalibrated) is reported as x_raw when given."""
-    answer = _contract_answer(question, probabilities)
-    answer["x_label_mass"] = mass
-    if raw is not None:
-        answer["x_raw"] = _contract_answer(question, raw)[_RAW_FIELD[answer["type"]]]
-    return answer
-
-
-_RAW_FIELD = {"noul": "noul", "choice": "probabilities", "score": "probabilities"}
-
-
-def _contract_answer(question: Question, probabilities: list[float]) -> dict[str, Any]:
     if isinstance(question, NoulQuestion):
-        return {"type": "noul", "noul": probabilities[0]}
+        return NoulAnswer(noul=probabilities[0], x_label_mass=mass, x_raw=raw[0] if raw is not None else None)
     if isinstance(question, ChoiceQuestion):
         by_name = dict(zip(question.criteria, probabilities, strict=True))
         # Ties go to the first name in sorted order, so option order never changes the choice.
         best = max(sorted(by_name), key=by_name.__getitem__)
-        return {
-            "type": "choice",
-            "choice": best,
-            "confidence": scoring.choice_confidence(probabilities),
-            "probabilities": by_name,
-        }
-    return {
-        "type": "score",
-        "score": scoring.expected_score(probabilities),
-        "confidence": scoring.score_confidence(probabilities),
-        "legend": {str(i): level for i, level in enumerate(question.criteria)},
-        "probabilities": {str(i): p for i, p in enumerate(probabilities)},
-    }
+        return ChoiceAnswer(
+            choice=best,
+            confidence=scoring.choice_confidence(probabilities),
+            probabilities=by_name,
+            x_label_mass=mass,
+            x_raw=dict(zip(question.criteria, raw, strict=True)) if raw is not None else None,
+        )
+    return ScoreAnswer(
+        score=scoring.expected_score(probabilities),
+        confidence=scoring.score_confidence(probabilities),
+        legend={str(i): level for i, level in enumerate(question.criteria)},
+        probabilities={str(i): p for i, p in enumerate(probabilities)},
+        x_label_mass=mass,
+        x_raw={str(i): p for i, p in enumerate(raw)} if raw is not None else None,
+    )

@@ -25,10 +25,12 @@ from typing import Any
 from starlette.testclient import TestClient
 
 from app.config import DEFAULT_CONFIG_PATH, DEFAULT_MODEL_PATH, REPO_ROOT, Settings, load_settings
+from app.loading import load_spec
 from app.model_config import ModelSpec, read_models_config
-from app.models import ModelRegistry, load_spec
+from app.models import ModelRegistry
 from app.server import create_app
 from bench.figure import figure
+from bench.output import write_atomically
 
 ITEMS = REPO_ROOT / "tests" / "eval" / "items.jsonl"
 N_BINS = 10
@@ -228,8 +230,8 @@ def main() -> None:
     report = run(args.model, args.calibration, args.limit, args.config)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"eval-{report['model']}"  # model names contain dots: no Path.with_suffix
-    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / f"{stem}.md").write_text(markdown(report))
+    write_atomically(args.out / f"{stem}.json", json.dumps(report, indent=2) + "\n")
+    write_atomically(args.out / f"{stem}.md", markdown(report))
     plot(report, args.out / f"{stem}.png")
     print(markdown(report))
 

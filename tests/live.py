@@ -7,7 +7,6 @@ connections wait in the backlog until uvicorn accepts them (no polling, no sleep
 from __future__ import annotations
 
 import socket
-import subprocess
 import threading
 
 import uvicorn
@@ -34,12 +33,3 @@ class RunningServer:
         self.thread.join(timeout=30)
         self.sock.close()
         assert not self.thread.is_alive(), "uvicorn did not shut down"
-
-
-def wait_for_line(process: subprocess.Popen[str], marker: str) -> None:
-    """Block until a server subprocess logs a line containing `marker` (its stderr, line by line)."""
-    assert process.stderr is not None
-    for line in process.stderr:
-        if marker in line:
-            return
-    raise AssertionError(f"the server exited ({process.wait()}) before logging {marker!r}")

@@ -13,10 +13,11 @@ from backports.zstd import compress as zstd_compress
 from starlette.testclient import TestClient
 
 from app.config import Settings
-from app.models import ModelRegistry, load_model
+from app.models import ModelRegistry
 from app.server import create_app
 from app.service import ModelService
 from tests.conftest import tiny_settings
+from tests.loading import load_model
 
 TICKET: dict[str, Any] = json.loads((Path(__file__).parent.parent / "examples" / "ticket.json").read_text())
 
@@ -273,7 +274,7 @@ def test_health_is_503_while_the_model_loads_then_200(tiny_chat_path: Path) -> N
     release = threading.Event()
 
     def slow_loader(settings: Settings) -> ModelRegistry:
-        release.wait()
+        assert release.wait(60), "the test never let the model load"
         return ModelRegistry.serving(load_model(settings))  # the app owns (and closes) what it loads
 
     app = create_app(tiny_settings(tiny_chat_path), loader=slow_loader)

@@ -1,11 +1,13 @@
 """SnapshotCache: LRU order, both bounds, collisions, single flight (pure Python)."""
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from app.cache import CacheKey, Snapshot, SnapshotCache, cache_key
+from app.cache import CacheKey, SnapshotCache, cache_key
+from app.snapshot import Snapshot
 
 
 def snap(n_tokens: int, first: int = 0) -> Snapshot:
@@ -16,17 +18,38 @@ def key(name: str) -> CacheKey:
     return cache_key(name)
 
 
+class Absent(Exception):
+    pass
+
+
+def lookup(cache: SnapshotCache, k: CacheKey, tokens: tuple[int, ...]) -> Snapshot | None:
+    """What the cache holds for k and these tokens (a hit also makes it the most recently used)."""
+
+    def absent() -> Snapshot:
+        raise Absent
+
+    try:
+        return cache.get_or_build(k, tokens, absent)[0]
+    except Absent:
+        return None
+
+
+def held(cache: SnapshotCache, *entries: tuple[str, Snapshot]) -> list[str]:
+    """Which of the named snapshots the cache holds, checked least recently used first."""
+    return [name for name, s in entries if lookup(cache, key(name), s.tokens) is s]
+
+
 def test_key_separates_parts() -> None:
     assert cache_key("ab", "c") != cache_key("a", "bc")
     assert cache_key("ab", "c") == cache_key("ab", "c")
 
 
-def test_get_returns_what_put_stored_and_counts() -> None:
+def test_a_lookup_returns_what_put_stored_and_counts() -> None:
     cache = SnapshotCache(4, 100)
     s = snap(5)
-    assert cache.get(key("a"), s.tokens) is None
+    assert lookup(cache, key("a"), s.tokens) is None
     assert cache.put(key("a"), s)
-    assert cache.get(key("a"), s.tokens) is s
+    assert lookup(cache, key("a"), s.tokens) is s
     stats = cache.stats()
     assert (stats["hits"], stats["misses"], stats["entries"], stats["tokens"], stats["bytes"]) == (1, 1, 1, 5, 50)
 
@@ -36,28 +59,29 @@ def test_evicts_least_recently_used_by_entries() -> None:
     a, b, c = snap(1, 0), snap(1, 1), snap(1, 2)
     cache.put(key("a"), a)
     cache.put(key("b"), b)
-    assert cache.get(key("a"), a.tokens) is a  # a is now the most recent
+    assert lookup(cache, key("a"), a.tokens) is a  # a is now the most recent
     cache.put(key("c"), c)
-    assert cache.keys() == [key("a"), key("c")]
     assert cache.stats()["evictions"] == 1
+    assert held(cache, ("b", b), ("a", a), ("c", c)) == ["a", "c"]
 
 
 def test_evicts_until_the_token_budget_holds() -> None:
     cache = SnapshotCache(10, 10)
-    cache.put(key("a"), snap(4))
-    cache.put(key("b"), snap(4))
-    cache.put(key("c"), snap(6))
-    assert cache.keys() == [key("b"), key("c")]
+    a, b, c = snap(4, 0), snap(4, 1), snap(6, 2)
+    for name, s in (("a", a), ("b", b), ("c", c)):
+        cache.put(key(name), s)
     assert cache.stats()["tokens"] == 10
     assert cache.stats()["bytes"] == 100
+    assert held(cache, ("a", a), ("b", b), ("c", c)) == ["b", "c"]
 
 
 def test_an_entry_larger_than_the_budget_is_not_stored() -> None:
     cache = SnapshotCache(10, 10)
-    cache.put(key("a"), snap(4))
-    assert not cache.put(key("big"), snap(11))
-    assert cache.keys() == [key("a")]
+    a, big = snap(4), snap(11)
+    cache.put(key("a"), a)
+    assert not cache.put(key("big"), big)
     assert cache.stats()["oversized"] == 1
+    assert held(cache, ("a", a), ("big", big)) == ["a"]
 
 
 @pytest.mark.parametrize(("entries", "tokens"), [(0, 100), (4, 0), (0, 0)])
@@ -86,43 +110,50 @@ def test_replacing_a_key_keeps_the_counters_exact() -> None:
 def test_a_hash_collision_is_a_miss_not_a_wrong_snapshot() -> None:
     cache = SnapshotCache(4, 100)
     cache.put(key("same"), snap(3, first=0))
-    assert cache.get(key("same"), (7, 8, 9)) is None
+    assert lookup(cache, key("same"), (7, 8, 9)) is None
     assert cache.stats()["collisions"] == 1
     other = snap(3, first=7)
     result, hit = cache.get_or_build(key("same"), other.tokens, lambda: other)
     assert (result, hit) == (other, False)
-    assert cache.get(key("same"), other.tokens) is other
+    assert lookup(cache, key("same"), other.tokens) is other
 
 
 def test_evict_drops_an_entry() -> None:
     cache = SnapshotCache(4, 100)
-    cache.put(key("a"), snap(2))
+    a = snap(2)
+    cache.put(key("a"), a)
     cache.evict(key("a"))
-    assert cache.keys() == []
-    assert (cache.stats()["dropped"], cache.stats()["tokens"]) == (1, 0)
+    assert (cache.stats()["dropped"], cache.stats()["tokens"], cache.stats()["entries"]) == (1, 0, 0)
+    assert held(cache, ("a", a)) == []
+
+
+def wait_for_waiting(cache: SnapshotCache, n: int) -> None:
+    """Until n requests wait on another's prefill (the follower branch), or fail after 30 s."""
+    deadline = time.monotonic() + 30
+    while cache.stats()["waiting"] < n:
+        assert time.monotonic() < deadline, f"{cache.stats()['waiting']} of {n} followers waiting after 30 s"
+        time.sleep(0.001)
 
 
 def test_concurrent_misses_on_one_key_build_once() -> None:
     cache = SnapshotCache(4, 100)
     n = 8
-    everyone_asked = threading.Barrier(n + 1)
-    release = threading.Event()
+    building, release = threading.Event(), threading.Event()
     builds = []
 
     def build() -> Snapshot:
         builds.append(1)
-        release.wait()
+        building.set()
+        assert release.wait(30)
         return snap(3)
 
-    def request() -> tuple[Snapshot, bool]:
-        everyone_asked.wait()
-        return cache.get_or_build(key("k"), (0, 1, 2), build)
-
     with ThreadPoolExecutor(n) as pool:
-        futures = [pool.submit(request) for _ in range(n)]
-        everyone_asked.wait()
+        futures = [pool.submit(cache.get_or_build, key("k"), (0, 1, 2), build)]
+        assert building.wait(30)  # one leader is prefilling ...
+        futures += [pool.submit(cache.get_or_build, key("k"), (0, 1, 2), build) for _ in range(n - 1)]
+        wait_for_waiting(cache, n - 1)  # ... and every other request waits on it, none has its own
         release.set()
-        results = [f.result() for f in futures]
+        results = [f.result(timeout=30) for f in futures]
     assert len(builds) == 1
     assert sorted(hit for _, hit in results) == [False] + [True] * (n - 1)
     assert len({id(s) for s, _ in results}) == 1
@@ -134,14 +165,16 @@ def test_followers_build_themselves_when_the_leader_fails() -> None:
 
     def failing() -> Snapshot:
         leader_started.set()
-        release.wait()
+        assert release.wait(30)
         raise RuntimeError("prefill failed")
 
     with ThreadPoolExecutor(2) as pool:
         leader = pool.submit(cache.get_or_build, key("k"), (0,), failing)
-        leader_started.wait()
+        assert leader_started.wait(30)
         follower = pool.submit(cache.get_or_build, key("k"), (0,), lambda: snap(1))
-        release.set()
+        wait_for_waiting(cache, 1)  # the follower waits on the leader's prefill ...
+        release.set()  # ... which fails
         with pytest.raises(RuntimeError):
-            leader.result()
-        assert follower.result()[0] == snap(1)
+            leader.result(timeout=30)
+        assert follower.result(timeout=30) == (snap(1), False)  # it built its own
+    assert cache.stats()["misses"] == 1  # one leader: the follower branch ran

@@ -12,7 +12,16 @@ from typing import Any
 
 import pytest
 
-from app.config import DEFAULT_MODEL_PATH, REPO_ROOT, Settings, build_parser, env_var, load_settings
+from app.config import (
+    DEFAULT_CONFIG_PATH,
+    DEFAULT_MODEL_PATH,
+    REPO_ROOT,
+    Settings,
+    build_parser,
+    env_var,
+    load_settings,
+)
+from app.model_config import read_models_config
 
 FIELD_NAMES = [field.name for field in dataclasses.fields(Settings)]
 
@@ -232,3 +241,11 @@ def test_python_m_app_help_exits_zero_and_lists_the_flags() -> None:
     assert result.stdout.startswith("usage: onepass")
     assert "--session-cache-tokens" in result.stdout
     assert "ONEPASS_SESSION_CACHE_TOKENS" in result.stdout
+
+
+def test_the_shipped_config_serves_the_pinned_default_model() -> None:
+    # models/sources.toml names the model files once; the user-editable config must point at the same file
+    settings = load_settings([], {}, default_config=DEFAULT_CONFIG_PATH)
+    config = read_models_config(settings)
+    default = next(spec for spec in config.models if spec.name == config.default_model)
+    assert (REPO_ROOT / default.path).resolve() == DEFAULT_MODEL_PATH.resolve()

@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 
-from app.cache import Snapshot, SnapshotCache, cache_key
+from app.cache import SnapshotCache, cache_key
 from app.contract import SystemOneRequest
 from app.engine import MAX_SEQUENCES, Engine, Job, RestoreError
-from app.models import load_model
 from app.service import ModelService
+from app.snapshot import Snapshot
 from tests.conftest import tiny_settings
+from tests.loading import load_model
 
 STATE = "Order 1234 arrived broken. I want a refund or a replacement, today."
 
@@ -30,7 +31,7 @@ def request(state: object = STATE, n_questions: int = 3) -> SystemOneRequest:
 
 
 def answers(service: ModelService, req: SystemOneRequest) -> dict[str, object]:
-    return service.answer(req)["answers"]  # type: ignore[no-any-return]
+    return service.answer(req).wire()["answers"]  # type: ignore[no-any-return]
 
 
 def fresh_service(path: Path, **overrides: object) -> ModelService:
@@ -75,9 +76,9 @@ def test_hit_miss_and_cache_off_answer_bit_identically(tiny_chat_path: Path) -> 
     cached = fresh_service(tiny_chat_path)
     off = fresh_service(tiny_chat_path, session_cache_entries=0)
     try:
-        miss = cached.answer(request())
-        hit = cached.answer(request())
-        disabled = off.answer(request())
+        miss = cached.answer(request()).wire()
+        hit = cached.answer(request()).wire()
+        disabled = off.answer(request()).wire()
         assert (miss["x_cache"], hit["x_cache"], disabled["x_cache"]) == ("miss", "hit", "off")
         assert miss["answers"] == hit["answers"] == disabled["answers"]
         assert hit["x_timing_ms"]["prefill"] == 0.0 and miss["x_timing_ms"]["prefill"] > 0.0
@@ -103,13 +104,13 @@ def test_calibration_measures_each_new_questions_prior_once_in_one_decode(tiny_c
     service = fresh_service(tiny_chat_path, calibration="contextual")
     try:
         before = service.engine.decode_calls
-        first = service.answer(request(state="first state", n_questions=7))
+        first = service.answer(request(state="first state", n_questions=7)).wire()
         assert service.engine.decode_calls - before == 2 + 7  # prefill, the questions, each prior in its own decode
         assert len(service.calibrator) == 7
         before = service.engine.decode_calls
-        second = service.answer(request(state="second state", n_questions=7))
+        second = service.answer(request(state="second state", n_questions=7)).wire()
         assert service.engine.decode_calls - before == 2  # priors known: prefill + questions
-        assert service.answer(request(state="first state", n_questions=7))["answers"] == first["answers"]
+        assert service.answer(request(state="first state", n_questions=7)).wire()["answers"] == first["answers"]
         for answer in [*first["answers"].values(), *second["answers"].values()]:
             assert "x_raw" in answer
     finally:
@@ -121,7 +122,7 @@ def test_calibration_divides_out_the_content_free_prior(tiny_chat_path: Path) ->
     calibrated = fresh_service(tiny_chat_path, calibration="contextual")
     try:
         req = request(n_questions=3)
-        raw, cal = plain.answer(req)["answers"], calibrated.answer(req)["answers"]
+        raw, cal = plain.answer(req).wire()["answers"], calibrated.answer(req).wire()["answers"]
         for qid, answer in cal.items():
             rendered = calibrated.plan(req).questions[int(qid[1:])][2]
             prior = calibrated.calibrator.prior(rendered.tokens, rendered.label_ids)
@@ -154,7 +155,7 @@ def test_more_questions_than_sequences_split_into_the_fewest_decodes(tiny_chat_p
             engine.plan_groups(engine.n_ctx - 2, [5])
         req = request(state="many questions", n_questions=MAX_SEQUENCES + 4)
         before = engine.decode_calls
-        response = service.answer(req)
+        response = service.answer(req).wire()
         assert len(response["answers"]) == MAX_SEQUENCES + 4
         assert engine.decode_calls - before == 1 + 2  # the prefill, then 255 + 4 questions
     finally:
@@ -186,16 +187,19 @@ def test_a_truncated_snapshot_is_refused_and_the_context_left_clean(tiny_service
 def test_a_corrupted_cache_entry_is_dropped_and_the_answer_matches_a_cold_run(tiny_chat_path: Path) -> None:
     service = fresh_service(tiny_chat_path)
     try:
-        cold = service.answer(request())
-        (key,) = service.cache.keys()
-        good = service.cache.get(key, service.plan(request()).prefix_tokens)
-        assert good is not None
+        cold = service.answer(request()).wire()
+        plan = service.plan(request())
+        key = service.prefix_key(plan.state)
+        good, hit = service.cache.get_or_build(
+            key, plan.prefix_tokens, lambda: pytest.fail("the prefix was not cached")
+        )
+        assert hit
         service.cache.put(key, Snapshot(good.data[:-100], good.tokens))
-        recovered = service.answer(request())
+        recovered = service.answer(request()).wire()
         assert recovered["answers"] == cold["answers"]
         assert recovered["x_cache"] == "miss"
         assert service.cache.stats()["dropped"] == 1
-        assert service.answer(request())["answers"] == cold["answers"]  # and the cache works again
+        assert service.answer(request()).wire()["answers"] == cold["answers"]  # and the cache works again
     finally:
         service.close()
 
@@ -211,9 +215,9 @@ def test_a_forced_hash_collision_never_returns_another_states_answer(tiny_chat_p
         calibration=honest.calibration,
     )
     a, b = request(state="first state"), request(state="a different second state")
-    assert colliding.answer(a)["answers"] == honest.answer(a)["answers"]
-    assert colliding.answer(b)["answers"] == honest.answer(b)["answers"]
-    assert colliding.answer(a)["answers"] == honest.answer(a)["answers"]
+    assert colliding.answer(a).wire()["answers"] == honest.answer(a).wire()["answers"]
+    assert colliding.answer(b).wire()["answers"] == honest.answer(b).wire()["answers"]
+    assert colliding.answer(a).wire()["answers"] == honest.answer(a).wire()["answers"]
     assert colliding.cache.stats()["collisions"] == 2
     honest.close()
 
@@ -225,7 +229,7 @@ def test_concurrent_requests_for_a_new_state_prefill_once(tiny_chat_path: Path) 
     try:
         before = service.engine.decode_calls
         with ThreadPoolExecutor(8) as pool:
-            results = list(pool.map(lambda _: service.answer(request(state="shared new state")), range(8)))
+            results = list(pool.map(lambda _: service.answer(request(state="shared new state")).wire(), range(8)))
         assert sum(r["x_cache"] == "miss" for r in results) == 1
         assert service.engine.decode_calls - before == 1 + 8  # one prefill, eight decodes
         assert all(r["answers"] == results[0]["answers"] for r in results)

@@ -5,11 +5,8 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,13 +16,14 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from app.config import REPO_ROOT
-from app.contract import SystemOneRequest
+from app.contract import SystemOneRequest, SystemOneResponse
+from app.launch import READY, ServerProcess
+from app.model_config import ModelsConfig, ModelSpec
 from app.models import ModelRegistry
 from app.server import create_app
 from app.service import ModelService
 from tests.conftest import tiny_settings
-from tests.live import RunningServer, wait_for_line
+from tests.live import RunningServer
 
 BODY: dict[str, Any] = {
     "model": "jev-latest",
@@ -44,7 +42,7 @@ class HeldService(ModelService):
         self.passed = threading.Event()
         self.saw_cancel: list[bool] = []
 
-    def answer(self, request: SystemOneRequest, cancelled: threading.Event | None = None) -> dict[str, Any]:
+    def answer(self, request: SystemOneRequest, cancelled: threading.Event | None = None) -> SystemOneResponse:
         self.entered.set()
         self.release.wait(30)
         self.saw_cancel.append(cancelled is not None and cancelled.is_set())
@@ -61,7 +59,7 @@ class CancelWatchingService(ModelService):
         self.passed = threading.Event()
         self.saw_cancel: list[bool] = []
 
-    def answer(self, request: SystemOneRequest, cancelled: threading.Event | None = None) -> dict[str, Any]:
+    def answer(self, request: SystemOneRequest, cancelled: threading.Event | None = None) -> SystemOneResponse:
         self.entered.set()
         self.saw_cancel.append(cancelled is not None and cancelled.wait(30))
         self.passed.set()
@@ -138,8 +136,27 @@ def test_a_full_queue_answers_503_with_retry_after(held: HeldService, tiny_chat_
         assert busy.json()["detail"]["error_type"] == "overloaded"
         assert busy.headers["retry-after"] == "1"
         held.release.set()
-        assert first.result().status_code == 200
+        assert first.result(timeout=60).status_code == 200
         assert client.post("/v1/systemone", json=BODY).status_code == 200
+
+
+def test_admission_is_per_model_a_busy_model_does_not_turn_away_another(
+    held: HeldService, tiny_service: ModelService, tiny_chat_path: Path
+) -> None:
+    specs = (ModelSpec("busy", tiny_chat_path, contexts=1), ModelSpec("idle", tiny_chat_path, contexts=1))
+    registry = ModelRegistry(
+        ModelsConfig(specs, "busy", 2), loader=lambda spec: held if spec.name == "busy" else tiny_service
+    )
+    app = create_app(tiny_settings(tiny_chat_path, max_queue=0), registry=registry)
+    with TestClient(app) as client, ThreadPoolExecutor(1) as pool:
+        first = pool.submit(client.post, "/v1/systemone", json=BODY | {"model": "busy"})
+        assert held.entered.wait(30)
+        assert client.post("/v1/systemone", json=BODY | {"model": "busy"}).status_code == 503  # its one context
+        assert client.post("/v1/systemone", json=BODY | {"model": "idle"}).status_code == 200  # a free pool
+        metrics = client.get("/metrics").text
+        assert 'onepass_in_flight{model="busy"} 1.0' in metrics
+        held.release.set()
+        assert first.result(timeout=60).status_code == 200
 
 
 def test_a_request_past_its_timeout_is_504_and_its_work_is_dropped(held: HeldService, tiny_chat_path: Path) -> None:
@@ -256,46 +273,21 @@ def test_openapi_describes_the_contract(client: TestClient) -> None:
 
 
 def test_sigterm_finishes_in_flight_requests_then_exits(tiny_chat_path: Path) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "app",
-            "--model",
-            str(tiny_chat_path),
-            "--port",
-            str(port),
-            "--n-ctx",
-            "8192",
-            "--threads",
-            "1",
-            "--log-level",
-            "debug",
-            "--config",
-            "",
-        ],
-        cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stderr=subprocess.PIPE,
-        text=True,
+    server = ServerProcess(
+        ["--model", str(tiny_chat_path), "--n-ctx", "8192", "--threads", "1", "--log-level", "debug", "--config", ""]
     )
-    url = f"http://127.0.0.1:{port}"
     try:
-        wait_for_line(process, "ready: serving")  # the model loads after the port opens
+        server.wait_for(READY)  # the model loads after the port opens
         heavy = BODY | {
             "state": "word " * 1000,
             "questions": {f"q{i}": {"type": "noul", "instructions": f"Q{i}?"} for i in range(40)},
         }
         with ThreadPoolExecutor(1) as pool:
-            in_flight = pool.submit(httpx.post, url + "/v1/systemone", json=heavy, timeout=120)
-            wait_for_line(process, "admitted")  # the server logs each request it starts working on
-            process.send_signal(signal.SIGTERM)
-            assert in_flight.result().status_code == 200
+            in_flight = pool.submit(httpx.post, server.url + "/v1/systemone", json=heavy, timeout=120)
+            server.wait_for("admitted")  # the server logs each request it starts working on
+            server.process.send_signal(signal.SIGTERM)
+            assert in_flight.result(timeout=120).status_code == 200
         # uvicorn re-raises the signal once it has shut down, so the exit status reports SIGTERM
-        assert process.wait(60) in (0, -signal.SIGTERM)
+        assert server.process.wait(60) in (0, -signal.SIGTERM)
     finally:
-        if process.poll() is None:
-            process.kill()
+        server.stop()

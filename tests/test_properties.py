@@ -36,7 +36,7 @@ subsets = st.lists(st.integers(0, len(POOL) - 1), min_size=1, max_size=len(POOL)
 
 def ask(service: ModelService, questions: dict[str, dict[str, Any]], state: str = STATE) -> dict[str, Any]:
     request = SystemOneRequest.model_validate({"model": "m", "state": state, "questions": questions})
-    return service.answer(request)["answers"]  # type: ignore[no-any-return]
+    return service.answer(request).wire()["answers"]  # type: ignore[no-any-return]
 
 
 def reorder_options(question: dict[str, Any], rng: random.Random) -> dict[str, Any]:

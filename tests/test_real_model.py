@@ -19,7 +19,7 @@ TICKET = "I was charged twice for March and want my money back. This is the thir
 
 def ask(service: ModelService, state: Any, questions: dict[str, Any]) -> dict[str, Any]:
     request = SystemOneRequest.model_validate({"model": "jev-latest", "state": state, "questions": questions})
-    return service.answer(request)
+    return service.answer(request).wire()
 
 
 def noul(text: str) -> dict[str, Any]:
@@ -155,8 +155,9 @@ def test_a_long_state_hit_equals_miss_equals_a_one_shot_prefill(real_service: Mo
     engine = real_service.engine
     one_shot, _ = engine.prefill(plan.prefix_tokens)
     jobs = [Job(rendered.tokens, rendered.label_ids) for _, _, rendered in plan.questions]
-    cached = real_service.cache.get(real_service.cache.keys()[-1], plan.prefix_tokens)
-    assert cached is not None
+    key = real_service.prefix_key(plan.state)
+    cached, hit_again = real_service.cache.get_or_build(key, plan.prefix_tokens, lambda: pytest.fail("not cached"))
+    assert hit_again
     assert engine.answer(one_shot, jobs).readouts == engine.answer(cached, jobs).readouts
 
 

@@ -5,10 +5,10 @@ import pytest
 from app import scoring
 
 
-def test_softmax_sums_to_one_and_orders_like_the_logits() -> None:
-    p = scoring.softmax([2.0, 0.0, -1.0])
-    assert math.isclose(sum(p), 1.0, abs_tol=1e-12)
-    assert p[0] > p[1] > p[2]
+def test_softmax_matches_values_worked_out_by_hand() -> None:
+    assert scoring.softmax([0.0, math.log(3)]) == pytest.approx([0.25, 0.75], abs=1e-15)
+    # e^2, e^0, e^-1 = 7.389056, 1, 0.367879; their sum 8.756935
+    assert scoring.softmax([2.0, 0.0, -1.0]) == pytest.approx([0.843795, 0.114195, 0.042010], abs=1e-6)
 
 
 def test_softmax_is_finite_for_extreme_logits() -> None:
@@ -21,29 +21,33 @@ def test_softmax_rejects_non_finite_logits() -> None:
         scoring.softmax([float("nan"), 1.0])
 
 
-def test_choice_confidence_is_zero_for_uniform_and_one_for_certain() -> None:
-    assert scoring.choice_confidence([0.25] * 4) == pytest.approx(0.0)
-    assert scoring.choice_confidence([1.0, 0.0, 0.0]) == 1.0
-    assert scoring.choice_confidence([0.89, 0.11]) == pytest.approx((0.89 - 0.5) / 0.5)
+def test_choice_confidence_by_hand() -> None:
+    assert scoring.choice_confidence([0.25] * 4) == pytest.approx(0.0)  # uniform
+    assert scoring.choice_confidence([1.0, 0.0, 0.0]) == 1.0  # certain
+    assert scoring.choice_confidence([0.89, 0.11]) == pytest.approx(0.78)  # (0.89 - 1/2) / (1 - 1/2)
+    assert scoring.choice_confidence([0.5, 0.3, 0.2]) == pytest.approx(0.25)  # (0.5 - 1/3) / (2/3)
 
 
-def test_uniform_spread_matches_the_contract_formula() -> None:
-    assert scoring.uniform_spread(2) == pytest.approx(0.5)
-    assert scoring.uniform_spread(3) == pytest.approx(2 / 3)
+def test_uniform_spread_by_hand() -> None:
+    assert scoring.uniform_spread(2) == pytest.approx(0.5)  # (0.5 + 0.5) / 2
+    assert scoring.uniform_spread(3) == pytest.approx(2 / 3)  # (1 + 0 + 1) / 3
+    assert scoring.uniform_spread(4) == pytest.approx(1.0)  # (1.5 + 0.5 + 0.5 + 1.5) / 4
+    assert scoring.uniform_spread(5) == pytest.approx(1.2)  # (2 + 1 + 0 + 1 + 2) / 5
 
 
-def test_score_confidence_follows_the_contract() -> None:
-    p = [0.12, 0.44, 0.44]
-    m = 1  # the first of the tied most likely levels
-    expected = 1 - sum(pi * abs(i - m) for i, pi in enumerate(p)) / scoring.uniform_spread(3)
-    assert scoring.score_confidence(p) == pytest.approx(expected)
+def test_score_confidence_by_hand() -> None:
+    # m = 1 (the first of the tied most likely levels): 1 - (0.12 * 1 + 0.44 * 1) / (2/3) = 1 - 0.84
+    assert scoring.score_confidence([0.12, 0.44, 0.44]) == pytest.approx(0.16)
+    # m = 2: 1 - 0.1 * 1 / 1.2
+    assert scoring.score_confidence([0.0, 0.0, 0.9, 0.1, 0.0]) == pytest.approx(11 / 12)
     assert scoring.score_confidence([1.0, 0.0, 0.0]) == 1.0
-    assert scoring.score_confidence([0.5, 0.0, 0.0, 0.0, 0.5]) == 0.0  # clamped
+    # m = 3: 1 - (0.1 * 3 + 0.2 * 2 + 0.3 * 1) / 1 = 0
+    assert scoring.score_confidence([0.1, 0.2, 0.3, 0.4]) == pytest.approx(0.0, abs=1e-12)
+    assert scoring.score_confidence([0.5, 0.0, 0.0, 0.0, 0.5]) == 0.0  # 1 - 2 / 1.2 < 0: clamped
 
 
-def test_expected_score_is_the_plain_sum_of_i_times_p() -> None:
-    p = [0.1, 0.2, 0.3, 0.4]
-    total = 0.0
-    for i, pi in enumerate(p):
-        total += i * pi
-    assert scoring.expected_score(p) == total
+def test_expected_score_is_exactly_the_contracts_sum() -> None:
+    # CONTRACT.md: score is exactly sum_i i * p_i of the returned probabilities, as a client adds it up
+    assert scoring.expected_score([0.1, 0.2, 0.3, 0.4]) == 0 * 0.1 + 1 * 0.2 + 2 * 0.3 + 3 * 0.4
+    assert scoring.expected_score([0.1, 0.2, 0.3, 0.4]) == pytest.approx(2.0)
+    assert scoring.expected_score([0.12, 0.44, 0.44]) == pytest.approx(1.32)  # the contract's example

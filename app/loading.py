@@ -1,0 +1,58 @@
+"""Loading one model: its GGUF into an engine, its prompts, its cache and its base snapshot."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from app.cache import SnapshotCache
+from app.engine import Engine
+from app.model_config import ModelSpec
+from app.prompting import Prompter
+from app.service import ModelService
+
+log = logging.getLogger("onepass.loading")
+
+
+def read_context(path: Path | None) -> str:
+    """The system context file's text; a missing file means no context."""
+    if path is None or not path.is_file():
+        if path is not None:
+            log.warning("context file %s not found; serving without a system context", path)
+        return ""
+    return path.read_text(encoding="utf-8")
+
+
+def prompter_for(engine: Engine, template: str = "auto", context: str = "") -> Prompter:
+    """The prompts a model is served with: its GGUF's chat template ("auto") or the plain layout.
+
+    The bench renders llama-server's prompts with this too, so both sides see the same text.
+    """
+    chat_template = engine.metadata("tokenizer.chat_template") if template == "auto" else None
+    return Prompter.for_model(
+        engine,
+        chat_template,
+        engine.special_token_text(engine.bos_token),
+        engine.special_token_text(engine.eos_token),
+        context,
+    )
+
+
+def load_spec(spec: ModelSpec) -> ModelService:
+    engine = Engine(
+        spec.path, n_ctx=spec.n_ctx, n_gpu_layers=spec.n_gpu_layers, threads=spec.threads, contexts=spec.contexts
+    )
+    try:
+        prompter = prompter_for(engine, spec.template, read_context(spec.context_path))
+        cache = SnapshotCache(spec.session_cache_entries, spec.session_cache_tokens)
+        return ModelService(
+            spec.name,
+            engine,
+            prompter,
+            cache,
+            calibration=spec.calibration,
+            calibration_temperature=spec.calibration_temperature,
+        )
+    except BaseException:
+        engine.close()
+        raise
