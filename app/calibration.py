@@ -10,8 +10,9 @@ T (the calibration temperature, default 1) rescales the result's confidence; it 
 changes which answer is the most likely.
 
 A question's prior does not depend on the state, so it is computed once per distinct
-question (its suffix tokens) and kept in a bounded LRU. Each question's content-free runs
-are decoded after the system-prompt snapshot in a batch of their own: riding in a
+question (its suffix tokens after its base: the system prompt, or in the question-first
+layout the system prompt and the question set) and kept in a bounded LRU. Each question's
+content-free runs are decoded after that base snapshot in a batch of their own: riding in a
 request's batch would cost the same compute on a CPU but tie the prior's floating-point
 rounding, and the real questions', to whatever else shared the batch, and a request must
 answer bit-identically whether or not its questions' priors were already known.
@@ -26,11 +27,12 @@ from collections.abc import Callable, Sequence
 
 from app.engine import Job, Readout
 from app.scoring import softmax
+from app.snapshot import Snapshot
 
 CONTENT_FREE_STATES = ("N/A", "")
 MAX_PRIORS = 4096
 
-Measure = Callable[[list[Job]], list[Readout]]
+Measure = Callable[[Snapshot, list[Job]], list[Readout]]
 
 
 class ContextualCalibrator:
@@ -38,41 +40,45 @@ class ContextualCalibrator:
         self, content_free_tokens: Sequence[Sequence[int]], measure: Measure, temperature: float = 1.0
     ) -> None:
         """`content_free_tokens`: each stand-in state's tokens, as they follow the system prompt;
-        `measure`: decodes jobs after the system prompt and returns their readouts;
+        `measure`: decodes jobs after a base snapshot and returns their readouts;
         `temperature`: divides the calibrated log-probabilities (below 1 sharpens them)."""
         if temperature <= 0:
             raise ValueError("the calibration temperature must be positive")
         self._stand_ins = [tuple(tokens) for tokens in content_free_tokens]
         self._measure = measure
         self._temperature = temperature
-        self._priors: OrderedDict[tuple[int, ...], dict[int, float]] = OrderedDict()  # suffix -> label -> p
+        # (base tokens, suffix) -> label -> p
+        self._priors: OrderedDict[tuple[tuple[int, ...], tuple[int, ...]], dict[int, float]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def prior(self, suffix: tuple[int, ...], labels: Sequence[int]) -> list[float]:
-        """p(label | content-free state) in `labels` order, measured once per question suffix.
+    def prior(self, base: Snapshot, suffix: tuple[int, ...], labels: Sequence[int]) -> list[float]:
+        """p(label | content-free state) in `labels` order, measured once per base and question suffix.
 
-        The measurement depends on the suffix alone (labels in token-id order, its own decode),
-        so a prior is the same number whenever and alongside whatever it is first measured.
+        The measurement depends on those alone (labels in token-id order, its own decode), so a
+        prior is the same number whenever and alongside whatever it is first measured.
         """
+        key = (base.tokens, suffix)
         with self._lock:
-            known = self._priors.get(suffix)
+            known = self._priors.get(key)
             if known is not None:
-                self._priors.move_to_end(suffix)
+                self._priors.move_to_end(key)
         if known is None:
             canonical = sorted(labels)
-            readouts = self._measure([Job((*stand_in, *suffix), canonical) for stand_in in self._stand_ins])
+            readouts = self._measure(base, [Job((*stand_in, *suffix), canonical) for stand_in in self._stand_ins])
             runs = [softmax(r.label_logits) for r in readouts]
             known = {
                 label: math.fsum(p) / len(runs) for label, p in zip(canonical, zip(*runs, strict=True), strict=True)
             }
             with self._lock:
-                self._priors[suffix] = known
+                self._priors[key] = known
                 while len(self._priors) > MAX_PRIORS:
                     self._priors.popitem(last=False)
         return [known[label] for label in labels]
 
-    def calibrate(self, suffix: tuple[int, ...], labels: Sequence[int], probabilities: Sequence[float]) -> list[float]:
-        prior = self.prior(suffix, labels)
+    def calibrate(
+        self, base: Snapshot, suffix: tuple[int, ...], labels: Sequence[int], probabilities: Sequence[float]
+    ) -> list[float]:
+        prior = self.prior(base, suffix, labels)
         # Dividing in log space keeps tiny priors finite; softmax renormalises.
         return softmax(
             [

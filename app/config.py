@@ -44,6 +44,15 @@ def parse_calibration(text: str) -> str:
     return text
 
 
+LAYOUTS = ("state-first", "question-first")
+
+
+def parse_layout(text: str) -> str:
+    if text not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, not {text!r}")
+    return text
+
+
 class ConfigError(ValueError):
     """A config file that cannot be used; the message says where and why."""
 
@@ -77,6 +86,12 @@ class Settings:
     )
     calibration_temperature: float = _option(
         1.0, "divides calibrated log-probabilities: below 1 sharpens, above 1 softens (argmax unchanged)", float
+    )
+    layout: str = _option(
+        "state-first",
+        "prompt layout: 'state-first' (system + state, then each question; repeated states are cheap) or "
+        "'question-first' (system + all questions, then the state; many states with the same questions are cheap)",
+        parse_layout,
     )
     default_model: str | None = _option(None, "the model 'jev-latest' means (default: the first one)", _optional_str)
     models_max: int = _option(2, "models resident at once; the least recently used idle one is unloaded", int)

@@ -23,7 +23,7 @@ def read_context(path: Path | None) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def prompter_for(engine: Engine, template: str = "auto", context: str = "") -> Prompter:
+def prompter_for(engine: Engine, template: str = "auto", context: str = "", layout: str = "state-first") -> Prompter:
     """The prompts a model is served with: its GGUF's chat template ("auto") or the plain layout.
 
     The bench renders llama-server's prompts with this too, so both sides see the same text.
@@ -35,6 +35,7 @@ def prompter_for(engine: Engine, template: str = "auto", context: str = "") -> P
         engine.special_token_text(engine.bos_token),
         engine.special_token_text(engine.eos_token),
         context,
+        layout,
     )
 
 
@@ -43,7 +44,7 @@ def load_spec(spec: ModelSpec) -> ModelService:
         spec.path, n_ctx=spec.n_ctx, n_gpu_layers=spec.n_gpu_layers, threads=spec.threads, contexts=spec.contexts
     )
     try:
-        prompter = prompter_for(engine, spec.template, read_context(spec.context_path))
+        prompter = prompter_for(engine, spec.template, read_context(spec.context_path), spec.layout)
         cache = SnapshotCache(spec.session_cache_entries, spec.session_cache_tokens)
         return ModelService(
             spec.name,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.config import ConfigError, Settings, parse_calibration, read_toml
+from app.config import ConfigError, Settings, parse_calibration, parse_layout, read_toml
 
 DEFAULT_ALIAS = "jev-latest"  # the SDKs' default model name: always the default model
 TEMPLATES = ("auto", "plain")
@@ -32,6 +32,7 @@ class ModelSpec:
     template: str = "auto"
     calibration: str = _DEFAULTS.calibration
     calibration_temperature: float = _DEFAULTS.calibration_temperature
+    layout: str = _DEFAULTS.layout
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> ModelSpec:
@@ -47,6 +48,7 @@ class ModelSpec:
             "session_cache_tokens": settings.session_cache_tokens,
             "calibration": settings.calibration,
             "calibration_temperature": settings.calibration_temperature,
+            "layout": settings.layout,
         }
         values.update(overrides)
         return cls(**values)
@@ -107,6 +109,7 @@ def _spec(settings: Settings, entry: Any, where: str) -> ModelSpec:
         raise ConfigError(f"{where}: calibration_temperature must be a positive number")
     try:
         parse_calibration(values.get("calibration", settings.calibration))
+        parse_layout(values.get("layout", settings.layout))
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from error
     return ModelSpec.from_settings(settings, **values)

@@ -64,22 +64,24 @@ class _Sources(Collector):
             ),
             "in_flight": GaugeMetricFamily("onepass_in_flight", "requests being answered or waiting", labels=["model"]),
         }
+        # tier: "state" (system + state snapshots) or "question_set" (the question-first layout's)
         gauges = {
-            name: GaugeMetricFamily(f"onepass_cache_{name}", f"session cache {name}", labels=["model"])
+            name: GaugeMetricFamily(f"onepass_cache_{name}", f"session cache {name}", labels=["model", "tier"])
             for name in ("entries", "tokens", "bytes")
         }
         counters = {
-            name: CounterMetricFamily(f"onepass_cache_{name}", f"session cache {name}", labels=["model"])
+            name: CounterMetricFamily(f"onepass_cache_{name}", f"session cache {name}", labels=["model", "tier"])
             for name in ("hits", "misses", "evictions")
         }
         prefilled = CounterMetricFamily("onepass_prefilled_tokens", "state tokens prefilled", labels=["model"])
         for model, stats in found.get("models", {}).items():
             for name, family in requests.items():
                 family.add_metric([model], stats[name])
-            for name, family in gauges.items():
-                family.add_metric([model], stats["cache"][name])
-            for name, counter in counters.items():
-                counter.add_metric([model], stats["cache"][name])
+            for tier, source in (("state", "cache"), ("question_set", "question_sets")):
+                for name, family in gauges.items():
+                    family.add_metric([model, tier], stats[source][name])
+                for name, counter in counters.items():
+                    counter.add_metric([model, tier], stats[source][name])
             prefilled.add_metric([model], stats["prefilled_tokens"])
         yield from requests.values()
         yield from gauges.values()

@@ -115,6 +115,7 @@ class Runtime:
                 in_flight = self.in_flight.get(name, 0)
                 models[name] = {
                     "cache": service.cache.stats(),
+                    "question_sets": service.question_sets.stats(),
                     "prefilled_tokens": service.prefilled_tokens,
                     "in_flight": in_flight,
                     "queue_depth": max(0, in_flight - self.registry.contexts_of(name)),
@@ -201,7 +202,12 @@ async def list_models(request: Request) -> JSONResponse:
 
 async def cache_stats(request: Request) -> JSONResponse:
     registry = _runtime(request).require_registry()
-    return JSONResponse({name: service.cache.stats() for name, service in registry.loaded().items()})
+    return JSONResponse(
+        {
+            name: {**service.cache.stats(), "question_sets": service.question_sets.stats()}
+            for name, service in registry.loaded().items()
+        }
+    )
 
 
 async def load_model_route(request: Request) -> JSONResponse:

@@ -28,16 +28,19 @@ from app.contract import (
 )
 from app.engine import Engine, Job, Readout, RestoreError, Timing
 from app.errors import Cancelled, Unprocessable
-from app.prompting import Prompter, RenderedQuestion, render_state
+from app.prompting import Prompter, QuestionSet, RenderedQuestion, render_state
 from app.snapshot import Snapshot
 
 log = logging.getLogger("onepass.service")
+
+QUESTION_SETS = 8  # question-first layout: question sets kept (a pipeline asks one set many times)
 
 
 @dataclass(frozen=True)
 class Plan:
     state: str
-    prefix_tokens: tuple[int, ...]
+    question_set: QuestionSet | None  # the question-first layout's middle tier (None: state-first)
+    prefix_tokens: tuple[int, ...]  # everything before the suffixes: what the state tier snapshots
     questions: list[tuple[str, Question, RenderedQuestion]]
 
 
@@ -53,11 +56,14 @@ class ModelService:
         key_fn: Callable[..., CacheKey] = cache_key,
         calibration: str = "none",
         calibration_temperature: float = 1.0,
+        question_sets: SnapshotCache | None = None,
     ) -> None:
         self.name = name
         self.engine = engine
         self.prompter = prompter
-        self.cache = cache
+        self.cache = cache  # the state tier: system (+ questions) + state
+        # The question-first layout's middle tier: system + question block, one per question set.
+        self.question_sets = question_sets or SnapshotCache(QUESTION_SETS, cache.max_tokens)
         self._key_fn = key_fn  # a test hook: a constant key forces hash collisions
         self.calibration = calibration
         self.prefilled_tokens = 0  # state tokens prefilled so far (for /metrics)
@@ -66,7 +72,7 @@ class ModelService:
         self.base, _ = engine.prefill(prompter.head_tokens)
         self.calibrator = ContextualCalibrator(
             [prompter.state_tokens(state) for state in CONTENT_FREE_STATES],
-            lambda jobs: self.engine.answer(self.base, jobs).readouts,
+            lambda base, jobs: self.engine.answer(base, jobs).readouts,
             calibration_temperature,
         )
         log.info(
@@ -79,23 +85,29 @@ class ModelService:
     def close(self) -> None:
         self.engine.close()
 
-    def _render(self, question: Question, rendered: RenderedQuestion, readout: Readout) -> Answer:
+    def _render(self, question: Question, rendered: RenderedQuestion, readout: Readout, base: Snapshot) -> Answer:
         raw = scoring.softmax(readout.label_logits)
         if self.calibration == "none":
             return render_answer(question, raw, readout.label_mass)
-        calibrated = self.calibrator.calibrate(rendered.tokens, rendered.label_ids, raw)
+        calibrated = self.calibrator.calibrate(base, rendered.tokens, rendered.label_ids, raw)
         return render_answer(question, calibrated, readout.label_mass, raw)
 
-    def prefix_key(self, state: str) -> CacheKey:
-        """The session cache's key for a state: everything that shapes the prefix snapshot's bytes."""
-        fmt = self.prompter.format
-        return self._key_fn(self.engine.fingerprint, self.engine.kv_settings, fmt.head, fmt.between, state)
+    def prefix_key(self, state: str, question_set: QuestionSet | None = None) -> CacheKey:
+        """The state tier's key: everything that shapes the prefix snapshot's bytes."""
+        fmt, engine = self.prompter.format, self.engine
+        if question_set is None:
+            return self._key_fn(engine.fingerprint, engine.kv_settings, fmt.head, fmt.between, state)
+        return self._key_fn(
+            engine.fingerprint, engine.kv_settings, fmt.head_before_lead, question_set.text, fmt.between, state
+        )
+
+    def question_set_key(self, question_set: QuestionSet) -> CacheKey:
+        fmt, engine = self.prompter.format, self.engine
+        return self._key_fn(engine.fingerprint, engine.kv_settings, fmt.head_before_lead, question_set.text)
 
     def plan(self, request: SystemOneRequest) -> Plan:
         """Render and tokenize everything, and check it fits, before any inference."""
         state = render_state(request.state)
-        prefix = (*self.base.tokens, *self.prompter.state_tokens(state))
-        questions = []
         for qid, question in request.questions.items():
             if isinstance(question, ChoiceQuestion) and len(question.criteria) > self.prompter.max_options:
                 raise Unprocessable(
@@ -106,7 +118,16 @@ class ModelService:
                         len(question.criteria),
                     )
                 )
-            questions.append((qid, question, self.prompter.question(question)))
+        question_set = None
+        if self.prompter.layout == "question-first":
+            question_set = self.prompter.question_set(request.questions)
+            prefix = (*self.base.tokens, *question_set.tokens, *self.prompter.state_tokens(state))
+            questions = [
+                (qid, q, self.prompter.readout(q, question_set.number[qid])) for qid, q in request.questions.items()
+            ]
+        else:
+            prefix = (*self.base.tokens, *self.prompter.state_tokens(state))
+            questions = [(qid, q, self.prompter.question(q)) for qid, q in request.questions.items()]
         longest = max(len(rendered.tokens) for _, _, rendered in questions)
         if len(prefix) + longest > self.engine.n_ctx:
             raise Unprocessable(
@@ -119,30 +140,44 @@ class ModelService:
                     len(prefix) + longest,
                 )
             )
-        return Plan(state, prefix, questions)
+        return Plan(state, question_set, prefix, questions)
 
     def answer(self, request: SystemOneRequest, cancelled: threading.Event | None = None) -> SystemOneResponse:
         """The response. `cancelled` (a timeout, a client gone) stops it before the next llama.cpp step."""
         started = time.perf_counter()
         plan = self.plan(request)
         check = cancelled.is_set if cancelled is not None else (lambda: False)
-        key = self.prefix_key(plan.state)
         built = Timing()
 
-        def build() -> Snapshot:
+        def prefill(tokens: tuple[int, ...], base: Snapshot) -> Snapshot:
             if check():
                 raise Cancelled("cancelled before the prefill")
-            snapshot, timing = self.engine.prefill(plan.prefix_tokens, base=self.base)
+            snapshot, timing = self.engine.prefill(tokens, base=base)
             with self._counter_lock:  # pooled contexts prefill in parallel threads
-                self.prefilled_tokens += len(plan.prefix_tokens) - self.base.n_tokens
-            built.restore_ms, built.prefill_ms = timing.restore_ms, timing.prefill_ms
+                self.prefilled_tokens += len(tokens) - base.n_tokens
+            built.restore_ms += timing.restore_ms
+            built.prefill_ms += timing.prefill_ms
             return snapshot
 
+        # The prefix cache is a small tree: the base (system prompt), in the question-first layout
+        # the question set on it, then the state on that.
+        base = self.base
+        if plan.question_set is not None:
+            set_tokens = (*self.base.tokens, *plan.question_set.tokens)
+            base, _ = self.question_sets.get_or_build(
+                self.question_set_key(plan.question_set), set_tokens, lambda: prefill(set_tokens, self.base)
+            )
+        key = self.prefix_key(plan.state, plan.question_set)
+
+        def build() -> Snapshot:
+            return prefill(plan.prefix_tokens, base)
+
         snapshot, hit = self.cache.get_or_build(key, plan.prefix_tokens, build)
-        # The batch holds the questions in a canonical order (by suffix tokens), so the order they
-        # arrive in cannot change the batch layout and with it the floating-point rounding.
-        order = sorted(range(len(plan.questions)), key=lambda i: plan.questions[i][2].tokens)
-        jobs = [Job(plan.questions[i][2].tokens, plan.questions[i][2].label_ids) for i in order]
+        # The batch holds each distinct suffix once, in a canonical order (by its tokens), so neither
+        # the order questions arrive in nor a repeated question changes the batch layout and with
+        # it the floating-point rounding.
+        suffixes = sorted({(rendered.tokens, rendered.label_ids) for _, _, rendered in plan.questions})
+        jobs = [Job(tokens, labels) for tokens, labels in suffixes]
         if check():
             raise Cancelled("cancelled before the decode")
         try:
@@ -154,11 +189,11 @@ class ModelService:
             snapshot = build()
             self.cache.put(key, snapshot)
             answered = self.engine.answer(snapshot, jobs)
-        readout_of = dict(zip(order, answered.readouts, strict=True))
-        readouts = [readout_of[i] for i in range(len(order))]
+        readout_of = dict(zip(suffixes, answered.readouts, strict=True))
+        readouts = [readout_of[(rendered.tokens, rendered.label_ids)] for _, _, rendered in plan.questions]
         scored = time.perf_counter()
         answers = {  # a question seen for the first time has its calibration prior measured here
-            qid: self._render(question, rendered, readout)
+            qid: self._render(question, rendered, readout, base)
             for (qid, question, rendered), readout in zip(plan.questions, readouts, strict=True)
         }
         calibrate_ms = (time.perf_counter() - scored) * 1000

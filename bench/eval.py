@@ -24,13 +24,13 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from app.config import DEFAULT_CONFIG_PATH, DEFAULT_MODEL_PATH, REPO_ROOT, Settings, load_settings
+from app.config import DEFAULT_CONFIG_PATH, DEFAULT_MODEL_PATH, LAYOUTS, REPO_ROOT, Settings, load_settings
 from app.loading import load_spec
 from app.model_config import ModelSpec, read_models_config
 from app.models import ModelRegistry
 from app.server import create_app
 from bench.figure import figure
-from bench.output import write_atomically
+from bench.output import Progress, write_atomically
 
 ITEMS = REPO_ROOT / "tests" / "eval" / "items.jsonl"
 N_BINS = 10
@@ -135,13 +135,18 @@ def model_spec(settings: Settings, config: Path | None) -> ModelSpec:
     return ModelSpec.from_settings(settings)
 
 
-def run(model: Path, calibration: str, limit: int | None, config: Path | None = None) -> dict[str, Any]:
+def run(
+    model: Path, calibration: str, limit: int | None, config: Path | None = None, layout: str | None = None
+) -> dict[str, Any]:
     items = load_items(limit=limit)
     settings = Settings(model=model, calibration=calibration, n_ctx=4096)
     spec = model_spec(settings, config)
+    if layout is not None:
+        spec = dataclasses.replace(spec, layout=layout)
     registry = ModelRegistry.serving(load_spec(spec), spec)
     outcomes: dict[str, list[Outcome]] = {"raw": [], "calibrated": []}
     began = time.perf_counter()
+    progress = Progress(len(items), f"eval {spec.name} ({spec.layout})")
     with TestClient(create_app(settings, registry=registry)) as client:
         for item in items:
             body = {"model": "jev-latest", "state": item["state"], "questions": {"q": item["question"]}}
@@ -153,11 +158,13 @@ def run(model: Path, calibration: str, limit: int | None, config: Path | None = 
                 outcomes["calibrated"].append(outcome(item, answer, raw=False))
             else:
                 outcomes["raw"].append(outcome(item, answer, raw=False))
+            progress.step(item["id"])
     registry.close()
     return {
         "model": registry.default_name,
         "calibration": calibration,
         "calibration_temperature": spec.calibration_temperature,
+        "layout": spec.layout,
         "seconds": round(time.perf_counter() - began, 1),
         "results": {name: metrics(found) for name, found in outcomes.items() if found},
         "misses": [o.item_id for o in outcomes["calibrated" if outcomes["calibrated"] else "raw"] if not o.right],
@@ -167,8 +174,8 @@ def run(model: Path, calibration: str, limit: int | None, config: Path | None = 
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        f"# Eval: {report['model']} ({report['results'][next(iter(report['results']))]['items']} items, "
-        f"{report['seconds']} s)",
+        f"# Eval: {report['model']}, {report.get('layout', 'state-first')} layout "
+        f"({report['results'][next(iter(report['results']))]['items']} items, {report['seconds']} s)",
         "",
         "| | accuracy | noul | choice | score | Brier | ECE | label mass (mean) |",
         "|---|---|---|---|---|---|---|---|",
@@ -226,10 +233,12 @@ def main() -> None:
         default=DEFAULT_CONFIG_PATH,
         help="per-model settings (calibration temperature, template) come from here",
     )
+    parser.add_argument("--layout", choices=LAYOUTS, help="the prompt layout (default: the model's in the config)")
     args = parser.parse_args()
-    report = run(args.model, args.calibration, args.limit, args.config)
+    report = run(args.model, args.calibration, args.limit, args.config, args.layout)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"eval-{report['model']}"  # model names contain dots: no Path.with_suffix
+    # model names contain dots: no Path.with_suffix
+    stem = f"eval-{report['model']}" + ("" if report["layout"] == "state-first" else f"-{report['layout']}")
     write_atomically(args.out / f"{stem}.json", json.dumps(report, indent=2) + "\n")
     write_atomically(args.out / f"{stem}.md", markdown(report))
     plot(report, args.out / f"{stem}.png")

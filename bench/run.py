@@ -33,7 +33,7 @@ from app.engine import Engine
 from app.launch import READY, ServerProcess
 from app.loading import prompter_for
 from app.prompting import Prompter
-from bench import peer
+from bench import peer, pipeline
 from bench.figure import figure
 from bench.output import write_atomically
 
@@ -72,10 +72,11 @@ class Config:
     interleave_rounds: int
     eviction_states: int
     peer_workloads: tuple[str, ...] = ("cold", "warm", "interleaved")
+    pipeline_states: int = 40
 
 
 FULL = Config([64, 256, 1024, 2048], [1, 5, 10], 2, 3, 1, [256, 1024], 2, 18)
-QUICK = Config([64, 256], [1, 5], 1, 2, 1, [256], 1, 0, ("cold", "warm"))
+QUICK = Config([64, 256], [1, 5], 1, 2, 1, [256], 1, 0, ("cold", "warm"), pipeline_states=8)
 
 
 def summary(samples: list[float]) -> dict[str, float]:
@@ -322,6 +323,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Interleaving: {json.dumps(report['interleaving'])}",
     ]
+    if "pipeline" in report:
+        lines += pipeline.markdown(report["pipeline"])
     return "\n".join(lines) + "\n"
 
 
@@ -391,6 +394,7 @@ def main() -> None:
             ask(client, url, "warm-up", QUESTIONS[: max(cfg.question_counts)])
             off = cache_off(client, url, states, cfg)
             report["cache_off"] = [{"state_tokens": s, "questions": n, "ms": v} for (s, n), v in off.items()]
+    report["pipeline"] = pipeline.pipeline(args.model, cfg.pipeline_states, onepass_server)
     report["seconds"] = round(time.perf_counter() - began, 1)
     out = REPO_ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)

@@ -28,8 +28,12 @@ def tiny_plain_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny-plain.gguf", seed=1, chat_template=None)
 
 
+# ONEPASS_TEST_GPU_LAYERS=-1 runs the tiny-model tests with every layer offloaded (on a GPU build).
+GPU_LAYERS = int(os.environ.get("ONEPASS_TEST_GPU_LAYERS", "0"))
+
+
 def tiny_settings(path: Path, **overrides: object) -> Settings:
-    values: dict[str, object] = {"model": path, "n_ctx": 8192, "threads": 1}
+    values: dict[str, object] = {"model": path, "n_ctx": 8192, "threads": 1, "n_gpu_layers": GPU_LAYERS}
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
 

@@ -125,7 +125,7 @@ def test_calibration_divides_out_the_content_free_prior(tiny_chat_path: Path) ->
         raw, cal = plain.answer(req).wire()["answers"], calibrated.answer(req).wire()["answers"]
         for qid, answer in cal.items():
             rendered = calibrated.plan(req).questions[int(qid[1:])][2]
-            prior = calibrated.calibrator.prior(rendered.tokens, rendered.label_ids)
+            prior = calibrated.calibrator.prior(calibrated.base, rendered.tokens, rendered.label_ids)
             p_raw = (
                 [raw[qid]["noul"], 1 - raw[qid]["noul"]]
                 if answer["type"] == "noul"
@@ -264,3 +264,17 @@ def test_a_missing_or_invalid_model_file_fails_clearly(tmp_path: Path) -> None:
     junk.write_bytes(b"not a gguf at all")
     with pytest.raises(EngineError, match="could not load"):
         Engine(junk, n_ctx=512)
+
+
+def test_a_question_asked_twice_is_decoded_once_and_answered_alike(tiny_service: ModelService) -> None:
+    once = request(state="a state asked one question twice", n_questions=2)
+    twice = SystemOneRequest.model_validate(
+        {
+            "model": "m",
+            "state": "a state asked one question twice",
+            "questions": once.questions | {"copy": once.questions["q0"]},
+        }
+    )
+    single, doubled = tiny_service.answer(once).wire(), tiny_service.answer(twice).wire()
+    assert doubled["answers"]["copy"] == doubled["answers"]["q0"] == single["answers"]["q0"]  # the same batch
+    assert doubled["usage"]["input_tokens"] == single["usage"]["input_tokens"]  # its suffix counted once
