@@ -45,6 +45,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = uvicorn.Config(
         create_app(settings, source=source),
         log_level=settings.log_level.lower(),
+        access_log=False,  # RequestObserver logs one JSON line per request, with more in it
         timeout_graceful_shutdown=int(settings.shutdown_timeout),
     )
     uvicorn.Server(config).run(sockets=[listener])

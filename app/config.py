@@ -53,6 +53,15 @@ def parse_layout(text: str) -> str:
     return text
 
 
+REPACK = ("auto", "on", "off")
+
+
+def parse_repack(text: str) -> str:
+    if text not in REPACK:
+        raise ValueError(f"repack must be one of {REPACK}, not {text!r}")
+    return text
+
+
 class ConfigError(ValueError):
     """A config file that cannot be used; the message says where and why."""
 
@@ -77,6 +86,12 @@ class Settings:
     n_gpu_layers: int = _option(0, "layers to offload to the GPU (-1 = all; needs a GPU build)", int)
     threads: int = _option(0, "CPU threads per decode (0 = all cores)", int)
     contexts: int = _option(1, "llama.cpp contexts in the pool = requests decoded in parallel", int)
+    repack: str = _option(
+        "auto",
+        "ggml's repacked CPU weights: 'auto' times a prefill both ways at first start (cached per CPU, "
+        "build and model), 'on' or 'off'",
+        parse_repack,
+    )
     session_cache_entries: int = _option(16, "most prefix snapshots kept (0 disables the cache)", int)
     session_cache_tokens: int = _option(32768, "most prefix tokens kept across snapshots (0 disables the cache)", int)
     calibration: str = _option(

@@ -103,6 +103,9 @@ class KvSettings:
     flash_attn: bool = False
     kv_type: str = "f16"
     kv_unified: bool = True  # seq_cp then shares the prefix cells between question sequences
+    # A model-level setting, not a context's: repacked weights run other kernels, which round
+    # differently, so the K and V values a prefill writes differ with them.
+    repack: bool = False
 
     def apply(self, params: llama.llama_context_params) -> None:
         params.n_ctx = params.n_batch = self.n_ctx
@@ -116,7 +119,7 @@ class KvSettings:
     def describe(self) -> str:
         return (
             f"n_ctx={self.n_ctx};kv={self.kv_type}/{self.kv_type};flash_attn={'on' if self.flash_attn else 'off'};"
-            f"kv_unified={int(self.kv_unified)};n_ubatch={self.n_ubatch}"
+            f"kv_unified={int(self.kv_unified)};n_ubatch={self.n_ubatch};repack={int(self.repack)}"
         )
 
 
@@ -155,16 +158,24 @@ class _Context:
 
 class Engine:
     def __init__(
-        self, model_path: Path, *, n_ctx: int, n_gpu_layers: int = 0, threads: int = 0, contexts: int = 1
+        self,
+        model_path: Path,
+        *,
+        n_ctx: int,
+        n_gpu_layers: int = 0,
+        threads: int = 0,
+        contexts: int = 1,
+        repack: bool = False,
     ) -> None:
         if not model_path.is_file():
             raise EngineError(f"model file not found: {model_path}")
         started = time.perf_counter()
         params = llama.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
-        # ggml's repacked CPU weights were slower here (prefill 208 tokens: 2.14 s vs 1.63 s; a
-        # 6-question decode: 1.58 s vs 1.25 s) and made a token's logits depend on its row in the batch.
-        params.use_extra_bufts = False
+        # ggml's repacked CPU weights (interleaved for SIMD) are faster on some CPUs and slower on
+        # others (AVX-512 Xeon: prefill 2.14 s vs 1.63 s without; AVX2 EPYC: 10-15% faster with):
+        # app/tuning.py measures which, per CPU and build.
+        params.use_extra_bufts = repack
         self.model = llama.llama_model_load_from_file(str(model_path).encode(), params)
         if not self.model:
             raise EngineError(f"llama.cpp could not load {model_path} (not a GGUF it supports?)")
@@ -174,7 +185,7 @@ class Engine:
         self.n_ctx = n_ctx
         self.add_bos = bool(llama.llama_vocab_get_add_bos(self.vocab))
         self.fingerprint = _file_fingerprint(model_path)
-        kv = KvSettings(n_ctx)
+        kv = KvSettings(n_ctx, repack=repack)
         self.kv_settings = kv.describe()  # besides the tokens, what shapes a snapshot's bytes: in every cache key
         self.decode_calls = 0  # llama_decode calls made, for tests and stats
         self.restores = 0  # snapshots copied into a context (the rest were still held there)

@@ -10,6 +10,7 @@ from app.engine import Engine
 from app.model_config import ModelSpec
 from app.prompting import Prompter
 from app.service import ModelService
+from app.tuning import choose_repack
 
 log = logging.getLogger("onepass.loading")
 
@@ -39,9 +40,21 @@ def prompter_for(engine: Engine, template: str = "auto", context: str = "", layo
     )
 
 
+def repack_for(spec: ModelSpec) -> bool:
+    """Repacked CPU weights: as configured, or measured ("auto"); never with layers on a GPU."""
+    if spec.n_gpu_layers != 0 or spec.repack == "off":
+        return False
+    return spec.repack == "on" or choose_repack(spec.path, spec.threads)
+
+
 def load_spec(spec: ModelSpec) -> ModelService:
     engine = Engine(
-        spec.path, n_ctx=spec.n_ctx, n_gpu_layers=spec.n_gpu_layers, threads=spec.threads, contexts=spec.contexts
+        spec.path,
+        n_ctx=spec.n_ctx,
+        n_gpu_layers=spec.n_gpu_layers,
+        threads=spec.threads,
+        contexts=spec.contexts,
+        repack=repack_for(spec) if spec.path.is_file() else False,
     )
     try:
         prompter = prompter_for(engine, spec.template, read_context(spec.context_path), spec.layout)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.config import ConfigError, Settings, parse_calibration, parse_layout, read_toml
+from app.config import ConfigError, Settings, parse_calibration, parse_layout, parse_repack, read_toml
 
 DEFAULT_ALIAS = "jev-latest"  # the SDKs' default model name: always the default model
 TEMPLATES = ("auto", "plain")
@@ -27,6 +27,7 @@ class ModelSpec:
     n_gpu_layers: int = _DEFAULTS.n_gpu_layers
     threads: int = _DEFAULTS.threads
     contexts: int = _DEFAULTS.contexts
+    repack: str = _DEFAULTS.repack
     session_cache_entries: int = _DEFAULTS.session_cache_entries
     session_cache_tokens: int = _DEFAULTS.session_cache_tokens
     template: str = "auto"
@@ -44,6 +45,7 @@ class ModelSpec:
             "n_gpu_layers": settings.n_gpu_layers,
             "threads": settings.threads,
             "contexts": settings.contexts,
+            "repack": settings.repack,
             "session_cache_entries": settings.session_cache_entries,
             "session_cache_tokens": settings.session_cache_tokens,
             "calibration": settings.calibration,
@@ -110,6 +112,7 @@ def _spec(settings: Settings, entry: Any, where: str) -> ModelSpec:
     try:
         parse_calibration(values.get("calibration", settings.calibration))
         parse_layout(values.get("layout", settings.layout))
+        parse_repack(values.get("repack", settings.repack))
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from error
     return ModelSpec.from_settings(settings, **values)

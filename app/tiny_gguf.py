@@ -13,6 +13,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+from gguf import quants
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
@@ -46,8 +47,14 @@ def vocabulary(extra_words: tuple[str, ...] = ()) -> tuple[list[str], list[int]]
 
 
 def write_tiny_gguf(
-    path: Path, *, seed: int = 0, chat_template: str | None = CHATML_TEMPLATE, extra_words: tuple[str, ...] = ()
+    path: Path,
+    *,
+    seed: int = 0,
+    chat_template: str | None = CHATML_TEMPLATE,
+    extra_words: tuple[str, ...] = (),
+    q4_0: bool = False,
 ) -> Path:
+    """`q4_0`: the layers' matrices in Q4_0, the type ggml repacks for SIMD (the rest stays F32)."""
     rng = np.random.default_rng(seed)
     tokens, types = vocabulary(extra_words)
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -60,7 +67,7 @@ def write_tiny_gguf(
     writer.add_head_count_kv(N_HEAD_KV)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(N_EMBD // N_HEAD)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0 if q4_0 else gguf.LlamaFileType.ALL_F32)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores([-float(i) for i in range(len(tokens))])  # earlier pieces merge first
@@ -76,20 +83,29 @@ def write_tiny_gguf(
     def weight(*shape: int, scale: float = 0.15) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
+    def layer_weight(name: str, *shape: int) -> None:
+        data = weight(*shape)
+        if q4_0:
+            writer.add_tensor(
+                name, quants.quantize(data, gguf.GGMLQuantizationType.Q4_0), raw_dtype=gguf.GGMLQuantizationType.Q4_0
+            )
+        else:
+            writer.add_tensor(name, data)
+
     n_vocab, head_dim = len(tokens), N_EMBD // N_HEAD
     writer.add_tensor("token_embd.weight", weight(n_vocab, N_EMBD, scale=1.0))
     writer.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
     writer.add_tensor("output.weight", weight(n_vocab, N_EMBD, scale=0.5))
     for i in range(N_LAYER):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.attn_q.weight", weight(N_EMBD, N_EMBD))
-        writer.add_tensor(f"blk.{i}.attn_k.weight", weight(N_HEAD_KV * head_dim, N_EMBD))
-        writer.add_tensor(f"blk.{i}.attn_v.weight", weight(N_HEAD_KV * head_dim, N_EMBD))
-        writer.add_tensor(f"blk.{i}.attn_output.weight", weight(N_EMBD, N_EMBD))
+        layer_weight(f"blk.{i}.attn_q.weight", N_EMBD, N_EMBD)
+        layer_weight(f"blk.{i}.attn_k.weight", N_HEAD_KV * head_dim, N_EMBD)
+        layer_weight(f"blk.{i}.attn_v.weight", N_HEAD_KV * head_dim, N_EMBD)
+        layer_weight(f"blk.{i}.attn_output.weight", N_EMBD, N_EMBD)
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(N_FF, N_EMBD))
-        writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(N_FF, N_EMBD))
-        writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(N_EMBD, N_FF))
+        layer_weight(f"blk.{i}.ffn_gate.weight", N_FF, N_EMBD)
+        layer_weight(f"blk.{i}.ffn_up.weight", N_FF, N_EMBD)
+        layer_weight(f"blk.{i}.ffn_down.weight", N_EMBD, N_FF)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -33,7 +33,13 @@ GPU_LAYERS = int(os.environ.get("ONEPASS_TEST_GPU_LAYERS", "0"))
 
 
 def tiny_settings(path: Path, **overrides: object) -> Settings:
-    values: dict[str, object] = {"model": path, "n_ctx": 8192, "threads": 1, "n_gpu_layers": GPU_LAYERS}
+    values: dict[str, object] = {
+        "model": path,
+        "n_ctx": 8192,
+        "threads": 1,
+        "n_gpu_layers": GPU_LAYERS,
+        "repack": "off",
+    }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
 

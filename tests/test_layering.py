@@ -12,6 +12,7 @@ LAYERS: list[set[str]] = [
     {"errors", "snapshot", "scoring", "contract", "config", "cpu", "tiny_gguf", "observability", "launch"},
     {"cache", "engine", "prompting", "model_config", "body", "openapi", "doctor"},
     {"calibration", "build_check", "check_gpu"},
+    {"tuning"},
     {"service"},
     {"loading"},
     {"models"},
