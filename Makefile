@@ -30,7 +30,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: setup model model-small run test test-tools lint check-build doctor bench bench-quick eval load check-gpu clean clean-build
+.PHONY: setup model model-small run test test-tools lint check-build doctor peer bench bench-quick eval load check-gpu clean clean-build
 
 setup: $(INSTALL_STAMP)
 
@@ -101,13 +101,23 @@ $(BENCH_STAMP): $(INSTALL_STAMP)
 	$(BIN)/python -m pip install -q -e '.[dev,bench]'
 	touch $@
 
+# llama.cpp's own server, built from the same source and flags as our wheel: the bench's peer.
+PEER_CACHE ?= $(HOME)/.cache/onepass/llama-server
+PEER := $(PEER_CACHE)/$(WHEEL_KEY)/llama-server
+$(PEER): | $(BIN)/python
+	@echo "building llama-server from llama-cpp-python $(LLAMA_CPP_VERSION)'s llama.cpp with the same flags (once)"
+	$(BIN)/python -m bench.build_peer --version $(LLAMA_CPP_VERSION) --cmake-args '$(BUILD_ARGS)' \
+		--out $(dir $(PEER)) --jobs $$(getconf _NPROCESSORS_ONLN)
+
+peer: $(PEER)
+
 # The full comparison for a model (default: the default model): make bench BENCH_ARGS="--model models/x.gguf"
 BENCH_ARGS ?=
-bench: model $(BENCH_STAMP)
-	$(BIN)/python -m bench.run $(BENCH_ARGS)
+bench: model $(BENCH_STAMP) $(PEER)
+	$(BIN)/python -m bench.run --peer $(PEER) $(BENCH_ARGS)
 
-bench-quick: model $(BENCH_STAMP)
-	$(BIN)/python -m bench.run --quick $(BENCH_ARGS)
+bench-quick: model $(BENCH_STAMP) $(PEER)
+	$(BIN)/python -m bench.run --quick --peer $(PEER) $(BENCH_ARGS)
 
 # 64 concurrent clients against one server; fails on any error or changed answer.
 LOAD_ARGS ?=

@@ -225,6 +225,11 @@ class Engine:
             llama.llama_model_free(self.model)
             self.model = None
 
+    @staticmethod
+    def system_info() -> str:
+        """llama.cpp's account of its build: the instruction sets and backends compiled in."""
+        return str(llama.llama_print_system_info().decode("utf-8", "replace").strip())
+
     # Tokenizer
 
     def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:

@@ -1,42 +1,23 @@
-"""llama.cpp's own HTTP server (from the `xllamacpp` wheel) as the peer onepass is measured against.
+"""llama.cpp's own HTTP server, built like onepass's llama.cpp, as the peer onepass is measured against.
 
-It runs in its own process: both wheels bundle their own ggml. The child starts the server,
-prints its address, and lives until we close its stdin (llama.cpp takes over SIGTERM there).
+`make peer` builds `llama-server` from the llama.cpp source inside the same llama-cpp-python
+release, with the same CMake flags (bench/build_peer.py), so a ratio compares designs, not builds.
 """
 
 from __future__ import annotations
 
-import json
 import math
+import os
+import socket
 import subprocess
-import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-
-_CHILD = r"""
-import json, sys, xllamacpp as xlc
-cfg = json.loads(sys.argv[1])
-p = xlc.CommonParams()
-p.model.path = cfg["model"]
-p.n_ctx = cfg["n_ctx"]
-p.n_parallel = 1
-p.n_batch = p.n_ubatch = 512
-p.n_gpu_layers = 0
-p.flash_attn_type = xlc.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_DISABLED
-p.cache_prompt = True          # reuse the slot's KV for a shared prompt prefix
-p.swa_full = True              # without it Gemma 3 reuses no shared prefix at all
-p.hostnames = ["127.0.0.1"]
-p.port = cfg["port"]
-p.warmup = False
-srv = xlc.Server(p)            # returns once the model is loaded and the port listens
-print("LISTENING " + srv.listening_address, flush=True)
-sys.stdin.read()
-del srv
-"""
 
 
 def wait_ready(url: str, process: subprocess.Popen[bytes] | subprocess.Popen[str], timeout: float = 300) -> None:
@@ -54,33 +35,37 @@ def wait_ready(url: str, process: subprocess.Popen[bytes] | subprocess.Popen[str
     raise TimeoutError(f"{url} not ready after {timeout} s")
 
 
+@dataclass
+class Peer:
+    url: str
+    system_info: str  # the build's llama_print_system_info, from the server's log
+
+
 @contextmanager
-def llama_server(model: Path, port: int, n_ctx: int) -> Iterator[str]:
-    config = json.dumps({"model": str(model), "n_ctx": n_ctx, "port": port})
-    process = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, config],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        if not line.startswith("LISTENING "):
-            raise RuntimeError(f"llama-server did not start (exit {process.poll()})")
-        address = line.split(None, 1)[1].strip()
-        url = address if address.startswith("http") else "http://" + address
-        wait_ready(url + "/health", process)
-        yield url
-    finally:
-        if process.stdin is not None:
-            process.stdin.close()
+def llama_server(binary: Path, model: Path, n_ctx: int) -> Iterator[Peer]:
+    """llama-server built from the same llama.cpp source and flags as onepass's wheel (make peer),
+    set up as onepass is: one slot, no flash attention, f16 KV, the prompt cache on, every core."""
+    with socket.socket() as probe:  # llama-server cannot report a port it picked itself
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(n_ctx)]
+    command += ["-np", "1", "-b", "512", "-ub", "512", "-ngl", "0", "-fa", "off", "-t", str(os.cpu_count() or 1)]
+    command += ["--swa-full", "--no-warmup", "--cache-prompt"]  # swa-full: else Gemma 3 reuses no prefix
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile(mode="w+") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            wait_ready(url + "/health", process)
+            log.seek(0)
+            info = next((line.split("system_info:", 1)[1].strip() for line in log if "system_info:" in line), "?")
+            yield Peer(url, info)
+        finally:
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 def label_probabilities(client: httpx.Client, url: str, prompt: str, labels: Sequence[str]) -> list[float]:

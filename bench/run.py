@@ -211,12 +211,22 @@ def interleaving(client: httpx.Client, url: str, states: StateMaker, cfg: Config
 
 
 def against_peer(
-    model: Path, engine: Engine, prompter: Prompter, client: httpx.Client, url: str, states: StateMaker, cfg: Config
+    binary: Path,
+    model: Path,
+    engine: Engine,
+    prompter: Prompter,
+    client: httpx.Client,
+    url: str,
+    states: StateMaker,
+    cfg: Config,
+    report: dict[str, Any],
 ) -> list[dict[str, Any]]:
     """The same workloads answered by llama-server, one /completion per question."""
     rows = []
     questions = QUESTIONS[:5]
-    with peer.llama_server(model, port=8391, n_ctx=8192) as peer_url:
+    with peer.llama_server(binary, model, n_ctx=8192) as server:
+        peer_url = server.url
+        report["system_info"] = {"onepass": engine.system_info(), "llama_server": server.system_info}
 
         def prompts(state: str) -> list[tuple[str, list[str]]]:
             request = SystemOneRequest.model_validate(
@@ -304,6 +314,11 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {r['questions']} questions | {r['one_request_ms']['median']} | {r['one_per_question_ms']['median']} |"
         )
     if report["against_llama_server"]:
+        info = report.get("system_info", {})
+        lines += [
+            "",
+            f"Builds: onepass `{info.get('onepass')}`; llama-server `{info.get('llama_server')}`",
+        ]
         lines += [
             "",
             "| vs llama-server (5 questions) | state tokens | onepass | llama-server | onepass / llama-server |",
@@ -358,7 +373,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)
     parser.add_argument("--quick", action="store_true", help="a smaller run (under 2 minutes)")
-    parser.add_argument("--no-peer", action="store_true", help="skip the llama-server comparison")
+    parser.add_argument(
+        "--peer", type=Path, help="llama-server built like onepass's llama.cpp (make peer); without it, no comparison"
+    )
     args = parser.parse_args()
     cfg = QUICK if args.quick else FULL
     began = time.perf_counter()
@@ -388,7 +405,9 @@ def main() -> None:
                 "rss_mb_start": round(rss_start, 1),
             }
             report["against_llama_server"] = (
-                [] if args.no_peer else against_peer(args.model, engine, prompter, client, url, states, cfg)
+                []
+                if args.peer is None
+                else against_peer(args.peer, args.model, engine, prompter, client, url, states, cfg, report)
             )
         with onepass_server(args.model, "--session-cache-entries", "0") as (url, _):
             ask(client, url, "warm-up", QUESTIONS[: max(cfg.question_counts)])
