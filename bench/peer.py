@@ -38,7 +38,7 @@ def wait_ready(url: str, process: subprocess.Popen[bytes] | subprocess.Popen[str
 @dataclass
 class Peer:
     url: str
-    system_info: str  # the build's llama_print_system_info, from the server's log
+    system_info: str = "?"  # the build's llama_print_system_info, read from its log once it has exited
 
 
 @contextmanager
@@ -51,14 +51,14 @@ def llama_server(binary: Path, model: Path, n_ctx: int) -> Iterator[Peer]:
     command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(n_ctx)]
     command += ["-np", "1", "-b", "512", "-ub", "512", "-ngl", "0", "-fa", "off", "-t", str(os.cpu_count() or 1)]
     command += ["--swa-full", "--no-warmup", "--cache-prompt"]  # swa-full: else Gemma 3 reuses no prefix
+    command += ["-lv", "4"]  # the level that logs system_info
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile(mode="w+") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
+        server = Peer(url)
         try:
             wait_ready(url + "/health", process)
-            log.seek(0)
-            info = next((line.split("system_info:", 1)[1].strip() for line in log if "system_info:" in line), "?")
-            yield Peer(url, info)
+            yield server
         finally:
             process.terminate()
             try:
@@ -66,6 +66,9 @@ def llama_server(binary: Path, model: Path, n_ctx: int) -> Iterator[Peer]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+            log.seek(0)  # written in full only now: the server's stdio buffers a file
+            found = [line.split("system_info:", 1)[1].strip() for line in log if "system_info:" in line]
+            server.system_info = found[0] if found else "?"
 
 
 def label_probabilities(client: httpx.Client, url: str, prompt: str, labels: Sequence[str]) -> list[float]:

@@ -226,7 +226,6 @@ def against_peer(
     questions = QUESTIONS[:5]
     with peer.llama_server(binary, model, n_ctx=8192) as server:
         peer_url = server.url
-        report["system_info"] = {"onepass": engine.system_info(), "llama_server": server.system_info}
 
         def prompts(state: str) -> list[tuple[str, list[str]]]:
             request = SystemOneRequest.model_validate(
@@ -262,6 +261,7 @@ def against_peer(
                     }
                 )
                 print(json.dumps(rows[-1]), flush=True)
+    report["system_info"] = {"onepass": engine.system_info(), "llama_server": server.system_info}
     return rows
 
 
