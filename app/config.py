@@ -35,31 +35,23 @@ def _optional_str(text: str) -> str | None:
     return text or None
 
 
+def _one_of(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
+    """A parser for a setting that takes one of a few words."""
+
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"{name} must be one of {choices}, not {text!r}")
+        return text
+
+    return parse
+
+
 CALIBRATIONS = ("none", "contextual")
-
-
-def parse_calibration(text: str) -> str:
-    if text not in CALIBRATIONS:
-        raise ValueError(f"calibration must be one of {CALIBRATIONS}, not {text!r}")
-    return text
-
-
 LAYOUTS = ("state-first", "question-first")
-
-
-def parse_layout(text: str) -> str:
-    if text not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, not {text!r}")
-    return text
-
-
 REPACK = ("auto", "on", "off")
-
-
-def parse_repack(text: str) -> str:
-    if text not in REPACK:
-        raise ValueError(f"repack must be one of {REPACK}, not {text!r}")
-    return text
+parse_calibration = _one_of("calibration", CALIBRATIONS)
+parse_layout = _one_of("layout", LAYOUTS)
+parse_repack = _one_of("repack", REPACK)
 
 
 class ConfigError(ValueError):

@@ -110,9 +110,8 @@ def _spec(settings: Settings, entry: Any, where: str) -> ModelSpec:
     if not isinstance(temperature, int | float) or isinstance(temperature, bool) or temperature <= 0:
         raise ConfigError(f"{where}: calibration_temperature must be a positive number")
     try:
-        parse_calibration(values.get("calibration", settings.calibration))
-        parse_layout(values.get("layout", settings.layout))
-        parse_repack(values.get("repack", settings.repack))
+        for key, parse in (("calibration", parse_calibration), ("layout", parse_layout), ("repack", parse_repack)):
+            parse(values.get(key, getattr(settings, key)))
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from error
     return ModelSpec.from_settings(settings, **values)
