@@ -50,19 +50,30 @@ def library_dir() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations))) / "lib"
 
 
-def _fingerprint(cpu: Cpu) -> str | None:
+def library_files() -> list[str]:
+    """The installed llama.cpp libraries as name:size:mtime: what a cached result about the build depends on."""
     folder = library_dir()
     if folder is None or not folder.is_dir():
-        return None
+        return []
     files = sorted(p for p in folder.iterdir() if p.is_file())
-    parts = [f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files]
-    parts.append(json.dumps(cpu.describe(), sort_keys=True))
+    return [f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files]
+
+
+def cache_home() -> Path:
+    """onepass's per-user cache folder (the wheels, the build check, the tuning)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onepass"
+
+
+def _fingerprint(cpu: Cpu) -> str | None:
+    libraries = library_files()
+    if not libraries:
+        return None
+    parts = [*libraries, json.dumps(cpu.describe(), sort_keys=True)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
 def _stamp(fingerprint: str) -> Path:
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "onepass" / "build-ok" / fingerprint
+    return cache_home() / "build-ok" / fingerprint
 
 
 def decode_once() -> None:

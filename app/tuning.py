@@ -18,7 +18,7 @@ import os
 import time
 from pathlib import Path
 
-from app.build_check import library_dir
+from app.build_check import cache_home, library_files
 from app.cpu import detect
 from app.engine import Engine
 
@@ -30,15 +30,17 @@ MARGIN = 0.03  # repack must be at least 3% faster to be chosen: below that it i
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onepass" / "tuning"
+    return cache_home() / "tuning"
 
 
 def tuning_key(model_path: Path, threads: int) -> str:
     """What the measurement depends on: the CPU, the llama.cpp build, the model file, the threads."""
-    lib = library_dir()
-    libs = sorted(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in lib.iterdir()) if lib else []
     stat = model_path.stat()
-    parts = [json.dumps(detect().describe(), sort_keys=True), *libs, f"{model_path.resolve()}:{stat.st_size}"]
+    parts = [
+        json.dumps(detect().describe(), sort_keys=True),
+        *library_files(),
+        f"{model_path.resolve()}:{stat.st_size}",
+    ]
     parts += [str(stat.st_mtime_ns), str(threads)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
