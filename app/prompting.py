@@ -159,6 +159,7 @@ class QuestionSet:
     text: str
     tokens: tuple[int, ...]  # "Questions: ..." up to the state's lead, as they follow the head
     number: dict[str, int]  # question id -> its number in the block (identical questions share one)
+    readouts: dict[str, RenderedQuestion]  # question id -> its suffix: which question to answer, the tail
 
 
 class Prompter:
@@ -218,30 +219,31 @@ class Prompter:
     def question(self, question: Question) -> RenderedQuestion:
         """The state-first suffix: the question block, its answer line, the tail."""
         body, answer_line, label_ids = self._block(question)
-        text = "\n".join([*body, answer_line] if answer_line else body)
-        tokens = self.tokenizer.tokenize(text, add_bos=False, special=False)
-        return RenderedQuestion(text, (*tokens, *self._tail_tokens), label_ids)
+        return self._suffix(body, answer_line, label_ids)
 
     def question_set(self, questions: dict[str, Question]) -> QuestionSet:
-        """The question-first middle tier. Blocks are numbered in sorted order of their text, so
-        neither the ids nor the order of the questions changes the prompt."""
-        blocks = {qid: self._block(question)[0] for qid, question in questions.items()}
-        texts = sorted({"\n".join(body) for body in blocks.values()})
-        number = {qid: texts.index("\n".join(body)) + 1 for qid, body in blocks.items()}
-        numbered = [text.replace("Question: ", f"Question {k}: ", 1) for k, text in enumerate(texts, 1)]
+        """The question-first middle tier and each question's readout. Blocks are numbered in sorted
+        order of their text, so neither the ids nor the order of the questions changes the prompt."""
+        blocks = {qid: self._block(question) for qid, question in questions.items()}
+        texts = sorted({"\n".join(body) for body, _, _ in blocks.values()})
+        number = {qid: texts.index("\n".join(body)) + 1 for qid, (body, _, _) in blocks.items()}
+        numbered = [_numbered(text, k) for k, text in enumerate(texts, 1)]
         text = "Questions:\n" + "\n\n".join(numbered) + "\n\n" + self.format.lead
-        return QuestionSet(text, tuple(self.tokenizer.tokenize(text, add_bos=False, special=False)), number)
+        readouts = {}
+        for qid, (body, answer_line, label_ids) in blocks.items():
+            # The question's own line again, and a choice's labelled option names without their
+            # descriptions (those, and score levels, stay in the shared block). On tests/eval a bare
+            # "Question 2." readout scored 0.632 calibrated, the question line alone 0.695.
+            lines = [_numbered(body[0], number[qid])]
+            question = questions[qid]
+            if isinstance(question, ChoiceQuestion):
+                lines += [] if self.format.terse else ["Options:"]
+                lines += [f"{label}. {name}" for name, (label, _) in self._option_labels(question).items()]
+            readouts[qid] = self._suffix(lines, answer_line, label_ids)
+        tokens = tuple(self.tokenizer.tokenize(text, add_bos=False, special=False))
+        return QuestionSet(text, tokens, number, readouts)
 
-    def readout(self, question: Question, number: int) -> RenderedQuestion:
-        """The question-first suffix: which question to answer, then the tail."""
-        body, answer_line, label_ids = self._block(question)
-        # The question's own line again, and a choice's labelled option names without their
-        # descriptions (those, and score levels, stay in the shared block). On tests/eval a bare
-        # "Question 2." readout scored 0.632 calibrated, the question line alone 0.695.
-        lines = [body[0].replace("Question: ", f"Question {number}: ", 1)]
-        if isinstance(question, ChoiceQuestion):
-            lines += [] if self.format.terse else ["Options:"]
-            lines += [f"{label}. {name}" for name, (label, _) in self._option_labels(question).items()]
+    def _suffix(self, lines: list[str], answer_line: str | None, label_ids: tuple[int, ...]) -> RenderedQuestion:
         text = "\n".join([*lines, answer_line] if answer_line else lines)
         tokens = self.tokenizer.tokenize(text, add_bos=False, special=False)
         return RenderedQuestion(text, (*tokens, *self._tail_tokens), label_ids)
@@ -290,6 +292,11 @@ class Prompter:
         lines += [f"{label}. {render_text(level)}" for (label, _), level in zip(levels, q.criteria, strict=True)]
         answer_line = None if self.format.terse else "Answer with the label of one level"
         return lines, answer_line, tuple(token for _, token in levels)
+
+
+def _numbered(line: str, k: int) -> str:
+    """A block's first line, "Question: ...", as question k of the question set."""
+    return line.replace("Question: ", f"Question {k}: ", 1)
 
 
 def render_state(state: Text) -> str:

@@ -122,9 +122,7 @@ class ModelService:
         if self.prompter.layout == "question-first":
             question_set = self.prompter.question_set(request.questions)
             prefix = (*self.base.tokens, *question_set.tokens, *self.prompter.state_tokens(state))
-            questions = [
-                (qid, q, self.prompter.readout(q, question_set.number[qid])) for qid, q in request.questions.items()
-            ]
+            questions = [(qid, q, question_set.readouts[qid]) for qid, q in request.questions.items()]
         else:
             prefix = (*self.base.tokens, *self.prompter.state_tokens(state))
             questions = [(qid, q, self.prompter.question(q)) for qid, q in request.questions.items()]
