@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import httpx
 
 from app.config import DEFAULT_MODEL_PATH, LAYOUTS
 from app.engine import Engine
+from bench.client import ask, sized_text
 from bench.output import Progress
 
 TRIAGE: dict[str, Any] = {
@@ -73,21 +73,7 @@ TICKET = [
 
 def tickets(engine: Engine, count: int, tokens: int = 64) -> list[str]:
     """`count` different tickets of about `tokens` tokens each."""
-    found = []
-    for n in range(count):
-        text, i = "", 0
-        while len(engine.tokenize(text, special=False)) < tokens:
-            text += TICKET[(n + i) % len(TICKET)].format(n=f"{n}-{i}") + " "
-            i += 1
-        found.append(text.strip())
-    return found
-
-
-def ask(client: httpx.Client, url: str, state: str, questions: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-    began = time.perf_counter()
-    response = client.post(url + "/v1/systemone", json={"model": "jev-latest", "state": state, "questions": questions})
-    response.raise_for_status()
-    return (time.perf_counter() - began) * 1000, response.json()
+    return [sized_text(engine, TICKET, tokens, n, start=n) for n in range(count)]
 
 
 def median(values: list[float]) -> float:

@@ -34,6 +34,8 @@ from app.launch import READY, ServerProcess
 from app.loading import prompter_for
 from app.prompting import Prompter
 from bench import peer, pipeline
+from bench.client import ask as client_ask
+from bench.client import sized_text
 from bench.figure import figure
 from bench.output import write_atomically
 
@@ -94,11 +96,7 @@ class StateMaker:
 
     def make(self, tokens: int) -> str:
         self.count += 1
-        text, i = "", 0
-        while len(self.engine.tokenize(text, special=False)) < tokens:
-            text += SENTENCES[i % len(SENTENCES)].format(n=f"{self.count}-{i}") + " "
-            i += 1
-        return text.strip()
+        return sized_text(self.engine, SENTENCES, tokens, self.count)
 
 
 @contextmanager
@@ -112,12 +110,7 @@ def onepass_server(model: Path, *extra: str) -> Iterator[tuple[str, int]]:
 
 
 def ask(client: httpx.Client, url: str, state: str, questions: list[dict[str, Any]]) -> tuple[float, dict[str, Any]]:
-    body = {"model": "jev-latest", "state": state, "questions": {f"q{i}": q for i, q in enumerate(questions)}}
-    began = time.perf_counter()
-    response = client.post(url + "/v1/systemone", json=body, timeout=900)
-    elapsed = (time.perf_counter() - began) * 1000
-    response.raise_for_status()
-    return elapsed, response.json()
+    return client_ask(client, url, state, {f"q{i}": q for i, q in enumerate(questions)})
 
 
 def rss_mb(pid: int) -> float:
