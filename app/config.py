@@ -20,6 +20,7 @@ with (REPO_ROOT / "models" / "sources.toml").open("rb") as _sources:  # the pinn
     DEFAULT_MODEL_PATH = REPO_ROOT / "models" / tomllib.load(_sources)["default"]["filename"]
 DEFAULT_CONFIG_PATH = REPO_ROOT / "models" / "onepass.toml"
 ENV_PREFIX = "ONEPASS_"
+DEFAULT_SNAPSHOT_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onepass" / "snapshots"
 
 
 def _option(default: Any, help: str, parse: Callable[[str], Any] = str, *, restart: bool = False) -> Any:
@@ -86,6 +87,14 @@ class Settings:
     )
     session_cache_entries: int = _option(16, "most prefix snapshots kept (0 disables the cache)", int)
     session_cache_tokens: int = _option(32768, "most prefix tokens kept across snapshots (0 disables the cache)", int)
+    session_cache_dir: Path = _option(
+        DEFAULT_SNAPSHOT_DIR,
+        "folder of the snapshot disk tier, one subfolder per model (may be shared by several servers)",
+        Path,
+    )
+    session_cache_disk_bytes: int = _option(
+        4 * 1024**3, "most bytes of snapshots kept on disk per model (0 turns the disk tier off)", int
+    )
     calibration: str = _option(
         "contextual",
         "label-prior correction: 'contextual' (content-free states, Zhao et al. 2021) or 'none'",

@@ -180,7 +180,7 @@ class SystemOneResponse(BaseModel):
     model: str
     answers: dict[str, Answer]
     usage: Usage
-    x_cache: Literal["hit", "miss", "off"]
+    x_cache: Literal["hit", "disk", "miss", "off"]
     x_timing_ms: TimingMs
 
     def to_json(self) -> bytes:

@@ -187,6 +187,9 @@ class Engine:
         self.fingerprint = _file_fingerprint(model_path)
         kv = KvSettings(n_ctx, repack=repack)
         self.kv_settings = kv.describe()  # besides the tokens, what shapes a snapshot's bytes: in every cache key
+        # What else shapes them across processes (the disk tier): the kernels built in and where
+        # the layers run. The thread count does not (measured: bit-identical KV with 1, 2 and 3).
+        self.build = f"llama-cpp-python {llama.__version__}; n_gpu_layers={n_gpu_layers}; {self.system_info()}"
         self.decode_calls = 0  # llama_decode calls made, for tests and stats
         self.restores = 0  # snapshots copied into a context (the rest were still held there)
         self._counter_lock = threading.Lock()

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 from app.cache import SnapshotCache
+from app.disk_tier import DiskTier, SnapshotIdentity
 from app.engine import Engine
 from app.model_config import ModelSpec
 from app.prompting import Prompter
@@ -47,6 +48,19 @@ def repack_for(spec: ModelSpec) -> bool:
     return spec.repack == "on" or choose_repack(spec.path, spec.threads)
 
 
+def disk_tier_for(spec: ModelSpec, engine: Engine) -> DiskTier | None:
+    """The model's snapshot folder: named by its file and fingerprint, so servers of one model
+    file share it and different models never meet."""
+    if spec.session_cache_disk_bytes <= 0:
+        return None
+    fingerprint = engine.fingerprint.hex()
+    return DiskTier(
+        spec.session_cache_dir / f"{spec.path.stem}-{fingerprint[:16]}",
+        spec.session_cache_disk_bytes,
+        SnapshotIdentity(build=engine.build, model=fingerprint, kv=engine.kv_settings),
+    )
+
+
 def load_spec(spec: ModelSpec) -> ModelService:
     engine = Engine(
         spec.path,
@@ -66,6 +80,7 @@ def load_spec(spec: ModelSpec) -> ModelService:
             cache,
             calibration=spec.calibration,
             calibration_temperature=spec.calibration_temperature,
+            disk=disk_tier_for(spec, engine) if cache.enabled else None,
         )
     except BaseException:
         engine.close()

@@ -10,6 +10,15 @@ from app.config import ConfigError, Settings, parse_calibration, parse_layout, p
 
 DEFAULT_ALIAS = "jev-latest"  # the SDKs' default model name: always the default model
 TEMPLATES = ("auto", "plain")
+INTEGER_SETTINGS = (
+    "n_ctx",
+    "n_gpu_layers",
+    "threads",
+    "contexts",
+    "session_cache_entries",
+    "session_cache_tokens",
+    "session_cache_disk_bytes",
+)
 
 
 _DEFAULTS = Settings()  # the per-model settings' defaults are the server's, declared once in Settings
@@ -30,6 +39,8 @@ class ModelSpec:
     repack: str = _DEFAULTS.repack
     session_cache_entries: int = _DEFAULTS.session_cache_entries
     session_cache_tokens: int = _DEFAULTS.session_cache_tokens
+    session_cache_dir: Path = _DEFAULTS.session_cache_dir
+    session_cache_disk_bytes: int = _DEFAULTS.session_cache_disk_bytes
     template: str = "auto"
     calibration: str = _DEFAULTS.calibration
     calibration_temperature: float = _DEFAULTS.calibration_temperature
@@ -48,6 +59,8 @@ class ModelSpec:
             "repack": settings.repack,
             "session_cache_entries": settings.session_cache_entries,
             "session_cache_tokens": settings.session_cache_tokens,
+            "session_cache_dir": settings.session_cache_dir,
+            "session_cache_disk_bytes": settings.session_cache_disk_bytes,
             "calibration": settings.calibration,
             "calibration_temperature": settings.calibration_temperature,
             "layout": settings.layout,
@@ -95,13 +108,14 @@ def _spec(settings: Settings, entry: Any, where: str) -> ModelSpec:
         raise ConfigError(f"{where}: unknown setting(s) {sorted(unknown)}")
     values = dict(entry)
     values["path"] = Path(entry["path"])
-    if "context_path" in entry:
-        values["context_path"] = Path(entry["context_path"])
+    for key in ("context_path", "session_cache_dir"):
+        if key in entry:
+            values[key] = Path(entry[key])
     aliases = entry.get("aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
         raise ConfigError(f"{where}: 'aliases' must be a list of names")
     values["aliases"] = tuple(aliases)
-    for key in ("n_ctx", "n_gpu_layers", "threads", "contexts", "session_cache_entries", "session_cache_tokens"):
+    for key in INTEGER_SETTINGS:
         if key in entry and (not isinstance(entry[key], int) or isinstance(entry[key], bool)):
             raise ConfigError(f"{where}: {key} must be an integer")
     if values.get("template", "auto") not in TEMPLATES:

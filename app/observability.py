@@ -64,25 +64,39 @@ class _Sources(Collector):
             ),
             "in_flight": GaugeMetricFamily("onepass_in_flight", "requests being answered or waiting", labels=["model"]),
         }
-        # tier: "state" (system + state snapshots) or "question_set" (the question-first layout's)
+        # tier: "state" (system + state snapshots in RAM), "question_set" (the question-first
+        # layout's) or "disk" (state snapshots on disk); a disk tier that is off reports nothing.
         gauges = {
             name: GaugeMetricFamily(f"onepass_cache_{name}", f"session cache {name}", labels=["model", "tier"])
             for name in ("entries", "tokens", "bytes")
         }
         counters = {
             name: CounterMetricFamily(f"onepass_cache_{name}", f"session cache {name}", labels=["model", "tier"])
-            for name in ("hits", "misses", "evictions")
+            for name in ("hits", "misses", "evictions", "writes", "writes_skipped")
         }
+        rejected = CounterMetricFamily(
+            "onepass_cache_disk_rejected", "snapshot files deleted on read, by reason", labels=["model", "reason"]
+        )
         prefilled = CounterMetricFamily("onepass_prefilled_tokens", "state tokens prefilled", labels=["model"])
         for model, stats in found.get("models", {}).items():
             for name, family in requests.items():
                 family.add_metric([model], stats[name])
-            for tier, source in (("state", "cache"), ("question_set", "question_sets")):
-                for name, family in gauges.items():
-                    family.add_metric([model, tier], stats[source][name])
+            for tier, tier_stats in stats["tiers"].items():
+                if not tier_stats["enabled"]:
+                    continue
+                for name, gauge in gauges.items():
+                    if name in tier_stats:
+                        gauge.add_metric([model, tier], tier_stats[name])
                 for name, counter in counters.items():
-                    counter.add_metric([model, tier], stats[source][name])
+                    if name in tier_stats:
+                        counter.add_metric([model, tier], tier_stats[name])
+            for reason, count in stats["tiers"]["disk"].get("rejected", {}).items():
+                rejected.add_metric([model, reason], count)
             prefilled.add_metric([model], stats["prefilled_tokens"])
+        yield from requests.values()
+        yield from gauges.values()
+        yield from counters.values()
+        yield rejected
         yield from requests.values()
         yield from gauges.values()
         yield from counters.values()

@@ -114,8 +114,7 @@ class Runtime:
             for name, service in self.registry.loaded().items():
                 in_flight = self.in_flight.get(name, 0)
                 models[name] = {
-                    "cache": service.cache.stats(),
-                    "question_sets": service.question_sets.stats(),
+                    "tiers": service.cache_stats(),
                     "prefilled_tokens": service.prefilled_tokens,
                     "in_flight": in_flight,
                     "queue_depth": max(0, in_flight - self.registry.contexts_of(name)),
@@ -202,12 +201,11 @@ async def list_models(request: Request) -> JSONResponse:
 
 async def cache_stats(request: Request) -> JSONResponse:
     registry = _runtime(request).require_registry()
-    return JSONResponse(
-        {
-            name: {**service.cache.stats(), "question_sets": service.question_sets.stats()}
-            for name, service in registry.loaded().items()
-        }
-    )
+    models = {}
+    for name, service in registry.loaded().items():
+        tiers = service.cache_stats()
+        models[name] = {**tiers["state"], "question_sets": tiers["question_set"], "disk": tiers["disk"]}
+    return JSONResponse(models)
 
 
 async def load_model_route(request: Request) -> JSONResponse:

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from app import scoring
 from app.cache import CacheKey, SnapshotCache, cache_key
@@ -26,6 +26,7 @@ from app.contract import (
     Usage,
     validation_error,
 )
+from app.disk_tier import DiskTier
 from app.engine import Engine, Job, Readout, RestoreError, Timing
 from app.errors import Cancelled, Unprocessable
 from app.prompting import Prompter, QuestionSet, RenderedQuestion, render_state
@@ -57,6 +58,7 @@ class ModelService:
         calibration: str = "none",
         calibration_temperature: float = 1.0,
         question_sets: SnapshotCache | None = None,
+        disk: DiskTier | None = None,
     ) -> None:
         self.name = name
         self.engine = engine
@@ -64,6 +66,7 @@ class ModelService:
         self.cache = cache  # the state tier: system (+ questions) + state
         # The question-first layout's middle tier: system + question block, one per question set.
         self.question_sets = question_sets or SnapshotCache(QUESTION_SETS, cache.max_tokens)
+        self.disk = disk  # the state tier's second level: snapshots that outlive the process
         self._key_fn = key_fn  # a test hook: a constant key forces hash collisions
         self.calibration = calibration
         self.prefilled_tokens = 0  # state tokens prefilled so far (for /metrics)
@@ -83,7 +86,17 @@ class ModelService:
         )
 
     def close(self) -> None:
+        if self.disk is not None:
+            self.disk.close()  # finishes the queued writes first
         self.engine.close()
+
+    def cache_stats(self) -> dict[str, dict[str, Any]]:
+        """Each cache tier's stats: the state tier in RAM, the question sets, the state tier on disk."""
+        return {
+            "state": self.cache.stats(),
+            "question_set": self.question_sets.stats(),
+            "disk": self.disk.stats() if self.disk is not None else {"enabled": False},
+        }
 
     def _render(self, question: Question, rendered: RenderedQuestion, readout: Readout, base: Snapshot) -> Answer:
         raw = scoring.softmax(readout.label_logits)
@@ -166,9 +179,21 @@ class ModelService:
                 self.question_set_key(plan.question_set), set_tokens, lambda: prefill(set_tokens, self.base)
             )
         key = self.prefix_key(plan.state, plan.question_set)
+        from_disk = False
 
         def build() -> Snapshot:
-            return prefill(plan.prefix_tokens, base)
+            nonlocal from_disk
+            if self.disk is not None:
+                began = time.perf_counter()
+                loaded = self.disk.load(key, plan.prefix_tokens)
+                built.restore_ms += (time.perf_counter() - began) * 1000  # a disk read is part of restoring
+                if loaded is not None:
+                    from_disk = True
+                    return loaded
+            snapshot = prefill(plan.prefix_tokens, base)
+            if self.disk is not None:
+                self.disk.save(key, snapshot)  # written in the background
+            return snapshot
 
         snapshot, hit = self.cache.get_or_build(key, plan.prefix_tokens, build)
         # The batch holds each distinct suffix once, in a canonical order (by its tokens), so neither
@@ -183,7 +208,9 @@ class ModelService:
         except RestoreError as error:
             log.warning("%s: dropping a snapshot that failed to restore (%s); prefilling again", self.name, error)
             self.cache.evict(key)
-            hit = False
+            if self.disk is not None:
+                self.disk.discard(key)
+            hit = from_disk = False
             snapshot = build()
             self.cache.put(key, snapshot)
             answered = self.engine.answer(snapshot, jobs)
@@ -195,7 +222,9 @@ class ModelService:
             for (qid, question, rendered), readout in zip(plan.questions, readouts, strict=True)
         }
         calibrate_ms = (time.perf_counter() - scored) * 1000
-        cache_state: Literal["hit", "miss", "off"] = "off" if not self.cache.enabled else "hit" if hit else "miss"
+        cache_state: Literal["hit", "disk", "miss", "off"] = (
+            "off" if not self.cache.enabled else "hit" if hit else "disk" if from_disk else "miss"
+        )
         total_ms = (time.perf_counter() - started) * 1000
         log.info(
             "%s: cache %s, %d prefix tokens, %d questions in %d decode(s), %.0f ms",

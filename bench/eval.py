@@ -139,7 +139,7 @@ def run(
     model: Path, calibration: str, limit: int | None, config: Path | None = None, layout: str | None = None
 ) -> dict[str, Any]:
     items = load_items(limit=limit)
-    settings = Settings(model=model, calibration=calibration, n_ctx=4096)
+    settings = Settings(model=model, calibration=calibration, n_ctx=4096, session_cache_disk_bytes=0)
     spec = model_spec(settings, config)
     if layout is not None:
         spec = dataclasses.replace(spec, layout=layout)

@@ -101,7 +101,9 @@ class StateMaker:
 
 @contextmanager
 def onepass_server(model: Path, *extra: str) -> Iterator[tuple[str, int]]:
-    server = ServerProcess(["--model", str(model), "--n-ctx", "8192", *extra])
+    """A server on `model`; its snapshot disk tier is off unless `extra` turns it on (a cold
+    request must be cold, not a disk hit left by an earlier run)."""
+    server = ServerProcess(["--model", str(model), "--n-ctx", "8192", "--session-cache-disk-bytes", "0", *extra])
     try:
         server.wait_for(READY)
         yield server.url, server.pid

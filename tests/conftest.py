@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,9 @@ def tiny_plain_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny-plain.gguf", seed=1, chat_template=None)
 
 
+# Servers the tests start keep their snapshots out of the user's cache folder.
+os.environ.setdefault("ONEPASS_SESSION_CACHE_DIR", tempfile.mkdtemp(prefix="onepass-test-snapshots-"))
+
 # ONEPASS_TEST_GPU_LAYERS=-1 runs the tiny-model tests with every layer offloaded (on a GPU build).
 GPU_LAYERS = int(os.environ.get("ONEPASS_TEST_GPU_LAYERS", "0"))
 
@@ -39,6 +43,7 @@ def tiny_settings(path: Path, **overrides: object) -> Settings:
         "threads": 1,
         "n_gpu_layers": GPU_LAYERS,
         "repack": "off",
+        "session_cache_disk_bytes": 0,  # the disk tier's own tests turn it on, in a folder of theirs
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
@@ -81,6 +86,6 @@ def real_service() -> Iterator[ModelService]:
         pytest.skip("ONEPASS_SKIP_REAL_MODEL=1")
     if not DEFAULT_MODEL_PATH.is_file():
         pytest.fail(f"{DEFAULT_MODEL_PATH} is missing: run `make model` (make test does)")
-    service = load_model(Settings(model=DEFAULT_MODEL_PATH, n_ctx=4096))
+    service = load_model(Settings(model=DEFAULT_MODEL_PATH, n_ctx=4096, session_cache_disk_bytes=0))
     yield service
     service.close()

@@ -11,7 +11,7 @@ APP = Path(__file__).resolve().parent.parent / "app"
 LAYERS: list[set[str]] = [
     {"errors", "snapshot", "scoring", "contract", "config", "cpu", "tiny_gguf", "observability", "launch"},
     {"cache", "engine", "prompting", "model_config", "body", "openapi", "doctor"},
-    {"calibration", "build_check", "check_gpu"},
+    {"calibration", "build_check", "check_gpu", "disk_tier"},
     {"tuning"},
     {"service"},
     {"loading"},

@@ -1,0 +1,359 @@
+"""DiskTier: prefix snapshots on disk under the RAM cache, so a restart keeps them.
+
+One file per snapshot, `<key hex>.snap`, in a folder per model. A new snapshot is queued and
+written by a background thread (temporary file, fsync, rename), so a request never waits for
+the disk; when the queue is full the write is skipped and counted. Every read checks the
+whole file against this process (format, llama.cpp build, model, KV settings, key, lengths,
+blake3 of the header, the tokens and the payload) and compares the tokens with the wanted
+prefix: a file that fails is deleted, counted by reason and the request prefills as a miss.
+
+Several processes may share the folder, so any file may vanish between two steps: a reader
+only ever opens whole files (rename is atomic), two writers of one key each rename a whole
+file of the same content, and a file deleted while another process reads it stays readable
+to that reader (POSIX unlink). The byte budget is enforced by the process that writes, over
+every file in the folder, least recently used first (a hit touches the file's mtime, so the
+order survives restarts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import queue
+import secrets
+import threading
+import time
+from array import array
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import blake3
+
+from app.cache import CacheKey
+from app.snapshot import Snapshot
+
+log = logging.getLogger("onepass.disk")
+
+FORMAT = 1
+MAGIC = b"onepass-snapshot"
+SUFFIX = ".snap"
+TEMP_SUFFIX = ".tmp"
+WRITE_QUEUE = 4  # snapshots waiting to be written; beyond, writes are skipped (never block a request)
+STALE_TEMP_SECONDS = 3600  # a temporary file this old was left by a killed writer
+DIGEST = 32
+
+
+@dataclass(frozen=True)
+class SnapshotIdentity:
+    """What must match for a snapshot's bytes to be restorable, and exact, in this process."""
+
+    build: str  # llama.cpp's version, system info and GPU layers: they decide the KV values
+    model: str  # the model file's fingerprint (hex)
+    kv: str  # the KV settings (engine.KvSettings.describe)
+
+
+class Rejected(Exception):
+    """A snapshot file that must not be used; `reason` is its stats bucket."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+class DiskTier:
+    def __init__(self, folder: Path, max_bytes: int, identity: SnapshotIdentity, queue_size: int = WRITE_QUEUE) -> None:
+        self.folder = folder
+        self.max_bytes = max_bytes
+        self.identity = identity
+        self._lock = threading.Lock()
+        self._sizes: dict[str, int] = {}  # file name -> bytes, for the files this process knows of
+        self._counts: Counter[str] = Counter()
+        self._rejected: Counter[str] = Counter()
+        self._read_seconds = 0.0  # spent reading and verifying the files of hits
+        self._queue: queue.Queue[tuple[CacheKey, Snapshot] | None] = queue.Queue(queue_size)
+        self._idle = threading.Condition()
+        self._pending = 0
+        self._writer: threading.Thread | None = None
+        self.enabled = max_bytes > 0 and self._open()
+        if self.enabled:
+            self._writer = threading.Thread(target=self._write_queued, name="onepass-disk-writer", daemon=True)
+            self._writer.start()
+
+    def _open(self) -> bool:
+        """Create the folder, prove it writable, clear dead temporary files, index the snapshots."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            probe = self.folder / f".probe.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+            probe.write_bytes(b"")  # root ignores permission bits: only a real write proves it
+            probe.unlink()
+            now = time.time()
+            for path in self.folder.glob(f".*{TEMP_SUFFIX}"):
+                with contextlib.suppress(FileNotFoundError):
+                    if now - path.stat().st_mtime > STALE_TEMP_SECONDS:
+                        path.unlink()
+            files = self._scan()
+        except OSError as error:
+            log.warning("snapshot disk tier off: %s is not usable (%s); serving from RAM only", self.folder, error)
+            return False
+        self._sizes = {name: size for name, size, _ in files}
+        log.info(
+            "snapshot disk tier %s: %d snapshots, %d bytes (budget %d)",
+            self.folder,
+            len(files),
+            sum(self._sizes.values()),
+            self.max_bytes,
+        )
+        return True
+
+    def _scan(self) -> list[tuple[str, int, float]]:
+        """(name, bytes, last use) of every snapshot file in the folder, least recently used first."""
+        files = []
+        for entry in os.scandir(self.folder):
+            if entry.name.endswith(SUFFIX) and not entry.name.startswith("."):
+                with contextlib.suppress(FileNotFoundError):
+                    info = entry.stat()
+                    files.append((entry.name, info.st_size, info.st_mtime))
+        return sorted(files, key=lambda file: file[2])
+
+    def _path(self, key: CacheKey) -> Path:
+        return self.folder / f"{key.hex()}{SUFFIX}"
+
+    # Reading
+
+    def load(self, key: CacheKey, tokens: tuple[int, ...]) -> Snapshot | None:
+        """The snapshot stored for `key` if its file is whole, verified and for these tokens."""
+        if not self.enabled:
+            return None
+        path = self._path(key)
+        began = time.perf_counter()
+        try:
+            with path.open("rb") as file:
+                snapshot = self._read(file, key)
+        except FileNotFoundError:
+            self._count("misses")
+            with self._lock:
+                self._sizes.pop(path.name, None)
+            return None
+        except Rejected as rejected:
+            self._reject(path, rejected)
+            return None
+        except OSError as error:
+            self._reject(path, Rejected("unreadable", str(error)))
+            return None
+        if snapshot.tokens != tokens:  # a key collision: the file is sound, just not this prefix
+            self._count("collisions")
+            self._count("misses")
+            return None
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(path)  # its last use, for the LRU order that outlives this process
+        with self._lock:
+            self._sizes[path.name] = self._sizes.get(path.name) or _size_of(path)
+            self._counts["hits"] += 1
+            self._counts["read_bytes"] += snapshot.n_bytes
+            self._read_seconds += time.perf_counter() - began
+        return snapshot
+
+    def _read(self, file: BinaryIO, key: CacheKey) -> Snapshot:
+        if file.read(len(MAGIC)) != MAGIC:
+            raise Rejected("header", "not a onepass snapshot")
+        header_bytes = _read_exactly(file, int.from_bytes(_read_exactly(file, 4), "little"))
+        if blake3.blake3(header_bytes).digest() != _read_exactly(file, DIGEST):
+            raise Rejected("header", "header checksum")
+        try:
+            header = json.loads(header_bytes)
+            n_tokens, n_payload = int(header["n_tokens"]), int(header["payload_bytes"])
+            expected = {
+                "format": FORMAT,
+                "build": self.identity.build,
+                "model": self.identity.model,
+                "kv": self.identity.kv,
+                "key": key.hex(),
+            }
+            mismatched = [field for field, value in expected.items() if header[field] != value]
+        except (ValueError, KeyError, TypeError) as error:
+            raise Rejected("header", f"unparsable header ({error})") from error
+        if mismatched:
+            raise Rejected(mismatched[0], f"written for another {mismatched[0]}")
+        token_bytes = _read_exactly(file, 4 * n_tokens)
+        payload = _read_exactly(file, n_payload)
+        if file.read(1):
+            raise Rejected("truncated", "longer than its header says")
+        if blake3.blake3(token_bytes).hexdigest() != header["tokens_blake3"]:
+            raise Rejected("checksum", "tokens checksum")
+        if blake3.blake3(payload, max_threads=blake3.blake3.AUTO).hexdigest() != header["payload_blake3"]:
+            raise Rejected("checksum", "payload checksum")
+        return Snapshot(payload, tuple(array("I", token_bytes)))
+
+    def _reject(self, path: Path, rejected: Rejected) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        with self._lock:
+            self._sizes.pop(path.name, None)
+            self._rejected[rejected.reason] += 1
+            first = self._rejected[rejected.reason] == 1
+            self._counts["misses"] += 1
+        # One warning per reason; a folder of stale files (say after an upgrade) logs once.
+        log.log(logging.WARNING if first else logging.DEBUG, "deleted snapshot file %s (%s)", path.name, rejected)
+
+    def discard(self, key: CacheKey) -> None:
+        """Delete a snapshot that llama.cpp refused to restore."""
+        if self.enabled:
+            self._reject(self._path(key), Rejected("restore"))
+
+    # Writing
+
+    def save(self, key: CacheKey, snapshot: Snapshot) -> None:
+        """Queue `snapshot` for writing; never blocks. A full queue skips the write (counted)."""
+        if not self.enabled:
+            return
+        with self._idle:
+            try:
+                self._queue.put_nowait((key, snapshot))
+                self._pending += 1
+            except queue.Full:
+                self._counts["writes_skipped"] += 1
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every queued write is done (or skipped); False if `timeout` passed first."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Finish the queued writes (up to `timeout`), then stop the writer."""
+        if self._writer is None:
+            return
+        self.flush(timeout)
+        self._queue.put(None)
+        self._writer.join(timeout)
+        self._writer = None
+
+    def _write_queued(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                if self.enabled:
+                    self._write(*item)
+                else:
+                    self._count("writes_skipped")
+            except OSError as error:
+                self._turn_off(error)
+            except Exception:  # a bug must not kill the writer and leave flush() waiting
+                log.exception("writing a snapshot failed")
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def _write(self, key: CacheKey, snapshot: Snapshot) -> None:
+        path = self._path(key)
+        if path.exists():
+            return  # written before, by this process or another
+        token_bytes = array("I", snapshot.tokens).tobytes()
+        header = json.dumps(
+            {
+                "format": FORMAT,
+                "build": self.identity.build,
+                "model": self.identity.model,
+                "kv": self.identity.kv,
+                "key": key.hex(),
+                "n_tokens": snapshot.n_tokens,
+                "tokens_blake3": blake3.blake3(token_bytes).hexdigest(),
+                "payload_bytes": snapshot.n_bytes,
+                "payload_blake3": blake3.blake3(snapshot.data, max_threads=blake3.blake3.AUTO).hexdigest(),
+            }
+        ).encode()
+        # A name of its own per writer, so two writers of one key never write into one file.
+        temporary = self.folder / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        try:
+            with temporary.open("xb") as file:
+                for part in (MAGIC, len(header).to_bytes(4, "little"), header, blake3.blake3(header).digest()):
+                    file.write(part)
+                file.write(token_bytes)
+                file.write(snapshot.data)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                temporary.unlink()
+        _fsync_folder(self.folder)  # the rename itself survives a power cut
+        size = _size_of(path)
+        with self._lock:
+            self._sizes[path.name] = size
+            self._counts["writes"] += 1
+            over = sum(self._sizes.values()) > self.max_bytes
+        if over:
+            self._evict()
+
+    def _evict(self) -> None:
+        """Delete the least recently used files of the whole folder (other processes' too) until
+        the budget holds."""
+        files = self._scan()
+        total = sum(size for _, size, _ in files)
+        evicted = 0
+        for name, size, _ in files:
+            if total <= self.max_bytes:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                (self.folder / name).unlink()
+                evicted += 1
+            total -= size
+        with self._lock:
+            self._sizes = {name: size for name, size, _ in files[evicted:]}
+            self._counts["evictions"] += evicted
+
+    def _turn_off(self, error: OSError) -> None:
+        reason = errno.errorcode.get(error.errno or 0, "error")
+        log.warning(
+            "snapshot disk tier off: writing to %s failed (%s: %s); serving from RAM only", self.folder, reason, error
+        )
+        with self._lock:
+            self.enabled = False
+            self._counts[f"turned_off_{reason}"] += 1
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self._counts[name] += 1
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "enabled": self.enabled,
+                "dir": str(self.folder),
+                "entries": len(self._sizes),
+                "bytes": sum(self._sizes.values()),
+                "max_bytes": self.max_bytes,
+                **{
+                    name: self._counts[name]
+                    for name in ("hits", "misses", "evictions", "collisions", "writes", "writes_skipped", "read_bytes")
+                },
+                "read_seconds": round(self._read_seconds, 6),
+                "rejected": dict(self._rejected),
+                "turned_off": {k.removeprefix("turned_off_"): v for k, v in self._counts.items() if "turned_off" in k},
+            }
+
+
+def _read_exactly(file: BinaryIO, n: int) -> bytes:
+    data = file.read(n)
+    if len(data) != n:
+        raise Rejected("truncated", f"{len(data)} of {n} bytes")
+    return data
+
+
+def _size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _fsync_folder(folder: Path) -> None:
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
