@@ -190,7 +190,7 @@ class DiskTier:
         return Snapshot(payload, tuple(array("I", token_bytes)))
 
     def _reject(self, path: Path, rejected: Rejected) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # gone already, or not deletable: it is a miss either way
             path.unlink()
         with self._lock:
             self._sizes.pop(path.name, None)
@@ -332,6 +332,7 @@ class DiskTier:
                     for name in ("hits", "misses", "evictions", "collisions", "writes", "writes_skipped", "read_bytes")
                 },
                 "read_seconds": round(self._read_seconds, 6),
+                "queued": self._pending,  # writes queued or being written
                 "rejected": dict(self._rejected),
                 "turned_off": {k.removeprefix("turned_off_"): v for k, v in self._counts.items() if "turned_off" in k},
             }

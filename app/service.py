@@ -170,30 +170,35 @@ class ModelService:
             built.prefill_ms += timing.prefill_ms
             return snapshot
 
+        disk_hits: list[CacheKey] = []
+
+        def load_or_prefill(key: CacheKey, tokens: tuple[int, ...], base: Snapshot) -> Snapshot:
+            """A RAM miss: the disk tier's file if it has a sound one, else a prefill (then written)."""
+            if self.disk is not None:
+                began = time.perf_counter()
+                loaded = self.disk.load(key, tokens)
+                built.restore_ms += (time.perf_counter() - began) * 1000  # a disk read is part of restoring
+                if loaded is not None:
+                    disk_hits.append(key)
+                    return loaded
+            snapshot = prefill(tokens, base)
+            if self.disk is not None:
+                self.disk.save(key, snapshot)  # in the background
+            return snapshot
+
         # The prefix cache is a small tree: the base (system prompt), in the question-first layout
-        # the question set on it, then the state on that.
+        # the question set on it, then the state on that; the disk tier keeps the last two.
         base = self.base
         if plan.question_set is not None:
             set_tokens = (*self.base.tokens, *plan.question_set.tokens)
+            set_key = self.question_set_key(plan.question_set)
             base, _ = self.question_sets.get_or_build(
-                self.question_set_key(plan.question_set), set_tokens, lambda: prefill(set_tokens, self.base)
+                set_key, set_tokens, lambda: load_or_prefill(set_key, set_tokens, self.base)
             )
         key = self.prefix_key(plan.state, plan.question_set)
-        from_disk = False
 
         def build() -> Snapshot:
-            nonlocal from_disk
-            if self.disk is not None:
-                began = time.perf_counter()
-                loaded = self.disk.load(key, plan.prefix_tokens)
-                built.restore_ms += (time.perf_counter() - began) * 1000  # a disk read is part of restoring
-                if loaded is not None:
-                    from_disk = True
-                    return loaded
-            snapshot = prefill(plan.prefix_tokens, base)
-            if self.disk is not None:
-                self.disk.save(key, snapshot)  # written in the background
-            return snapshot
+            return load_or_prefill(key, plan.prefix_tokens, base)
 
         snapshot, hit = self.cache.get_or_build(key, plan.prefix_tokens, build)
         # The batch holds each distinct suffix once, in a canonical order (by its tokens), so neither
@@ -210,7 +215,8 @@ class ModelService:
             self.cache.evict(key)
             if self.disk is not None:
                 self.disk.discard(key)
-            hit = from_disk = False
+            hit = False
+            disk_hits.clear()
             snapshot = build()
             self.cache.put(key, snapshot)
             answered = self.engine.answer(snapshot, jobs)
@@ -223,7 +229,7 @@ class ModelService:
         }
         calibrate_ms = (time.perf_counter() - scored) * 1000
         cache_state: Literal["hit", "disk", "miss", "off"] = (
-            "off" if not self.cache.enabled else "hit" if hit else "disk" if from_disk else "miss"
+            "off" if not self.cache.enabled else "hit" if hit else "disk" if key in disk_hits else "miss"
         )
         total_ms = (time.perf_counter() - started) * 1000
         log.info(
