@@ -30,7 +30,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: setup model model-small run test test-tools lint check-build doctor peer bench bench-quick eval load check-gpu clean clean-build
+.PHONY: setup model model-small run test test-tools lint check-build doctor peer bench bench-quick bench-restart eval load check-gpu clean clean-build
 
 setup: $(INSTALL_STAMP)
 
@@ -118,6 +118,10 @@ bench: model $(BENCH_STAMP) $(PEER)
 
 bench-quick: model $(BENCH_STAMP) $(PEER)
 	$(BIN)/python -m bench.run --quick --peer $(PEER) $(BENCH_ARGS)
+
+# The snapshot disk tier after a restart: cold, RAM hit, disk hit at 256, 1,024 and 2,048 tokens.
+bench-restart: model $(BENCH_STAMP)
+	$(BIN)/python -m bench.restart $(BENCH_ARGS)
 
 # 64 concurrent clients against one server; fails on any error or changed answer.
 LOAD_ARGS ?=

@@ -33,7 +33,7 @@ from app.engine import Engine
 from app.launch import READY, ServerProcess
 from app.loading import prompter_for
 from app.prompting import Prompter
-from bench import peer, pipeline
+from bench import peer, pipeline, restart
 from bench.client import ask as client_ask
 from bench.client import sized_text
 from bench.figure import figure
@@ -75,10 +75,14 @@ class Config:
     eviction_states: int
     peer_workloads: tuple[str, ...] = ("cold", "warm", "interleaved")
     pipeline_states: int = 40
+    restart_sizes: tuple[int, ...] = (256, 1024, 2048)
+    restart_states: int = 2  # per size: one read from the device, one from the page cache
 
 
 FULL = Config([64, 256, 1024, 2048], [1, 5, 10], 2, 3, 1, [256, 1024], 2, 18)
-QUICK = Config([64, 256], [1, 5], 1, 2, 1, [256], 1, 0, ("cold", "warm"), pipeline_states=8)
+QUICK = Config(
+    [64, 256], [1, 5], 1, 2, 1, [256], 1, 0, ("cold", "warm"), pipeline_states=8, restart_sizes=(256,), restart_states=1
+)
 
 
 def summary(samples: list[float]) -> dict[str, float]:
@@ -335,6 +339,8 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     if "pipeline" in report:
         lines += pipeline.markdown(report["pipeline"])
+    if "restart" in report:
+        lines += restart.markdown(report["restart"])
     return "\n".join(lines) + "\n"
 
 
@@ -409,6 +415,7 @@ def main() -> None:
             off = cache_off(client, url, states, cfg)
             report["cache_off"] = [{"state_tokens": s, "questions": n, "ms": v} for (s, n), v in off.items()]
     report["pipeline"] = pipeline.pipeline(args.model, cfg.pipeline_states, onepass_server)
+    report["restart"] = restart.restart(args.model, list(cfg.restart_sizes), cfg.restart_states, onepass_server)
     report["seconds"] = round(time.perf_counter() - began, 1)
     out = REPO_ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from app import scoring
+from app.cache import SnapshotCache
 from app.contract import SystemOneRequest
+from app.disk_tier import DiskTier, SnapshotIdentity
 from app.engine import Job
 from app.prompting import render_state
 from app.service import ModelService
@@ -151,6 +154,22 @@ def test_a_long_state_hit_equals_miss(real_service: ModelService) -> None:
     hit = ask(real_service, LONG_STATE + " (hit test)", LONG_QUESTIONS)
     assert (miss["x_cache"], hit["x_cache"]) == ("miss", "hit")
     assert hit["answers"] == miss["answers"]
+
+
+def test_a_disk_hit_after_a_restart_equals_a_miss(real_service: ModelService, tmp_path: Path) -> None:
+    """Two services over one engine, one folder: the second is the first after a restart."""
+    engine, prompter = real_service.engine, real_service.prompter
+    identity = SnapshotIdentity(build=engine.build, model=engine.fingerprint.hex(), kv=engine.kv_settings)
+    answers = []
+    for expected in ("miss", "disk", "hit"):
+        if expected != "hit":
+            disk = DiskTier(tmp_path, 1 << 30, identity)
+            service = ModelService("restart", engine, prompter, SnapshotCache(4, 8192), disk=disk)
+        answered = ask(service, LONG_STATE + " (disk test)", LONG_QUESTIONS)
+        assert answered["x_cache"] == expected
+        answers.append(answered["answers"])
+        disk.close()  # the write is done before the "restart"; the shared engine stays open
+    assert answers[0] == answers[1] == answers[2]
 
 
 def test_a_restored_long_prefix_equals_a_one_shot_prefill(real_service: ModelService) -> None:
