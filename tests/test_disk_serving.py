@@ -194,6 +194,9 @@ def test_two_servers_share_one_folder_under_concurrent_load(
         wait_for_writes(clients[0])
         shared = clients[1].post("/v1/systemone", json=body(only_first)).json()
         assert shared["x_cache"] == "disk" and numbers(shared) == reference_answers(only_first)
+        metrics = clients[1].get("/metrics").text
+        assert 'onepass_cache_hits_total{model="tiny-chat",tier="disk"}' in metrics
+        assert 'onepass_cache_writes_total{model="tiny-chat",tier="disk"}' in metrics
         for client in clients:
             assert client.get("/v1/cache").json()["tiny-chat"]["disk"]["rejected"] == {}
             client.close()
