@@ -16,13 +16,13 @@ import hashlib
 import importlib.util
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from app.config import cache_home
 from app.cpu import Cpu, detect, missing_features
 
 REBUILD = "make clean-build && make run"
@@ -57,11 +57,6 @@ def library_files() -> list[str]:
         return []
     files = sorted(p for p in folder.iterdir() if p.is_file())
     return [f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files]
-
-
-def cache_home() -> Path:
-    """onepass's per-user cache folder (the wheels, the build check, the tuning)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onepass"
 
 
 def _fingerprint(cpu: Cpu) -> str | None:

@@ -20,7 +20,14 @@ with (REPO_ROOT / "models" / "sources.toml").open("rb") as _sources:  # the pinn
     DEFAULT_MODEL_PATH = REPO_ROOT / "models" / tomllib.load(_sources)["default"]["filename"]
 DEFAULT_CONFIG_PATH = REPO_ROOT / "models" / "onepass.toml"
 ENV_PREFIX = "ONEPASS_"
-DEFAULT_SNAPSHOT_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onepass" / "snapshots"
+
+
+def cache_home() -> Path:
+    """onepass's per-user cache folder (the wheels, the build check, the tuning, the snapshots)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onepass"
+
+
+DEFAULT_SNAPSHOT_DIR = cache_home() / "snapshots"
 
 
 def _option(default: Any, help: str, parse: Callable[[str], Any] = str, *, restart: bool = False) -> Any:

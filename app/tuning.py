@@ -18,7 +18,8 @@ import os
 import time
 from pathlib import Path
 
-from app.build_check import cache_home, library_files
+from app.build_check import library_files
+from app.config import cache_home
 from app.cpu import detect
 from app.engine import Engine
 

@@ -143,7 +143,10 @@ def test_a_full_queue_answers_503_with_retry_after(held: HeldService, tiny_chat_
 def test_admission_is_per_model_a_busy_model_does_not_turn_away_another(
     held: HeldService, tiny_service: ModelService, tiny_chat_path: Path
 ) -> None:
-    specs = (ModelSpec("busy", tiny_chat_path, contexts=1), ModelSpec("idle", tiny_chat_path, contexts=1))
+    specs = (
+        ModelSpec("busy", tiny_chat_path, contexts=1, session_cache_disk_bytes=0),
+        ModelSpec("idle", tiny_chat_path, contexts=1, session_cache_disk_bytes=0),
+    )
     registry = ModelRegistry(
         ModelsConfig(specs, "busy", 2), loader=lambda spec: held if spec.name == "busy" else tiny_service
     )

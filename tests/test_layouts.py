@@ -125,7 +125,7 @@ def test_priors_are_measured_through_the_question_set(tiny_chat_path: Path) -> N
 def test_one_gguf_served_under_two_names_with_two_layouts(tiny_chat_path: Path, tmp_path: Path) -> None:
     config = tmp_path / "onepass.toml"
     config.write_text(
-        "[server]\nthreads = 1\n\n"
+        "[server]\nthreads = 1\nsession_cache_disk_bytes = 0\n\n"
         f'[[models]]\nname = "tickets"\npath = "{tiny_chat_path}"\n\n'
         f'[[models]]\nname = "tickets-pipeline"\npath = "{tiny_chat_path}"\nlayout = "question-first"\n'
     )

@@ -42,7 +42,14 @@ def write_config(
     default: str = "one",
     extra: str = "",
 ) -> Path:
-    lines = ["[server]", f'default_model = "{default}"', f"models_max = {models_max}", "threads = 1", ""]
+    lines = [
+        "[server]",
+        f'default_model = "{default}"',
+        f"models_max = {models_max}",
+        "threads = 1",
+        "session_cache_disk_bytes = 0",
+        "",
+    ]
     for name in names:
         lines += [
             "[[models]]",
@@ -248,7 +255,9 @@ def test_a_missing_or_broken_model_file_is_503_for_that_model_only(tmp_path: Pat
 
 
 def test_a_model_is_never_unloaded_under_an_in_flight_request(ggufs: dict[str, Path]) -> None:
-    specs = tuple(ModelSpec(name, ggufs[name], n_ctx=1024, threads=1) for name in ("one", "two"))
+    specs = tuple(
+        ModelSpec(name, ggufs[name], n_ctx=1024, threads=1, session_cache_disk_bytes=0) for name in ("one", "two")
+    )
     entered, release = threading.Event(), threading.Event()
 
     def loader(spec: ModelSpec) -> ModelService:
