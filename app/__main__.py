@@ -42,8 +42,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(f"onepass: cannot listen on {settings.host}:{settings.port}: {error.strerror}")
     host, port = listener.getsockname()[:2]
     logging.getLogger("onepass").info("listening on http://%s:%d", f"[{host}]" if ":" in host else host, port)
+    replica = settings.replica_name or f"{socket.gethostname()}:{port}"  # unique among replicas on one host
     config = uvicorn.Config(
-        create_app(settings, source=source),
+        create_app(settings, source=source, replica=replica),
         log_level=settings.log_level.lower(),
         access_log=False,  # RequestObserver logs one JSON line per request, with more in it
         timeout_graceful_shutdown=int(settings.shutdown_timeout),

@@ -133,6 +133,13 @@ class Settings:
         30.0, "seconds SIGTERM waits for in-flight requests before exiting", float, restart=True
     )
     log_level: str = _option("info", "logging level: debug, info, warning, error", restart=True)
+    replica_name: str | None = _option(
+        None,
+        "name this server gives in the X-Onepass-Replica response header, for a fleet behind a proxy "
+        "(default: this host's name and the port it listens on)",
+        _optional_str,
+        restart=True,
+    )
 
     @property
     def model_name(self) -> str:

@@ -11,7 +11,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -104,9 +104,12 @@ class _Sources(Collector):
 
 
 class RequestObserver:
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    """`headers` go on every response (the replica's name, for a fleet behind a proxy)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, headers: Mapping[str, str] | None = None) -> None:
         self.app = app
         self.metrics = metrics
+        self.headers = [(name.lower().encode(), value.encode()) for name, value in (headers or {}).items()]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -123,7 +126,11 @@ class RequestObserver:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", []), (REQUEST_ID.encode(), request_id.encode())]
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (REQUEST_ID.encode(), request_id.encode()),
+                    *self.headers,
+                ]
             await send(message)
 
         try:

@@ -7,6 +7,7 @@ import contextlib
 import hmac
 import logging
 import signal
+import socket
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from app.affinity import PREFIX_KEY_HEADER, REPLICA_HEADER, affinity_key
 from app.body import decode_content, parse_json, too_large
 from app.config import ConfigError, Settings, SettingsSource, reload_settings
 from app.contract import SystemOneRequest, SystemOneResponse, errors_for_response, limit_errors, models_listing
@@ -192,7 +194,9 @@ async def systemone(request: Request) -> Response:
     observed.update(
         cache=response.x_cache, input_tokens=response.usage.input_tokens, timing_ms=response.x_timing_ms.model_dump()
     )
-    return Response(response.to_json(), media_type="application/json")
+    # for a proxy in front of several replicas: clients may echo it (deploy/haproxy.cfg hashes it)
+    headers = {PREFIX_KEY_HEADER: affinity_key(parsed.state)}
+    return Response(response.to_json(), media_type="application/json", headers=headers)
 
 
 async def list_models(request: Request) -> JSONResponse:
@@ -331,11 +335,15 @@ def create_app(
     registry: ModelRegistry | None = None,
     loader: Callable[[Settings], ModelRegistry] = default_loader,
     source: SettingsSource | None = None,
+    replica: str | None = None,
 ) -> Starlette:
     """The app. With `registry` it serves that; otherwise the lifespan loads one in the background.
 
     `source` (where `settings` were read from) lets SIGHUP and POST /v1/config/reload read them again.
+    `replica` names this server in every response's X-Onepass-Replica (default: --replica-name, else the
+    host name; the CLI adds the port).
     """
+    replica = replica or settings.replica_name or socket.gethostname()
     openapi = build_openapi(_package_version())
     holder: dict[str, Runtime] = {}
     metrics = Metrics(lambda: holder["runtime"].metric_sources() if "runtime" in holder else {})
@@ -394,7 +402,10 @@ def create_app(
             Route("/health", health, methods=["GET"]),
             Route("/health/live", health_live, methods=["GET"]),
         ],
-        middleware=[Middleware(RequestObserver, metrics=metrics), Middleware(_ContainInternalErrors)],
+        middleware=[
+            Middleware(RequestObserver, metrics=metrics, headers={REPLICA_HEADER: replica}),
+            Middleware(_ContainInternalErrors),
+        ],
         lifespan=lifespan,
         exception_handlers={
             ApiError: _api_error,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import threading
 from pathlib import Path
@@ -249,6 +250,27 @@ class TestAuth:
 
     def test_with_auth_off_any_authorization_header_is_ignored(self, client: TestClient) -> None:
         assert post(client, TICKET, headers={"authorization": "Bearer whatever"}).status_code == 200
+
+
+def test_answers_carry_the_states_affinity_key_and_every_response_the_replica(
+    tiny_service: ModelService, tiny_chat_path: Path
+) -> None:
+    app = create_app(
+        tiny_settings(tiny_chat_path, replica_name="replica7"), registry=ModelRegistry.serving(tiny_service)
+    )
+    with TestClient(app) as client:
+        # what a client computes to route by state: SHA-256 of the state's text, 16 hex digits
+        text = post(client, body_with(state=" Charged twice. ")).headers["x-onepass-prefix-key"]
+        assert text == hashlib.sha256(b" Charged twice. ").hexdigest()[:16]
+        one_way = post(client, body_with(state={"b": [1, 2], "a": "\u00fc"}))
+        other_way = post(
+            client, {**TICKET, "state": {"a": "\u00fc", "b": [1, 2]}, "questions": {"x": {"type": "noul"}}}
+        )
+        canonical = '{"a":"\u00fc","b":[1,2]}'.encode()
+        assert one_way.headers["x-onepass-prefix-key"] == other_way.headers["x-onepass-prefix-key"]
+        assert one_way.headers["x-onepass-prefix-key"] == hashlib.sha256(canonical).hexdigest()[:16]
+        for response in (one_way, client.get("/health"), post(client, body_with(state=None))):
+            assert response.headers["x-onepass-replica"] == "replica7"
 
 
 def test_models_lists_every_name_in_both_shapes(client: TestClient) -> None:

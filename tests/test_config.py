@@ -64,6 +64,7 @@ def test_defaults_with_no_flags_and_no_environment() -> None:
         "request_timeout": 300.0,
         "shutdown_timeout": 30.0,
         "log_level": "info",
+        "replica_name": None,
     }
 
 
@@ -98,6 +99,7 @@ def test_env_var_names_are_the_prefixed_upper_case_field_names() -> None:
         "ONEPASS_REQUEST_TIMEOUT",
         "ONEPASS_SHUTDOWN_TIMEOUT",
         "ONEPASS_LOG_LEVEL",
+        "ONEPASS_REPLICA_NAME",
     ]
 
 
@@ -113,6 +115,7 @@ PRECEDENCE_CASES: list[tuple[str, str, Any, str, Any]] = [
     ("served_model_name", "flag-name", "flag-name", "env-name", "env-name"),
     ("host", "0.0.0.0", "0.0.0.0", "10.0.0.1", "10.0.0.1"),
     ("log_level", "debug", "debug", "warning", "warning"),
+    ("replica_name", "replica1", "replica1", "gpu-host-2:8080", "gpu-host-2:8080"),
 ]
 
 

@@ -1,0 +1,25 @@
+"""Routing by state: the key a proxy hashes so that requests about one state reach one replica.
+
+A replica's prefix cache only pays when the next request about a state reaches the replica
+that prefilled it. The key depends on the state alone (not on the model, the questions or
+the replica), so every replica and every client computes the same one. It is SHA-256 because
+HAProxy computes that too (its `sha2(256)` converter over a body's string `state`,
+deploy/haproxy.cfg): a client that echoes the key in a header and one that does not land on
+the same replica. Every answer carries it, for clients whose bodies a proxy cannot read
+(compressed bodies, states that are objects or arrays).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from app.contract import Text, render_text
+
+PREFIX_KEY_HEADER = "X-Onepass-Prefix-Key"  # on every answer; a client may echo it for the proxy to hash
+REPLICA_HEADER = "X-Onepass-Replica"  # on every response: which replica answered
+
+
+def affinity_key(state: Text) -> str:
+    """The first 16 hex digits of SHA-256 over the state's UTF-8 text: a string exactly as sent,
+    an object or array as canonical JSON (so two equal objects in any key order share a key)."""
+    return hashlib.sha256(render_text(state).encode()).hexdigest()[:16]
