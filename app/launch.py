@@ -1,8 +1,8 @@
-"""Start `python -m app` in a subprocess on a port the OS picks, and wait for its log lines.
+"""Start `python -m app` (or another server: haproxy for a fleet) in a subprocess, and wait for its log lines.
 
-For the bench and the tests: the server binds port 0 itself and logs "listening on URL",
-so no port is picked and released before the server takes it (another process could take it
-in between). A thread reads the server's log as it comes, so a waiter never polls and the
+For the bench, the tests and the fleet: the server binds port 0 itself and logs "listening on
+URL", so no port is picked and released before the server takes it (another process could take
+it in between). A thread reads the process's log as it comes, so a waiter never polls and the
 pipe never fills up.
 """
 
@@ -13,7 +13,7 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -21,22 +21,32 @@ LISTENING = re.compile(r"listening on (http://\S+)")
 READY = "ready: serving"
 
 
-class ServerProcess:
-    def __init__(self, args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 300) -> None:
+class LoggedProcess:
+    """A subprocess whose stderr a thread reads line by line as it comes: `wait_for` a line without
+    polling, and a pipe that never fills up. `echo` also gets each line (to show it live)."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: dict[str, str] | None = None,
+        echo: Callable[[str], None] | None = None,
+        pass_fds: Sequence[int] = (),
+        name: str | None = None,
+    ) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "app", "--port", "0", "--log-level", "info", *args],
+            argv,
             cwd=REPO_ROOT,
             env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
             stderr=subprocess.PIPE,
             text=True,
+            pass_fds=pass_fds,
         )
+        self.name = name or Path(argv[0]).name  # for errors
         self.lines: list[str] = []  # every log line so far
+        self._echo = echo
         self._changed = threading.Condition()
         self._ended = False
-        threading.Thread(target=self._read, name="onepass-log-reader", daemon=True).start()
-        match = LISTENING.search(self.wait_for(LISTENING.pattern, timeout))
-        assert match is not None
-        self.url = match.group(1)
+        threading.Thread(target=self._read, name=f"log-reader-{self.pid}", daemon=True).start()
 
     @property
     def pid(self) -> int:
@@ -45,6 +55,8 @@ class ServerProcess:
     def _read(self) -> None:
         assert self.process.stderr is not None
         for line in self.process.stderr:
+            if self._echo is not None:
+                self._echo(line.rstrip("\n"))
             with self._changed:
                 self.lines.append(line.rstrip("\n"))
                 self._changed.notify_all()
@@ -53,7 +65,7 @@ class ServerProcess:
             self._changed.notify_all()
 
     def wait_for(self, pattern: str, timeout: float = 300, after: int = 0) -> str:
-        """The first log line from index `after` on that matches `pattern`; an error if the server
+        """The first log line from index `after` on that matches `pattern`; an error if the process
         exits or `timeout` passes first."""
         expression = re.compile(pattern)
 
@@ -66,7 +78,7 @@ class ServerProcess:
             line = first()
         if line is None:
             code = self.process.wait(60)
-            raise RuntimeError(f"the server exited ({code}) before logging {pattern!r}; last: {self.lines[-5:]}")
+            raise RuntimeError(f"{self.name} exited ({code}) before logging {pattern!r}; last: {self.lines[-5:]}")
         return line
 
     def stop(self, timeout: float = 60) -> int:
@@ -78,3 +90,24 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             return self.process.wait(timeout)
+
+
+class ServerProcess(LoggedProcess):
+    """`python -m app` on a port it picks and logs; `url` once it listens."""
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        env: dict[str, str] | None = None,
+        timeout: float = 300,
+        echo: Callable[[str], None] | None = None,
+    ) -> None:
+        argv = [sys.executable, "-m", "app", "--port", "0", "--log-level", "info", *args]
+        super().__init__(argv, env, echo, name="the onepass server")
+        try:
+            match = LISTENING.search(self.wait_for(LISTENING.pattern, timeout))
+        except BaseException:
+            self.stop()  # nobody else holds it yet
+            raise
+        assert match is not None
+        self.url = match.group(1)
