@@ -30,7 +30,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: setup model model-small run test test-tools lint check-build doctor peer bench bench-quick bench-restart eval load check-gpu clean clean-build
+.PHONY: setup model model-small run test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet eval load check-gpu clean clean-build
 
 setup: $(INSTALL_STAMP)
 
@@ -122,6 +122,11 @@ bench-quick: model $(BENCH_STAMP) $(PEER)
 # The snapshot disk tier after a restart: cold, RAM hit, disk hit at 256, 1,024 and 2,048 tokens.
 bench-restart: model $(BENCH_STAMP)
 	$(BIN)/python -m bench.restart $(BENCH_ARGS)
+
+# Simulated, no model, seconds: cache hit rate and prefill saved against fleet size (1 to 64 replicas) for
+# round robin, least connections and HAProxy's bounded-load hashing; bench/results/fleet-sim.{json,md,png}
+bench-fleet: $(BENCH_STAMP)
+	$(BIN)/python -m bench.fleet_sim
 
 # 64 concurrent clients against one server; fails on any error or changed answer.
 LOAD_ARGS ?=
