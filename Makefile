@@ -30,7 +30,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: setup model model-small run test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet eval load check-gpu clean clean-build
+.PHONY: setup model model-small run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet eval load check-gpu clean clean-build
 
 setup: $(INSTALL_STAMP)
 
@@ -67,10 +67,17 @@ ARGS ?=
 run: model
 	$(BIN)/python -m app --host $(HOST) --port $(PORT) $(ARGS)
 
+# N replicas on loopback ports behind HAProxy (deploy/haproxy.cfg) on HOST:PORT, routed by state;
+# ARGS go to every replica: make fleet N=3 ARGS="--threads 1". Ctrl-C stops them all.
+N ?= 3
+fleet: model
+	$(BIN)/python -m app.fleet --replicas $(N) --host $(HOST) --port $(PORT) -- $(ARGS)
+
 test: model lint check-build test-tools
 	$(BIN)/python -m pytest -q
 
-# tests/test_cpu_emulated.py runs the build on an emulated AVX2-only CPU with qemu's user mode.
+# tests/test_cpu_emulated.py runs the build on an emulated AVX2-only CPU with qemu's user mode;
+# tests/test_fleet.py runs three replicas behind HAProxy (2.6 or newer).
 test-tools:
 	@if [ "$$(uname -m)" = x86_64 ] && ! command -v qemu-x86_64 >/dev/null; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -79,6 +86,15 @@ test-tools:
 				|| echo "note: qemu-user could not be installed: the emulated-CPU test will be skipped"; \
 		else \
 			echo "note: qemu-x86_64 is missing (apt-get install qemu-user): the emulated-CPU test will be skipped"; \
+		fi; \
+	fi
+	@if ! command -v haproxy >/dev/null; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing haproxy (apt-get) for the fleet test"; \
+			(apt-get update -qq && apt-get install -y -qq haproxy >/dev/null) \
+				|| echo "note: haproxy could not be installed: the fleet test will be skipped"; \
+		else \
+			echo "note: haproxy is missing (apt-get install haproxy, or your system's package): the fleet test will be skipped"; \
 		fi; \
 	fi
 

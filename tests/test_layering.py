@@ -10,7 +10,7 @@ APP = Path(__file__).resolve().parent.parent / "app"
 # Lowest first. A module may import app modules of lower layers only: no import runs back up.
 LAYERS: list[set[str]] = [
     {"errors", "snapshot", "scoring", "contract", "config", "cpu", "tiny_gguf", "observability", "launch"},
-    {"cache", "engine", "prompting", "model_config", "body", "openapi", "doctor", "affinity"},
+    {"cache", "engine", "prompting", "model_config", "body", "openapi", "doctor", "affinity", "fleet"},
     {"calibration", "build_check", "check_gpu", "disk_tier"},
     {"tuning"},
     {"service"},
