@@ -88,7 +88,8 @@ def choose_repack(model_path: Path, threads: int) -> bool:
         "on" if choice else "off",
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
+    # A name of its own per process: servers started together may all measure and write at once.
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     partial.write_text(json.dumps({"repack": choice, "plain_ms": plain, "repacked_ms": repacked}), encoding="utf-8")
     partial.replace(path)
     return choice

@@ -267,3 +267,28 @@ def _cmdline(pid: str) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:  # it exited meanwhile
         return b""
+
+
+@needs_haproxy
+def test_replicas_on_one_snapshot_folder_answer_a_dead_replicas_state_from_disk(
+    tiny_chat_path: Path, client: TestClient, tmp_path: Path
+) -> None:
+    """The second line behind the routing: a state whose replica died is a disk hit on the next."""
+    args = [*replica_args(tiny_chat_path), "--session-cache-dir", str(tmp_path)]
+    body = request("A customer whose replica will die mid-conversation.", QUESTION_SETS[2])
+    with Fleet(3, args, timeout=120) as running, httpx.Client(timeout=60) as proxy:
+        assert running.haproxy is not None
+        first = ask(proxy, running.url, body)
+        assert first.body["x_cache"] == "miss"
+        home = running.replicas[first.replica]
+        deadline = time.monotonic() + 60  # its snapshot is written in the background
+        while proxy.get(home.url + "/v1/cache").json()["tiny-chat"]["disk"]["queued"]:
+            assert time.monotonic() < deadline, "the snapshot write did not finish"
+            threading.Event().wait(0.05)
+        logged = len(running.haproxy.lines)
+        os.kill(home.pid, signal.SIGKILL)
+        running.haproxy.wait_for(rf"Server replicas/{first.replica} is DOWN", timeout=30, after=logged)
+        moved = ask(proxy, running.url, body)
+    assert moved.replica != first.replica and moved.body["x_cache"] == "disk"
+    assert moved.body["answers"] == first.body["answers"]  # exact floats
+    same_as_one_server(client, body, moved)
