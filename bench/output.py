@@ -48,3 +48,12 @@ def _clock(seconds: float) -> str:
         return "--:--"
     minutes, secs = divmod(int(seconds), 60)
     return f"{minutes}:{secs:02d}"
+
+
+def table(headers: list[str], rows: list[list[object]]) -> list[str]:
+    """A Markdown table's lines."""
+    return [
+        "| " + " | ".join(headers) + " |",
+        "|" + "---|" * len(headers),
+        *("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows),
+    ]

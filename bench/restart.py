@@ -29,7 +29,7 @@ from app.config import DEFAULT_MODEL_PATH, DEFAULT_SNAPSHOT_DIR
 from app.disk_tier import SUFFIX
 from app.engine import Engine
 from bench.client import ask, sized_text
-from bench.output import Progress
+from bench.output import Progress, table
 
 QUESTIONS: dict[str, Any] = {
     "refund": {"type": "noul", "instructions": "Does the customer ask for money back?"},
@@ -180,14 +180,30 @@ def markdown(found: dict[str, Any]) -> list[str]:
         "Restart: 5 questions; cold = prefill, RAM hit, then the server restarted and the same states asked "
         "again, their snapshots read from disk (device: the file dropped from the page cache first):",
         "",
-        "| state tokens | cold | RAM hit | disk hit (device) | disk hit (page cache) | disk / RAM hit | cold / disk |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for r in found["rows"]:
-        lines.append(
-            f"| {r['state_tokens']} | {r['cold_ms']} | {r['ram_hit_ms']} | {r['disk_hit_device_ms']} "
-            f"| {r['disk_hit_page_cache_ms'] or '-'} | {r['disk_over_ram_hit']} | {r['cold_over_disk_hit']}x |"
-        )
+    lines += table(
+        [
+            "state tokens",
+            "cold",
+            "RAM hit",
+            "disk hit (device)",
+            "disk hit (page cache)",
+            "disk / RAM hit",
+            "cold / disk",
+        ],
+        [
+            [
+                r["state_tokens"],
+                r["cold_ms"],
+                r["ram_hit_ms"],
+                r["disk_hit_device_ms"],
+                r["disk_hit_page_cache_ms"] or "-",
+                r["disk_over_ram_hit"],
+                f"{r['cold_over_disk_hit']}x",
+            ]
+            for r in found["rows"]
+        ],
+    )
     c = found["compression"]
     codecs = ", ".join(
         f"{name} {v['ratio']:.3f} of the size, {v['decompress_ms']} ms to decompress"

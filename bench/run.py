@@ -37,7 +37,7 @@ from bench import peer, pipeline, restart
 from bench.client import ask as client_ask
 from bench.client import sized_text
 from bench.figure import figure
-from bench.output import write_atomically
+from bench.output import table, write_atomically
 
 QUESTIONS: list[dict[str, Any]] = [
     {"type": "noul", "instructions": "Does the customer ask for money back?"},
@@ -320,14 +320,20 @@ def markdown(report: dict[str, Any]) -> str:
         ]
         lines += [
             "",
-            "| vs llama-server (5 questions) | state tokens | onepass | llama-server | onepass / llama-server |",
-            "|---|---|---|---|---|",
+            *table(
+                ["vs llama-server (5 questions)", "state tokens", "onepass", "llama-server", "onepass / llama-server"],
+                [
+                    [
+                        r["workload"],
+                        r["state_tokens"],
+                        r["onepass_ms"]["median"],
+                        r["llama_server_ms"]["median"],
+                        r["ratio"],
+                    ]
+                    for r in report["against_llama_server"]
+                ],
+            ),
         ]
-        for r in report["against_llama_server"]:
-            lines.append(
-                f"| {r['workload']} | {r['state_tokens']} | {r['onepass_ms']['median']} "
-                f"| {r['llama_server_ms']['median']} | {r['ratio']} |"
-            )
     m = report["memory"]
     lines += [
         "",
