@@ -12,6 +12,7 @@ Writes bench/results/<date>-<sha>-<model>.json and .md, and a .png of latency vs
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -383,8 +384,11 @@ def main() -> None:
     parser.add_argument(
         "--peer", type=Path, help="llama-server built like onepass's llama.cpp (make peer); without it, no comparison"
     )
+    parser.add_argument("--peer-sizes", type=int, nargs="+", help="state lengths of the llama-server comparison")
     args = parser.parse_args()
     cfg = QUICK if args.quick else FULL
+    if args.peer_sizes:
+        cfg = dataclasses.replace(cfg, peer_sizes=args.peer_sizes)
     began = time.perf_counter()
     engine = Engine(args.model, n_ctx=512, contexts=1)  # tokenizer and prompts only
     prompter = prompter_for(engine)
