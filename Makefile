@@ -78,23 +78,22 @@ test: model lint check-build test-tools
 
 # tests/test_cpu_emulated.py runs the build on an emulated AVX2-only CPU with qemu's user mode;
 # tests/test_fleet.py runs three replicas behind HAProxy (2.6 or newer).
+# tests/test_playground.py drives the page in headless Chromium through its driver.
+# As root with apt-get they are installed here; otherwise those tests are skipped, saying why.
 test-tools:
-	@if [ "$$(uname -m)" = x86_64 ] && ! command -v qemu-x86_64 >/dev/null; then \
+	@missing=""; \
+	if [ "$$(uname -m)" = x86_64 ] && ! command -v qemu-x86_64 >/dev/null; then missing=" qemu-user"; fi; \
+	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null \
+		|| missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
+	command -v haproxy >/dev/null || missing="$$missing haproxy"; \
+	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-			echo "installing qemu-user (apt-get) for the emulated-CPU test"; \
-			(apt-get update -qq && apt-get install -y -qq qemu-user >/dev/null) \
-				|| echo "note: qemu-user could not be installed: the emulated-CPU test will be skipped"; \
+			echo "installing$$missing (apt-get) for the emulated-CPU, browser and fleet tests"; \
+			(apt-get update -qq && apt-get install -y -qq $$missing >/dev/null) \
+				|| echo "note: could not install$$missing: the tests that need them will be skipped"; \
 		else \
-			echo "note: qemu-x86_64 is missing (apt-get install qemu-user): the emulated-CPU test will be skipped"; \
-		fi; \
-	fi
-	@if ! command -v haproxy >/dev/null; then \
-		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-			echo "installing haproxy (apt-get) for the fleet test"; \
-			(apt-get update -qq && apt-get install -y -qq haproxy >/dev/null) \
-				|| echo "note: haproxy could not be installed: the fleet test will be skipped"; \
-		else \
-			echo "note: haproxy is missing (apt-get install haproxy, or your system's package): the fleet test will be skipped"; \
+			echo "note: missing$$missing (as root: apt-get install$$missing): the tests that need them will be skipped"; \
 		fi; \
 	fi
 

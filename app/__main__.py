@@ -41,7 +41,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except OSError as error:
         sys.exit(f"onepass: cannot listen on {settings.host}:{settings.port}: {error.strerror}")
     host, port = listener.getsockname()[:2]
-    logging.getLogger("onepass").info("listening on http://%s:%d", f"[{host}]" if ":" in host else host, port)
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    logging.getLogger("onepass").info("listening on %s", url)
+    if not settings.no_ui:
+        logging.getLogger("onepass").info("try it in a browser: %s/", url)
     replica = settings.replica_name or f"{socket.gethostname()}:{port}"  # unique among replicas on one host
     config = uvicorn.Config(
         create_app(settings, source=source, replica=replica),

@@ -43,6 +43,16 @@ def _optional_str(text: str) -> str | None:
     return text or None
 
 
+def parse_bool(text: str) -> bool:
+    """A switch: `--no-ui` alone turns it on; the env var and the file take a word (TOML `true` too)."""
+    word = text.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, not {text!r}")
+
+
 def _one_of(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
     """A parser for a setting that takes one of a few words."""
 
@@ -140,6 +150,7 @@ class Settings:
         _optional_str,
         restart=True,
     )
+    no_ui: bool = _option(False, "serve only the API: no page to try it at /", parse_bool, restart=True)
 
     @property
     def model_name(self) -> str:
@@ -158,12 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
         "e.g. ONEPASS_N_CTX=4096; a flag given on the command line wins.",
     )
     for field in dataclasses.fields(Settings):
+        switch: dict[str, Any] = {"nargs": "?", "const": True} if field.metadata["parse"] is parse_bool else {}
         parser.add_argument(
             "--" + field.name.replace("_", "-"),
             dest=field.name,
             type=field.metadata["parse"],
             default=argparse.SUPPRESS,
             help=f"{field.metadata['help']} [env {env_var(field.name)}; default {field.default}]",
+            **switch,
         )
     return parser
 

@@ -12,6 +12,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -21,7 +22,9 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Match, Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import Scope
 
 from app.affinity import PREFIX_KEY_HEADER, REPLICA_HEADER, affinity_key
 from app.body import decode_content, parse_json, too_large
@@ -34,6 +37,16 @@ from app.observability import Metrics, RequestObserver
 from app.openapi import build_openapi
 
 log = logging.getLogger("onepass.server")
+
+PAGE_DIRECTORY = Path(__file__).resolve().parent / "static"
+# Everything the page loads comes from this server, and no text it shows can run as code.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'none'; base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
 
 
 def read_api_keys(settings: Settings) -> tuple[bytes, ...]:
@@ -301,6 +314,30 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return _detail(exc.status_code, error_type, str(exc.detail))
 
 
+class _PageFiles(StaticFiles):
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        response = await super().get_response(path, scope)
+        response.headers.update(PAGE_HEADERS)
+        return response
+
+
+class _Page(Mount):
+    """The page to try onepass (app/static) at /, served without the API key: it can do nothing without one.
+
+    It matches its own files only, so every other path keeps the API's answers: a known route
+    with another method stays 405, an unknown path the JSON 404."""
+
+    def __init__(self) -> None:
+        super().__init__("/", app=_PageFiles(directory=PAGE_DIRECTORY, html=True), name="page")
+        files = (path for path in PAGE_DIRECTORY.rglob("*") if path.is_file())
+        self.paths = {"/", *("/" + path.relative_to(PAGE_DIRECTORY).as_posix() for path in files)}
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if scope["type"] == "http" and scope["path"].removeprefix(scope.get("root_path", "")) in self.paths:
+            return super().matches(scope)
+        return Match.NONE, {}
+
+
 def _package_version() -> str:
     try:
         return version("onepass")
@@ -389,19 +426,20 @@ def create_app(
                 if runtime.registry is not None:
                     runtime.registry.close()
 
+    api: list[BaseRoute] = [
+        Route("/v1/systemone", systemone, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{name:path}/load", load_model_route, methods=["POST"]),
+        Route("/v1/models/{name:path}/unload", unload_model_route, methods=["POST"]),
+        Route("/v1/config/reload", reload_config, methods=["POST"]),
+        Route("/v1/cache", cache_stats, methods=["GET"]),
+        Route("/metrics", metrics_text, methods=["GET"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/health/live", health_live, methods=["GET"]),
+    ]
     return Starlette(
-        routes=[
-            Route("/v1/systemone", systemone, methods=["POST"]),
-            Route("/v1/models", list_models, methods=["GET"]),
-            Route("/v1/models/{name:path}/load", load_model_route, methods=["POST"]),
-            Route("/v1/models/{name:path}/unload", unload_model_route, methods=["POST"]),
-            Route("/v1/config/reload", reload_config, methods=["POST"]),
-            Route("/v1/cache", cache_stats, methods=["GET"]),
-            Route("/metrics", metrics_text, methods=["GET"]),
-            Route("/openapi.json", openapi_json, methods=["GET"]),
-            Route("/health", health, methods=["GET"]),
-            Route("/health/live", health_live, methods=["GET"]),
-        ],
+        routes=api if settings.no_ui else [*api, _Page()],
         middleware=[
             Middleware(RequestObserver, metrics=metrics, headers={REPLICA_HEADER: replica}),
             Middleware(_ContainInternalErrors),

@@ -8,22 +8,30 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable
 
 import uvicorn
 
 from app.config import Settings
 from app.models import ModelRegistry
-from app.server import create_app
+from app.server import create_app, default_loader
 
 
 class RunningServer:
-    def __init__(self, settings: Settings, registry: ModelRegistry) -> None:
+    """Serving `registry`; without one, the app loads its own with `loader` in the background."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        registry: ModelRegistry | None = None,
+        loader: Callable[[Settings], ModelRegistry] = default_loader,
+    ) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
         host, port = self.sock.getsockname()
         self.base_url = f"http://{host}:{port}"
-        config = uvicorn.Config(create_app(settings, registry=registry), log_level="warning", lifespan="on")
+        config = uvicorn.Config(create_app(settings, registry, loader), log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()

@@ -65,6 +65,7 @@ def test_defaults_with_no_flags_and_no_environment() -> None:
         "shutdown_timeout": 30.0,
         "log_level": "info",
         "replica_name": None,
+        "no_ui": False,
     }
 
 
@@ -100,6 +101,7 @@ def test_env_var_names_are_the_prefixed_upper_case_field_names() -> None:
         "ONEPASS_SHUTDOWN_TIMEOUT",
         "ONEPASS_LOG_LEVEL",
         "ONEPASS_REPLICA_NAME",
+        "ONEPASS_NO_UI",
     ]
 
 
@@ -116,6 +118,7 @@ PRECEDENCE_CASES: list[tuple[str, str, Any, str, Any]] = [
     ("host", "0.0.0.0", "0.0.0.0", "10.0.0.1", "10.0.0.1"),
     ("log_level", "debug", "debug", "warning", "warning"),
     ("replica_name", "replica1", "replica1", "gpu-host-2:8080", "gpu-host-2:8080"),
+    ("no_ui", "yes", True, "1", True),
 ]
 
 
@@ -137,6 +140,18 @@ def test_flag_beats_env_beats_default(
     # Only the named option moves; every other one keeps its default.
     others = {key: value for key, value in dataclasses.asdict(load_settings(argv, environ)).items() if key != name}
     assert others == {key: value for key, value in dataclasses.asdict(Settings()).items() if key != name}
+
+
+def test_a_switch_is_on_alone_and_takes_a_word_from_the_environment_or_the_file(tmp_path: Path) -> None:
+    assert load_settings(["--no-ui"], {}).no_ui is True
+    assert load_settings(["--no-ui", "false"], {"ONEPASS_NO_UI": "true"}).no_ui is False
+    for word, value in {"0": False, "off": False, "No": False, "1": True, "on": True, "TRUE": True}.items():
+        assert load_settings([], {"ONEPASS_NO_UI": word}).no_ui is value, word
+    config = tmp_path / "onepass.toml"
+    config.write_text("[server]\nno_ui = true\n")
+    assert load_settings(["--config", str(config)], {}).no_ui is True
+    with pytest.raises(ValueError, match="expected true or false, not 'maybe'"):
+        load_settings([], {"ONEPASS_NO_UI": "maybe"})
 
 
 def test_parsed_values_have_the_field_types() -> None:
@@ -215,7 +230,9 @@ def test_help_lists_every_field_flag_and_env_var(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("COLUMNS", "1000")
     flat = " ".join(build_parser().format_help().split())
     for field in dataclasses.fields(Settings):
-        entry = re.search(rf"{flag(field.name)} {field.name.upper()} [^\[]*\[env (\w+); default ([^\]]*)\]", flat)
+        # a switch's value is optional: `--no-ui [NO_UI]`
+        metavar = rf"\[?{field.name.upper()}\]?"
+        entry = re.search(rf"{flag(field.name)} {metavar} [^\[]*\[env (\w+); default ([^\]]*)\]", flat)
         assert entry is not None, field.name
         assert entry.groups() == (env_var(field.name), str(field.default))
 
