@@ -46,19 +46,24 @@ def tuning_key(model_path: Path, threads: int) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
-def prefill_ms(model_path: Path, threads: int, repack: bool) -> float:
-    """The best of two prefills of SAMPLE_TOKENS tokens with repacked weights on or off."""
-    engine = Engine(model_path, n_ctx=512, threads=threads, repack=repack)
+def prefill_times(model_path: Path, threads: int, rounds: int = 3) -> tuple[float, float]:
+    """(plain, repacked): the best of `rounds` prefills of SAMPLE_TOKENS tokens each way.
+
+    Both engines are loaded at once and take turns, so a busy machine (another process on the
+    cores) slows both alike instead of whichever happened to run during the burst."""
+    engines = [Engine(model_path, n_ctx=512, threads=threads, repack=repack) for repack in (False, True)]
     try:
-        tokens = engine.tokenize(SAMPLE, add_bos=True)[:SAMPLE_TOKENS]
-        best = float("inf")
-        for _ in range(2):
-            began = time.perf_counter()
-            engine.prefill(tokens)
-            best = min(best, (time.perf_counter() - began) * 1000)
-        return best
+        tokens = engines[0].tokenize(SAMPLE, add_bos=True)[:SAMPLE_TOKENS]
+        best = [float("inf"), float("inf")]
+        for _ in range(rounds):
+            for i, engine in enumerate(engines):
+                began = time.perf_counter()
+                engine.prefill(tokens)
+                best[i] = min(best[i], (time.perf_counter() - began) * 1000)
+        return best[0], best[1]
     finally:
-        engine.close()
+        for engine in engines:
+            engine.close()
 
 
 def read_choice(path: Path) -> bool | None:
@@ -77,7 +82,7 @@ def choose_repack(model_path: Path, threads: int) -> bool:
     cached = read_choice(path)
     if cached is not None:
         return cached
-    plain, repacked = prefill_ms(model_path, threads, False), prefill_ms(model_path, threads, True)
+    plain, repacked = prefill_times(model_path, threads)
     choice = repacked < plain * (1 - MARGIN)
     log.info(
         "%s: prefill of %d tokens %.0f ms plain, %.0f ms repacked: repack %s",
