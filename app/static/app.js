@@ -266,7 +266,8 @@ function showRequest(request, body, elapsed) {
   const stateKey = JSON.stringify([body.model, request.state]);
   const miss = session.misses.get(stateKey);
   if (body.x_cache === "miss") session.misses.set(stateKey, timing);
-  const compare = body.x_cache === "hit" && miss !== undefined; // the same state again: show what the cache saved
+  // the same state again, from RAM or from disk: show what the cache saved
+  const compare = (body.x_cache === "hit" || body.x_cache === "disk") && miss !== undefined;
   const scale = Math.max(timing.total, compare ? miss.total : 0);
   const legend = TIMING_PARTS.flatMap((part) => {
     const item = el("span", `part ${part}`, `${part} ${ms(timing[part])}`);
@@ -284,7 +285,7 @@ function showRequest(request, body, elapsed) {
   );
   if (compare) {
     const saved = miss.total - timing.total;
-    panel.append(el("p", "saved", `Cache hit: ${ms(timing.total)} against ${ms(miss.total)} when this state was new: ${ms(saved)} saved (${Math.round((100 * saved) / miss.total)}%).`));
+    panel.append(el("p", "saved", `${body.x_cache === "disk" ? "Disk hit" : "Cache hit"}: ${ms(timing.total)} against ${ms(miss.total)} when this state was new: ${ms(saved)} saved (${Math.round((100 * saved) / miss.total)}%).`));
   }
   Object.assign(panel.dataset, { cache: body.x_cache, inputTokens: String(body.usage.input_tokens), completed: String(session.completed) });
   panel.hidden = false;
