@@ -38,6 +38,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         listener.bind(address)
+        listener.listen(2048)  # from here a client may connect: it waits in the backlog until uvicorn accepts
     except OSError as error:
         sys.exit(f"onepass: cannot listen on {settings.host}:{settings.port}: {error.strerror}")
     host, port = listener.getsockname()[:2]
