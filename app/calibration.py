@@ -16,14 +16,19 @@ content-free runs are decoded after that base snapshot in a batch of their own: 
 request's batch would cost the same compute on a CPU but tie the prior's floating-point
 rounding, and the real questions', to whatever else shared the batch, and a request must
 answer bit-identically whether or not its questions' priors were already known.
+
+A `PriorStore` (the snapshot disk tier) keeps priors across restarts: a stored prior is the
+same numbers a new measurement would give (the same decode, written as exact float text).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from app.engine import Job, Readout
 from app.scoring import softmax
@@ -35,9 +40,21 @@ MAX_PRIORS = 4096
 Measure = Callable[[Snapshot, list[Job]], list[Readout]]
 
 
+class PriorStore(Protocol):
+    """Priors by the tokens they were measured on (base + suffix), as bytes."""
+
+    def load(self, tokens: tuple[int, ...]) -> bytes | None: ...
+
+    def save(self, tokens: tuple[int, ...], data: bytes) -> None: ...
+
+
 class ContextualCalibrator:
     def __init__(
-        self, content_free_tokens: Sequence[Sequence[int]], measure: Measure, temperature: float = 1.0
+        self,
+        content_free_tokens: Sequence[Sequence[int]],
+        measure: Measure,
+        temperature: float = 1.0,
+        store: PriorStore | None = None,
     ) -> None:
         """`content_free_tokens`: each stand-in state's tokens, as they follow the system prompt;
         `measure`: decodes jobs after a base snapshot and returns their readouts;
@@ -47,6 +64,7 @@ class ContextualCalibrator:
         self._stand_ins = [tuple(tokens) for tokens in content_free_tokens]
         self._measure = measure
         self._temperature = temperature
+        self._store = store
         # (base tokens, suffix) -> label -> p
         self._priors: OrderedDict[tuple[tuple[int, ...], tuple[int, ...]], dict[int, float]] = OrderedDict()
         self._lock = threading.Lock()
@@ -64,16 +82,25 @@ class ContextualCalibrator:
                 self._priors.move_to_end(key)
         if known is None:
             canonical = sorted(labels)
-            readouts = self._measure(base, [Job((*stand_in, *suffix), canonical) for stand_in in self._stand_ins])
-            runs = [softmax(r.label_logits) for r in readouts]
-            known = {
-                label: math.fsum(p) / len(runs) for label, p in zip(canonical, zip(*runs, strict=True), strict=True)
-            }
+            stored = self._store.load((*base.tokens, *suffix)) if self._store is not None else None
+            known = _parse(stored, canonical) if stored is not None else None
+            if known is None:
+                known = self._measured(base, suffix, canonical)
             with self._lock:
                 self._priors[key] = known
                 while len(self._priors) > MAX_PRIORS:
                     self._priors.popitem(last=False)
         return [known[label] for label in labels]
+
+    def _measured(self, base: Snapshot, suffix: tuple[int, ...], canonical: list[int]) -> dict[int, float]:
+        readouts = self._measure(base, [Job((*stand_in, *suffix), canonical) for stand_in in self._stand_ins])
+        runs = [softmax(r.label_logits) for r in readouts]
+        known = {label: math.fsum(p) / len(runs) for label, p in zip(canonical, zip(*runs, strict=True), strict=True)}
+        if self._store is not None:  # repr-exact floats: read back, they are these numbers
+            self._store.save(
+                (*base.tokens, *suffix), json.dumps([[label, known[label]] for label in canonical]).encode()
+            )
+        return known
 
     def calibrate(
         self, base: Snapshot, suffix: tuple[int, ...], labels: Sequence[int], probabilities: Sequence[float]
@@ -90,3 +117,13 @@ class ContextualCalibrator:
     def __len__(self) -> int:
         with self._lock:
             return len(self._priors)
+
+
+def _parse(stored: bytes, labels: list[int]) -> dict[int, float] | None:
+    """A stored prior for exactly these labels, or None (then it is measured again)."""
+    try:
+        pairs = json.loads(stored)
+        found = {int(label): float(p) for label, p in pairs}
+    except (ValueError, TypeError):
+        return None
+    return found if sorted(found) == labels and all(math.isfinite(p) for p in found.values()) else None

@@ -2,7 +2,7 @@
 
 One file per snapshot, `<key hex>.snap`, in a folder per model. A new snapshot is queued and
 written by a background thread (temporary file, fsync, rename), so a request never waits for
-the disk; when the queue is full the write is skipped and counted. Every read checks the
+the disk; when the queue holds too many bytes the write is skipped and counted. Every read checks the
 whole file against this process (format, llama.cpp build, model, KV settings, key, lengths,
 blake3 of the header, the tokens and the payload) and compares the tokens with the wanted
 prefix: a file that fails is deleted, counted by reason and the request prefills as a miss.
@@ -43,7 +43,9 @@ FORMAT = 1
 MAGIC = b"onepass-snapshot"
 SUFFIX = ".snap"
 TEMP_SUFFIX = ".tmp"
-WRITE_QUEUE = 4  # snapshots waiting to be written; beyond, writes are skipped (never block a request)
+# Bytes of snapshots waiting to be written (a few long ones, or many priors); beyond, writes are
+# skipped, never waited for. One write is always let in, whatever its size.
+WRITE_QUEUE_BYTES = 256 * 1024**2
 STALE_TEMP_SECONDS = 3600  # a temporary file this old was left by a killed writer
 DIGEST = 32
 
@@ -66,7 +68,9 @@ class Rejected(Exception):
 
 
 class DiskTier:
-    def __init__(self, folder: Path, max_bytes: int, identity: SnapshotIdentity, queue_size: int = WRITE_QUEUE) -> None:
+    def __init__(
+        self, folder: Path, max_bytes: int, identity: SnapshotIdentity, queue_bytes: int = WRITE_QUEUE_BYTES
+    ) -> None:
         self.folder = folder
         self.max_bytes = max_bytes
         self.identity = identity
@@ -75,9 +79,11 @@ class DiskTier:
         self._counts: Counter[str] = Counter()
         self._rejected: Counter[str] = Counter()
         self._read_seconds = 0.0  # spent reading and verifying the files of hits
-        self._queue: queue.Queue[tuple[CacheKey, Snapshot] | None] = queue.Queue(queue_size)
+        self._queue: queue.Queue[tuple[CacheKey, Snapshot] | None] = queue.Queue()  # bounded by queue_bytes
+        self._queue_bytes = queue_bytes
         self._idle = threading.Condition()
-        self._pending = 0
+        self._pending = 0  # writes queued or in progress
+        self._pending_bytes = 0
         self._writer: threading.Thread | None = None
         self.enabled = max_bytes > 0 and self._open()
         if self.enabled:
@@ -212,11 +218,13 @@ class DiskTier:
         if not self.enabled:
             return
         with self._idle:
-            try:
-                self._queue.put_nowait((key, snapshot))
-                self._pending += 1
-            except queue.Full:
-                self._counts["writes_skipped"] += 1
+            if self._pending and self._pending_bytes + snapshot.n_bytes > self._queue_bytes:
+                with self._lock:
+                    self._counts["writes_skipped"] += 1
+                return
+            self._pending += 1
+            self._pending_bytes += snapshot.n_bytes
+            self._queue.put_nowait((key, snapshot))
 
     def flush(self, timeout: float) -> bool:
         """Wait until every queued write is done (or skipped); False if `timeout` passed first."""
@@ -246,6 +254,7 @@ class DiskTier:
             finally:
                 with self._idle:
                     self._pending -= 1
+                    self._pending_bytes -= item[1].n_bytes
                     self._idle.notify_all()
 
     def _write(self, key: CacheKey, snapshot: Snapshot) -> None:

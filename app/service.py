@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -77,6 +78,7 @@ class ModelService:
             [prompter.state_tokens(state) for state in CONTENT_FREE_STATES],
             lambda base, jobs: self.engine.answer(base, jobs).readouts,
             calibration_temperature,
+            _DiskPriors(disk, engine) if disk is not None else None,
         )
         log.info(
             "%s: system prompt prefilled (%d tokens, %.0f ms)",
@@ -257,6 +259,25 @@ class ModelService:
                 total=round(total_ms, 3),
             ),
         )
+
+
+class _DiskPriors:
+    """Calibration priors kept by the disk tier beside the snapshots: a few hundred bytes each,
+    verified like them (build, model, KV settings, the tokens they were measured on)."""
+
+    def __init__(self, disk: DiskTier, engine: Engine) -> None:
+        self._disk = disk
+        self._prefix = (b"calibration prior", engine.fingerprint, engine.kv_settings, "|".join(CONTENT_FREE_STATES))
+
+    def _key(self, tokens: tuple[int, ...]) -> CacheKey:
+        return cache_key(*self._prefix, array("I", tokens).tobytes())
+
+    def load(self, tokens: tuple[int, ...]) -> bytes | None:
+        found = self._disk.load(self._key(tokens), tokens)
+        return found.data if found is not None else None
+
+    def save(self, tokens: tuple[int, ...], data: bytes) -> None:
+        self._disk.save(self._key(tokens), Snapshot(data, tokens))
 
 
 def render_answer(

@@ -63,14 +63,18 @@ def test_a_disk_hit_after_a_restart_equals_a_ram_hit_and_a_cold_miss(
     assert (miss.x_cache, hit.x_cache) == ("miss", "hit")
     first.close()  # finishes the background write
     restarted = load(tiny_chat_path, tmp_path, layout=layout)
+    decodes = restarted.engine.decode_calls
     from_disk = restarted.answer(request)
     assert from_disk.x_cache == "disk" and from_disk.x_timing_ms.prefill == 0.0
+    # the calibration priors came from disk too: the one decode is the request's own
+    assert restarted.engine.decode_calls - decodes == 1
     again = restarted.answer(request)
     assert again.x_cache == "hit"  # promoted into RAM
     answers = {json.dumps(json.loads(r.to_json())["answers"]) for r in (miss, hit, from_disk, again)}
     assert answers == {json.dumps(json.loads(reference)["answers"])}
     stats = restarted.cache_stats()["disk"]
-    files = 2 if layout == "question-first" else 1  # the question set's snapshot is kept too
+    # the state's snapshot, the question set's in that layout, and one prior per question
+    files = (2 if layout == "question-first" else 1) + len(QUESTIONS)
     assert (stats["hits"], stats["rejected"], stats["entries"]) == (files, {}, files)
     restarted.close()
 
@@ -80,7 +84,7 @@ def test_a_damaged_file_is_answered_as_a_miss_with_the_same_numbers(tiny_chat_pa
     first = load(tiny_chat_path, tmp_path)
     reference = first.answer(request).to_json()
     first.close()
-    (path,) = [p for p in tmp_path.rglob(f"*{SUFFIX}")]
+    path = max(tmp_path.rglob(f"*{SUFFIX}"), key=lambda p: p.stat().st_size)  # the snapshot; priors are tiny
     data = bytearray(path.read_bytes())
     data[-10] ^= 0xFF
     path.write_bytes(bytes(data))

@@ -185,7 +185,7 @@ def test_the_budget_evicts_the_least_recently_used_files_across_restarts(tmp_pat
 
 
 def test_a_full_write_queue_skips_writes_instead_of_blocking(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    tier = DiskTier(tmp_path, 1 << 30, IDENTITY, queue_size=1)
+    tier = DiskTier(tmp_path, 1 << 30, IDENTITY, queue_bytes=9000)  # two of these snapshots
     entered, release = threading.Event(), threading.Event()
     write = tier._write
 
@@ -198,7 +198,7 @@ def test_a_full_write_queue_skips_writes_instead_of_blocking(tmp_path: Path, mon
     tier.save(cache_key("a"), snapshot(5, 1))
     assert entered.wait(FLUSH_S)  # the writer holds "a"; the queue is empty again
     tier.save(cache_key("b"), snapshot(5, 2))  # queued
-    tier.save(cache_key("c"), snapshot(5, 3))  # the queue is full: skipped, at once
+    tier.save(cache_key("c"), snapshot(5, 3))  # 3 x 4,096 bytes: skipped, at once
     assert tier.stats()["writes_skipped"] == 1
     release.set()
     assert tier.flush(FLUSH_S)

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from app.cache import SnapshotCache, cache_key
+from app.calibration import ContextualCalibrator
 from app.contract import SystemOneRequest
-from app.engine import MAX_SEQUENCES, Engine, Job, RestoreError
+from app.engine import MAX_SEQUENCES, Engine, Job, Readout, RestoreError
 from app.service import ModelService
 from app.snapshot import Snapshot
 from tests.conftest import tiny_settings
@@ -278,3 +279,40 @@ def test_a_question_asked_twice_is_decoded_once_and_answered_alike(tiny_service:
     single, doubled = tiny_service.answer(once).wire(), tiny_service.answer(twice).wire()
     assert doubled["answers"]["copy"] == doubled["answers"]["q0"] == single["answers"]["q0"]  # the same batch
     assert doubled["usage"]["input_tokens"] == single["usage"]["input_tokens"]  # its suffix counted once
+
+
+class DictStore:
+    """A PriorStore in memory, whose entries a test can spoil."""
+
+    def __init__(self) -> None:
+        self.saved: dict[tuple[int, ...], bytes] = {}
+
+    def load(self, tokens: tuple[int, ...]) -> bytes | None:
+        return self.saved.get(tokens)
+
+    def save(self, tokens: tuple[int, ...], data: bytes) -> None:
+        self.saved[tokens] = data
+
+
+@pytest.mark.parametrize("spoil", [None, b"not json", b"[[1, 0.5]]", b'[[0, "nan"]]'])
+def test_a_stored_prior_is_used_only_when_it_is_whole_and_for_these_labels(
+    tiny_service: ModelService, spoil: bytes | None
+) -> None:
+    store = DictStore()
+    fresh = tiny_service.calibrator
+    first = ContextualCalibrator(fresh._stand_ins, fresh._measure, store=store)
+    rendered = tiny_service.prompter.question(request(n_questions=1).questions["q0"])
+    measured = first.prior(tiny_service.base, rendered.tokens, rendered.label_ids)
+    assert len(store.saved) == 1
+    if spoil is not None:
+        store.saved = dict.fromkeys(store.saved, spoil)
+    calls = 0
+
+    def counting(base: Snapshot, jobs: list[Job]) -> list[Readout]:
+        nonlocal calls
+        calls += 1
+        return fresh._measure(base, jobs)
+
+    restarted = ContextualCalibrator(fresh._stand_ins, counting, store=store)
+    assert restarted.prior(tiny_service.base, rendered.tokens, rendered.label_ids) == measured  # exact
+    assert calls == (0 if spoil is None else 1)  # a spoiled record is measured again
