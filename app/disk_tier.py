@@ -108,7 +108,7 @@ class DiskTier:
             return False
         self._sizes = {name: size for name, size, _ in files}
         log.info(
-            "snapshot disk tier %s: %d snapshots, %d bytes (budget %d)",
+            "snapshot disk tier %s: %d files (snapshots and calibration priors), %d bytes (budget %d)",
             self.folder,
             len(files),
             sum(self._sizes.values()),

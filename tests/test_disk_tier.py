@@ -41,7 +41,7 @@ def test_a_snapshot_comes_back_whole_after_a_restart(tmp_path: Path, caplog: pyt
     first.close()
     with caplog.at_level(logging.INFO, logger="onepass.disk"):
         second = DiskTier(tmp_path, 1 << 30, IDENTITY)  # a new process's tier on the same folder
-    assert "1 snapshots" in caplog.text
+    assert ": 1 files" in caplog.text
     loaded = second.load(key, snap.tokens)
     assert loaded == snap and loaded is not snap
     stats = second.stats()
