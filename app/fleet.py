@@ -187,8 +187,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(f"onepass fleet: {problem}")
 
     def show(name: str, line: str) -> None:
-        if '"route": "/health", "status": 200' not in line:  # haproxy checks every replica each second
-            sys.stderr.write(f"{name:>9} | {line}\n")
+        sys.stderr.write(f"{name:>9} | {line}\n")  # the replicas log haproxy's health checks at debug only
 
     def terminate(signum: int, frame: Any) -> None:
         raise SystemExit(0)  # unwinds through the fleet's __exit__, which stops everything

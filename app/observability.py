@@ -26,6 +26,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 log = logging.getLogger("onepass.requests")
+PROBE_ROUTES = ("/health", "/health/live")
 
 REQUEST_ID = "x-request-id"
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -140,7 +141,10 @@ class RequestObserver:
             route = _route(scope)
             self.metrics.requests.labels(route, str(status)).inc()
             self.metrics.latency.labels(route, observed.get("cache", "none")).observe(seconds)
-            log.info(
+            # A load balancer probes every second; a healthy answer to it is not news.
+            probe = route in PROBE_ROUTES and status == 200
+            log.log(
+                logging.DEBUG if probe else logging.INFO,
                 "%s",
                 json.dumps(
                     {

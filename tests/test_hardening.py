@@ -231,12 +231,16 @@ def test_an_internal_error_keeps_the_keep_alive_connection(tiny_service: ModelSe
 def test_request_ids_are_echoed_or_made_and_each_request_logs_one_line(
     client: TestClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="onepass.requests")
+    caplog.set_level(logging.DEBUG, logger="onepass.requests")
     given = client.post("/v1/systemone", json=BODY, headers={"X-Request-Id": "abc-123"})
     assert given.headers["x-request-id"] == "abc-123"
     made = client.get("/health/live").headers["x-request-id"]
     assert len(made) == 32
-    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "onepass.requests"]
+    records = [r for r in caplog.records if r.name == "onepass.requests"]
+    levels = {json.loads(r.getMessage())["request_id"]: r.levelno for r in records}
+    # a load balancer's healthy probe (every second) is logged at debug, a request at info
+    assert (levels["abc-123"], levels[made]) == (logging.INFO, logging.DEBUG)
+    lines = [json.loads(r.getMessage()) for r in records]
     line = next(entry for entry in lines if entry["request_id"] == "abc-123")
     assert line["route"] == "/v1/systemone" and line["status"] == 200 and line["model"] == "tiny-chat"
     assert line["questions"] == 1 and line["cache"] in ("hit", "miss") and line["input_tokens"] > 0
