@@ -98,9 +98,6 @@ class _Sources(Collector):
         yield from gauges.values()
         yield from counters.values()
         yield rejected
-        yield from requests.values()
-        yield from gauges.values()
-        yield from counters.values()
         yield prefilled
 
 

@@ -268,6 +268,8 @@ def test_metrics_count_requests_latency_and_cache_in_prometheus_format(client: T
         "onepass_in_flight",
     ):
         assert name in text, name
+    families = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(families) == len(set(families)), "a metric family was written twice"
 
 
 def test_openapi_describes_the_contract(client: TestClient) -> None:
