@@ -137,22 +137,21 @@ class DiskTier:
             return None
         path = self._path(key)
         began = time.perf_counter()
+        snapshot: Snapshot | None = None
         try:
             with path.open("rb") as file:
                 snapshot = self._read(file, key)
         except FileNotFoundError:
-            self._count("misses")
             with self._lock:
                 self._sizes.pop(path.name, None)
-            return None
         except Rejected as rejected:
             self._reject(path, rejected)
-            return None
         except OSError as error:
             self._reject(path, Rejected("unreadable", str(error)))
-            return None
-        if snapshot.tokens != tokens:  # a key collision: the file is sound, just not this prefix
-            self._count("collisions")
+        if snapshot is not None and snapshot.tokens != tokens:
+            self._count("collisions")  # a key collision: the file is sound, just not this prefix
+            snapshot = None
+        if snapshot is None:
             self._count("misses")
             return None
         with contextlib.suppress(FileNotFoundError):
@@ -202,7 +201,6 @@ class DiskTier:
             self._sizes.pop(path.name, None)
             self._rejected[rejected.reason] += 1
             first = self._rejected[rejected.reason] == 1
-            self._counts["misses"] += 1
         # One warning per reason; a folder of stale files (say after an upgrade) logs once.
         log.log(logging.WARNING if first else logging.DEBUG, "deleted snapshot file %s (%s)", path.name, rejected)
 
