@@ -78,6 +78,7 @@ class DiskTier:
         self._sizes: dict[str, int] = {}  # file name -> bytes, for the files this process knows of
         self._counts: Counter[str] = Counter()
         self._rejected: Counter[str] = Counter()
+        self._turned_off: Counter[str] = Counter()  # by errno name
         self._read_seconds = 0.0  # spent reading and verifying the files of hits
         self._queue: queue.Queue[tuple[CacheKey, Snapshot] | None] = queue.Queue()  # bounded by queue_bytes
         self._queue_bytes = queue_bytes
@@ -300,17 +301,18 @@ class DiskTier:
         """Delete the least recently used files of the whole folder (other processes' too) until
         the budget holds."""
         files = self._scan()
-        total = sum(size for _, size, _ in files)
-        evicted = 0
+        excess = sum(size for _, size, _ in files) - self.max_bytes
+        kept, evicted = {}, 0
         for name, size, _ in files:
-            if total <= self.max_bytes:
-                break
-            with contextlib.suppress(FileNotFoundError):
+            if excess <= 0:
+                kept[name] = size
+                continue
+            excess -= size
+            with contextlib.suppress(FileNotFoundError):  # another process evicted it first
                 (self.folder / name).unlink()
                 evicted += 1
-            total -= size
         with self._lock:
-            self._sizes = {name: size for name, size, _ in files[evicted:]}
+            self._sizes = kept
             self._counts["evictions"] += evicted
 
     def _turn_off(self, error: OSError) -> None:
@@ -320,7 +322,7 @@ class DiskTier:
         )
         with self._lock:
             self.enabled = False
-            self._counts[f"turned_off_{reason}"] += 1
+            self._turned_off[reason] += 1
 
     def _count(self, name: str) -> None:
         with self._lock:
@@ -341,7 +343,7 @@ class DiskTier:
                 "read_seconds": round(self._read_seconds, 6),
                 "queued": self._pending,  # writes queued or being written
                 "rejected": dict(self._rejected),
-                "turned_off": {k.removeprefix("turned_off_"): v for k, v in self._counts.items() if "turned_off" in k},
+                "turned_off": dict(self._turned_off),
             }
 
 
