@@ -12,6 +12,7 @@ import uvicorn
 
 from app.build_check import run_check
 from app.config import DEFAULT_CONFIG_PATH, ConfigError, SettingsSource
+from app.launch import listening_socket, url_of
 from app.model_config import read_models_config
 from app.server import create_app
 
@@ -31,18 +32,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if problem is not None:
         sys.exit(problem)
     # We bind the socket ourselves so that with --port 0 the port the OS picked can be logged.
-    family, kind, proto, _, address = socket.getaddrinfo(
-        settings.host, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    listener = socket.socket(family, kind, proto)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        listener.bind(address)
-        listener.listen(2048)  # from here a client may connect: it waits in the backlog until uvicorn accepts
+        listener = listening_socket(settings.host, settings.port)
     except OSError as error:
         sys.exit(f"onepass: cannot listen on {settings.host}:{settings.port}: {error.strerror}")
-    host, port = listener.getsockname()[:2]
-    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    url = url_of(listener)
+    port = listener.getsockname()[1]
     logging.getLogger("onepass").info("listening on %s", url)
     if not settings.no_ui:
         logging.getLogger("onepass").info("try it in a browser: %s/", url)

@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-from app.launch import READY, REPO_ROOT, LoggedProcess, ServerProcess
+from app.launch import READY, REPO_ROOT, LoggedProcess, ServerProcess, listening_socket, url_of
 
 log = logging.getLogger("onepass.fleet")
 
@@ -67,17 +67,6 @@ def with_servers(config: str, servers: Sequence[tuple[str, str]]) -> str:
     return "\n".join(kept[: found[0]] + new + kept[found[0] :]) + "\n"
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
-        0
-    ]
-    listener = socket.socket(family, kind, proto)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(address)
-    listener.listen(1024)
-    return listener
-
-
 class Fleet:
     """`replicas` onepass servers, each with `server_args`, ready, and haproxy in front; `url` is haproxy's.
 
@@ -97,9 +86,8 @@ class Fleet:
         self.replicas: dict[str, ServerProcess] = {}
         self.haproxy: LoggedProcess | None = None
         self._folder = tempfile.TemporaryDirectory(prefix="onepass-fleet-")
-        listener = _listen(host, port)
-        bound_host, bound_port = listener.getsockname()[:2]
-        self.url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
+        listener = listening_socket(host, port, backlog=1024)
+        self.url = url_of(listener)
         try:
             names = [f"replica{i}" for i in range(1, replicas + 1)]
             # The first starts alone: what a server measures once per machine and caches (app/tuning.py,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -111,3 +112,26 @@ class ServerProcess(LoggedProcess):
             raise
         assert match is not None
         self.url = match.group(1)
+
+
+def listening_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A socket bound to host:port (0: a port the OS picks) and listening: from here a client may
+    connect, and waits in the backlog until the server that is handed the socket accepts."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+        0
+    ]
+    listener = socket.socket(family, kind, proto)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(backlog)
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
+def url_of(listener: socket.socket) -> str:
+    """http://host:port of a bound socket (an IPv6 host in brackets)."""
+    host, port = listener.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

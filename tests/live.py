@@ -6,13 +6,13 @@ connections wait in the backlog until uvicorn accepts them (no polling, no sleep
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Callable
 
 import uvicorn
 
 from app.config import Settings
+from app.launch import listening_socket, url_of
 from app.models import ModelRegistry
 from app.server import create_app, default_loader
 
@@ -26,11 +26,8 @@ class RunningServer:
         registry: ModelRegistry | None = None,
         loader: Callable[[Settings], ModelRegistry] = default_loader,
     ) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        host, port = self.sock.getsockname()
-        self.base_url = f"http://{host}:{port}"
+        self.sock = listening_socket("127.0.0.1", 0, backlog=64)
+        self.base_url = url_of(self.sock)
         config = uvicorn.Config(create_app(settings, registry, loader), log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
