@@ -1,14 +1,17 @@
 """A real uvicorn server on a loopback port, in a thread, for clients that need a socket.
 
 The socket is bound and listening before the thread starts, so clients can connect at once:
-connections wait in the backlog until uvicorn accepts them (no polling, no sleeps).
+connections wait in the backlog until uvicorn accepts them (no polling, no sleeps). And a
+wait for a running server's background snapshot writes, shared by the disk and fleet tests.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
+import httpx
 import uvicorn
 
 from app.config import Settings
@@ -38,3 +41,13 @@ class RunningServer:
         self.thread.join(timeout=30)
         self.sock.close()
         assert not self.thread.is_alive(), "uvicorn did not shut down"
+
+
+def wait_for_disk_writes(url: str, model: str = "tiny-chat", timeout: float = 120) -> None:
+    """Until the server at `url` has no snapshot write queued for `model`: its disk tier writes in
+    the background, and a response is sent once its snapshot is queued. The server publishes no
+    event for it, so its stats are read until the count is 0, within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while httpx.get(url + "/v1/cache", timeout=timeout).json()[model]["disk"]["queued"]:
+        assert time.monotonic() < deadline, "the background writes did not finish"
+        threading.Event().wait(0.05)

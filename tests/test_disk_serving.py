@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +21,7 @@ from app.disk_tier import SUFFIX
 from app.launch import READY, ServerProcess
 from app.service import ModelService
 from tests.conftest import tiny_settings
+from tests.live import wait_for_disk_writes
 from tests.loading import load_model
 
 QUESTIONS: dict[str, Any] = {
@@ -168,15 +168,6 @@ def test_kill_9_in_the_middle_of_writes_leaves_only_whole_files(
         restarted.stop()
 
 
-def wait_for_writes(client: httpx.Client) -> None:
-    """Until the server's disk tier has no write queued (it writes in the background; a response
-    is sent after its snapshot was queued)."""
-    deadline = time.monotonic() + TIMEOUT_S
-    while client.get("/v1/cache").json()["tiny-chat"]["disk"]["queued"]:
-        assert time.monotonic() < deadline, "the background writes did not finish"
-        threading.Event().wait(0.05)
-
-
 def test_two_servers_share_one_folder_under_concurrent_load(
     tiny_chat_path: Path, tmp_path: Path, reference_answers: Any
 ) -> None:
@@ -195,7 +186,7 @@ def test_two_servers_share_one_folder_under_concurrent_load(
         # One server prefills a state, the other answers it from the shared folder.
         only_first = states(1, words=300)[0] + " (asked of the first server only)"
         assert clients[0].post("/v1/systemone", json=body(only_first)).json()["x_cache"] == "miss"
-        wait_for_writes(clients[0])
+        wait_for_disk_writes(servers[0].url)
         shared = clients[1].post("/v1/systemone", json=body(only_first)).json()
         assert shared["x_cache"] == "disk" and numbers(shared) == reference_answers(only_first)
         metrics = clients[1].get("/metrics").text

@@ -32,6 +32,7 @@ from app.fleet import Fleet, haproxy_problem, with_servers
 from app.launch import ServerProcess
 from bench.fleet_sim import Ring, key_hash, slots
 from tests.conftest import GPU_LAYERS
+from tests.live import wait_for_disk_writes
 
 MISSING = haproxy_problem()
 needs_haproxy = pytest.mark.skipif(MISSING is not None, reason=f"no fleet test: {MISSING}")
@@ -281,10 +282,7 @@ def test_replicas_on_one_snapshot_folder_answer_a_dead_replicas_state_from_disk(
         first = ask(proxy, running.url, body)
         assert first.body["x_cache"] == "miss"
         home = running.replicas[first.replica]
-        deadline = time.monotonic() + 60  # its snapshot is written in the background
-        while proxy.get(home.url + "/v1/cache").json()["tiny-chat"]["disk"]["queued"]:
-            assert time.monotonic() < deadline, "the snapshot write did not finish"
-            threading.Event().wait(0.05)
+        wait_for_disk_writes(home.url)
         logged = len(running.haproxy.lines)
         os.kill(home.pid, signal.SIGKILL)
         running.haproxy.wait_for(rf"Server replicas/{first.replica} is DOWN", timeout=30, after=logged)
