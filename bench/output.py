@@ -4,6 +4,7 @@ never half), and a progress line for runs that take minutes."""
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -57,3 +58,8 @@ def table(headers: list[str], rows: list[list[object]]) -> list[str]:
         "|" + "---|" * len(headers),
         *("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows),
     ]
+
+
+def median(samples: list[float]) -> float:
+    """The median in ms, to a tenth."""
+    return round(statistics.median(samples), 1)

@@ -25,7 +25,7 @@ import httpx
 from app.config import DEFAULT_MODEL_PATH, LAYOUTS
 from app.engine import Engine
 from bench.client import ask, sized_text
-from bench.output import Progress
+from bench.output import Progress, median
 
 TRIAGE: dict[str, Any] = {
     "queue": {
@@ -74,10 +74,6 @@ TICKET = [
 def tickets(engine: Engine, count: int, tokens: int = 64) -> list[str]:
     """`count` different tickets of about `tokens` tokens each."""
     return [sized_text(engine, TICKET, tokens, n, start=n) for n in range(count)]
-
-
-def median(values: list[float]) -> float:
-    return round(statistics.median(values), 1)
 
 
 def run_layout(client: httpx.Client, url: str, states: list[str], progress: Progress) -> dict[str, Any]:

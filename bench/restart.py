@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from app.config import DEFAULT_MODEL_PATH, DEFAULT_SNAPSHOT_DIR
 from app.disk_tier import SUFFIX
 from app.engine import Engine
 from bench.client import ask, sized_text
-from bench.output import Progress, table
+from bench.output import Progress, median, table
 
 QUESTIONS: dict[str, Any] = {
     "refund": {"type": "noul", "instructions": "Does the customer ask for money back?"},
@@ -168,10 +167,6 @@ def restart(model: Path, sizes: list[int], states_per_size: int, start_server: A
         "disk": {k: disk[k] for k in ("entries", "bytes", "hits", "writes", "writes_skipped", "rejected")},
         "compression": packed,
     }
-
-
-def median(samples: list[float]) -> float:
-    return round(statistics.median(samples), 1)
 
 
 def markdown(found: dict[str, Any]) -> list[str]:
