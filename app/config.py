@@ -67,9 +67,11 @@ def _one_of(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
 CALIBRATIONS = ("none", "contextual")
 LAYOUTS = ("state-first", "question-first")
 REPACK = ("auto", "on", "off")
+FLASH_ATTN = ("auto", "on", "off")
 parse_calibration = _one_of("calibration", CALIBRATIONS)
 parse_layout = _one_of("layout", LAYOUTS)
 parse_repack = _one_of("repack", REPACK)
+parse_flash_attn = _one_of("flash_attn", FLASH_ATTN)
 
 
 class ConfigError(ValueError):
@@ -101,6 +103,12 @@ class Settings:
         "ggml's repacked CPU weights: 'auto' times a prefill both ways at first start (cached per CPU, "
         "build and model), 'on' or 'off'",
         parse_repack,
+    )
+    flash_attn: str = _option(
+        "auto",
+        "llama.cpp's flash attention on the CPU: 'auto' times a prefill both ways at first start (cached "
+        "like repack), 'on' or 'off'",
+        parse_flash_attn,
     )
     session_cache_entries: int = _option(16, "most prefix snapshots kept (0 disables the cache)", int)
     session_cache_tokens: int = _option(32768, "most prefix tokens kept across snapshots (0 disables the cache)", int)

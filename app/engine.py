@@ -98,8 +98,9 @@ class KvSettings:
 
     n_ctx: int
     n_ubatch: int = N_UBATCH
-    # Restore is exact only with the same attention and KV settings as the save; flash
-    # attention on the CPU made one-shot and split prefills differ (DESIGN.md).
+    # Restore is exact only with the same attention and KV settings as the save. Flash attention
+    # makes a prefill in one piece and in two pieces round differently (DESIGN.md); every path
+    # here prefills in the same pieces (base, state, suffix), so hit == miss == cache off either way.
     flash_attn: bool = False
     kv_type: str = "f16"
     kv_unified: bool = True  # seq_cp then shares the prefix cells between question sequences
@@ -166,6 +167,7 @@ class Engine:
         threads: int = 0,
         contexts: int = 1,
         repack: bool = False,
+        flash_attn: bool = False,
     ) -> None:
         if not model_path.is_file():
             raise EngineError(f"model file not found: {model_path}")
@@ -185,7 +187,7 @@ class Engine:
         self.n_ctx = n_ctx
         self.add_bos = bool(llama.llama_vocab_get_add_bos(self.vocab))
         self.fingerprint = _file_fingerprint(model_path)
-        kv = KvSettings(n_ctx, repack=repack)
+        kv = KvSettings(n_ctx, repack=repack, flash_attn=flash_attn)
         self.kv_settings = kv.describe()  # besides the tokens, what shapes a snapshot's bytes: in every cache key
         # What else shapes them across processes (the disk tier): the kernels built in and where
         # the layers run. The thread count does not (measured: bit-identical KV with 1, 2 and 3).
@@ -197,11 +199,13 @@ class Engine:
         self._idle = list(self._contexts)  # least recently used first
         self._idle_changed = threading.Condition()
         log.info(
-            "loaded %s in %.2fs (%d contexts of %d tokens)",
+            "loaded %s in %.2fs (%d contexts of %d tokens; repacked weights %s, flash attention %s)",
             model_path.name,
             time.perf_counter() - started,
             contexts,
             n_ctx,
+            "on" if repack else "off",
+            "on" if flash_attn else "off",
         )
 
     @property

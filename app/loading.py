@@ -11,7 +11,7 @@ from app.engine import Engine
 from app.model_config import ModelSpec
 from app.prompting import Prompter
 from app.service import ModelService
-from app.tuning import choose_repack
+from app.tuning import choose
 
 log = logging.getLogger("onepass.loading")
 
@@ -45,7 +45,15 @@ def repack_for(spec: ModelSpec) -> bool:
     """Repacked CPU weights: as configured, or measured ("auto"); never with layers on a GPU."""
     if spec.n_gpu_layers != 0 or spec.repack == "off":
         return False
-    return spec.repack == "on" or choose_repack(spec.path, spec.threads)
+    return spec.repack == "on" or choose(spec.path, spec.threads, "repack")
+
+
+def flash_attn_for(spec: ModelSpec, repack: bool) -> bool:
+    """Flash attention: as configured, or measured ("auto") with the weights as they will be.
+    Off with layers on a GPU unless set on: exactness there is not measured."""
+    if spec.flash_attn != "auto" or spec.n_gpu_layers != 0:
+        return spec.flash_attn == "on"
+    return choose(spec.path, spec.threads, "flash_attn", {"repack": repack})
 
 
 def disk_tier_for(spec: ModelSpec, engine: Engine) -> DiskTier | None:
@@ -62,13 +70,15 @@ def disk_tier_for(spec: ModelSpec, engine: Engine) -> DiskTier | None:
 
 
 def load_spec(spec: ModelSpec) -> ModelService:
+    repack = repack_for(spec) if spec.path.is_file() else False
     engine = Engine(
         spec.path,
         n_ctx=spec.n_ctx,
         n_gpu_layers=spec.n_gpu_layers,
         threads=spec.threads,
         contexts=spec.contexts,
-        repack=repack_for(spec) if spec.path.is_file() else False,
+        repack=repack,
+        flash_attn=flash_attn_for(spec, repack) if spec.path.is_file() else False,
     )
     try:
         prompter = prompter_for(engine, spec.template, read_context(spec.context_path), spec.layout)

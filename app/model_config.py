@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.config import ConfigError, Settings, parse_calibration, parse_layout, parse_repack, read_toml
+from app.config import ConfigError, Settings, parse_calibration, parse_flash_attn, parse_layout, parse_repack, read_toml
 
 DEFAULT_ALIAS = "jev-latest"  # the SDKs' default model name: always the default model
 TEMPLATES = ("auto", "plain")
@@ -37,6 +37,7 @@ class ModelSpec:
     threads: int = _DEFAULTS.threads
     contexts: int = _DEFAULTS.contexts
     repack: str = _DEFAULTS.repack
+    flash_attn: str = _DEFAULTS.flash_attn
     session_cache_entries: int = _DEFAULTS.session_cache_entries
     session_cache_tokens: int = _DEFAULTS.session_cache_tokens
     session_cache_dir: Path = _DEFAULTS.session_cache_dir
@@ -57,6 +58,7 @@ class ModelSpec:
             "threads": settings.threads,
             "contexts": settings.contexts,
             "repack": settings.repack,
+            "flash_attn": settings.flash_attn,
             "session_cache_entries": settings.session_cache_entries,
             "session_cache_tokens": settings.session_cache_tokens,
             "session_cache_dir": settings.session_cache_dir,
@@ -124,7 +126,12 @@ def _spec(settings: Settings, entry: Any, where: str) -> ModelSpec:
     if not isinstance(temperature, int | float) or isinstance(temperature, bool) or temperature <= 0:
         raise ConfigError(f"{where}: calibration_temperature must be a positive number")
     try:
-        for key, parse in (("calibration", parse_calibration), ("layout", parse_layout), ("repack", parse_repack)):
+        for key, parse in (
+            ("calibration", parse_calibration),
+            ("layout", parse_layout),
+            ("repack", parse_repack),
+            ("flash_attn", parse_flash_attn),
+        ):
             parse(values.get(key, getattr(settings, key)))
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from error

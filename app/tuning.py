@@ -1,12 +1,14 @@
 """Speed settings chosen by measurement on this machine, once, and remembered.
 
-ggml can repack a model's quantized weights into interleaved layouts for the CPU's SIMD
-units ("extra buffer types"). Whether that is faster depends on the CPU: on the AVX-512
-Xeon this was developed on it was slower, on an AVX2 EPYC 10-15% faster. It changes only
-speed and floating-point rounding, never what is computed, so onepass times a prefill of the
-model both ways at first start and keeps the faster one. The choice is cached per CPU, per
-llama.cpp library and per model file (a JSON file, written atomically, checked when read),
-so later starts cost nothing.
+Two llama.cpp settings change only speed and floating-point rounding, never what is computed,
+and which is faster depends on the CPU and the build:
+- repacked weights: ggml can repack a model's quantized weights into interleaved layouts for
+  the CPU's SIMD units ("extra buffer types"); on the AVX-512 Xeon this was developed on that
+  was slower, on an AVX2 EPYC 10-15% faster;
+- flash attention: a fused attention kernel; on that Xeon it prefilled 8-12% faster.
+onepass times a prefill of the model both ways at first start and keeps the faster one. Each
+choice is cached per CPU, per llama.cpp library and per model file (a JSON file, written
+atomically, checked when read), so later starts cost nothing.
 """
 
 from __future__ import annotations
@@ -46,21 +48,21 @@ def tuning_key(model_path: Path, threads: int) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
-def prefill_times(model_path: Path, threads: int, rounds: int = 3) -> tuple[float, float]:
-    """(plain, repacked): the best of `rounds` prefills of SAMPLE_TOKENS tokens each way.
+def prefill_times(model_path: Path, threads: int, variants: list[dict[str, bool]], rounds: int = 3) -> list[float]:
+    """The best of `rounds` prefills of SAMPLE_TOKENS tokens with each variant's Engine settings.
 
-    Both engines are loaded at once and take turns, so a busy machine (another process on the
-    cores) slows both alike instead of whichever happened to run during the burst."""
-    engines = [Engine(model_path, n_ctx=512, threads=threads, repack=repack) for repack in (False, True)]
+    The engines are loaded at once and take turns, so a busy machine (another process on the
+    cores) slows all alike instead of whichever happened to run during the burst."""
+    engines = [Engine(model_path, n_ctx=512, threads=threads, **variant) for variant in variants]
     try:
         tokens = engines[0].tokenize(SAMPLE, add_bos=True)[:SAMPLE_TOKENS]
-        best = [float("inf"), float("inf")]
+        best = [float("inf")] * len(engines)
         for _ in range(rounds):
             for i, engine in enumerate(engines):
                 began = time.perf_counter()
                 engine.prefill(tokens)
                 best[i] = min(best[i], (time.perf_counter() - began) * 1000)
-        return best[0], best[1]
+        return best
     finally:
         for engine in engines:
             engine.close()
@@ -71,30 +73,35 @@ def read_choice(path: Path) -> bool | None:
         found = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    choice = found.get("repack") if isinstance(found, dict) else None
+    choice = found.get("on") if isinstance(found, dict) else None
     return choice if isinstance(choice, bool) else None  # anything else: measure again
 
 
-def choose_repack(model_path: Path, threads: int) -> bool:
-    """Repacked weights on this machine for this model: measured once, then read from the cache."""
+def choose(model_path: Path, threads: int, setting: str, fixed: dict[str, bool] | None = None) -> bool:
+    """Whether the Engine setting `setting` ("repack" or "flash_attn") is on for this model on this
+    machine, with the other settings as in `fixed`: measured once, then read from the cache."""
+    fixed = fixed or {}
     threads = threads or os.cpu_count() or 1
-    path = cache_dir() / f"{tuning_key(model_path, threads)}.json"
+    named = "".join(f"-{name}={int(value)}" for name, value in sorted(fixed.items()))
+    path = cache_dir() / f"{tuning_key(model_path, threads)}-{setting}{named}.json"
     cached = read_choice(path)
     if cached is not None:
         return cached
-    plain, repacked = prefill_times(model_path, threads)
-    choice = repacked < plain * (1 - MARGIN)
+    off, on = prefill_times(model_path, threads, [{**fixed, setting: False}, {**fixed, setting: True}])
+    choice = on < off * (1 - MARGIN)
     log.info(
-        "%s: prefill of %d tokens %.0f ms plain, %.0f ms repacked: repack %s",
+        "%s: prefill of %d tokens %.0f ms with %s off, %.0f ms on: %s %s",
         model_path.name,
         SAMPLE_TOKENS,
-        plain,
-        repacked,
+        off,
+        setting,
+        on,
+        setting,
         "on" if choice else "off",
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     # A name of its own per process: servers started together may all measure and write at once.
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    partial.write_text(json.dumps({"repack": choice, "plain_ms": plain, "repacked_ms": repacked}), encoding="utf-8")
+    partial.write_text(json.dumps({"on": choice, "off_ms": off, "on_ms": on}), encoding="utf-8")
     partial.replace(path)
     return choice

@@ -28,11 +28,12 @@ from typing import Any
 
 import httpx
 
-from app.config import DEFAULT_MODEL_PATH, REPO_ROOT
+from app.config import DEFAULT_MODEL_PATH, REPO_ROOT, Settings
 from app.contract import SystemOneRequest
 from app.engine import Engine
 from app.launch import READY, ServerProcess
-from app.loading import prompter_for
+from app.loading import flash_attn_for, prompter_for, repack_for
+from app.model_config import ModelSpec
 from app.prompting import Prompter
 from bench import peer, pipeline, restart
 from bench.client import ask as client_ask
@@ -224,7 +225,11 @@ def against_peer(
     """The same workloads answered by llama-server, one /completion per question."""
     rows = []
     questions = QUESTIONS[:5]
-    with peer.llama_server(binary, model, n_ctx=8192) as server:
+    spec = ModelSpec.from_settings(Settings(model=model))
+    repack = repack_for(spec)  # what the onepass server chose: read from the same tuning cache
+    flash_attn = flash_attn_for(spec, repack)
+    report["speed_settings"] = {"repack": repack, "flash_attn": flash_attn}
+    with peer.llama_server(binary, model, n_ctx=8192, repack=repack, flash_attn=flash_attn) as server:
         peer_url = server.url
 
         def prompts(state: str) -> list[tuple[str, list[str]]]:
@@ -318,6 +323,9 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [
             "",
             f"Builds: onepass `{info.get('onepass')}`; llama-server `{info.get('llama_server')}`",
+            "",
+            "Settings, both servers (as onepass measured them on this machine): "
+            + ", ".join(f"{name} {'on' if on else 'off'}" for name, on in report.get("speed_settings", {}).items()),
         ]
         lines += [
             "",

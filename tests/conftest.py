@@ -29,8 +29,11 @@ def tiny_plain_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny-plain.gguf", seed=1, chat_template=None)
 
 
-# Servers the tests start keep their snapshots out of the user's cache folder.
+# Servers the tests start keep their snapshots out of the user's cache folder, and do not time
+# speed settings for the tiny models written each session (tests/test_tuning.py covers that).
 os.environ.setdefault("ONEPASS_SESSION_CACHE_DIR", tempfile.mkdtemp(prefix="onepass-test-snapshots-"))
+os.environ.setdefault("ONEPASS_REPACK", "off")
+os.environ.setdefault("ONEPASS_FLASH_ATTN", "off")
 
 # ONEPASS_TEST_GPU_LAYERS=-1 runs the tiny-model tests with every layer offloaded (on a GPU build).
 GPU_LAYERS = int(os.environ.get("ONEPASS_TEST_GPU_LAYERS", "0"))
@@ -43,6 +46,7 @@ def tiny_settings(path: Path, **overrides: object) -> Settings:
         "threads": 1,
         "n_gpu_layers": GPU_LAYERS,
         "repack": "off",
+        "flash_attn": "off",
         "session_cache_disk_bytes": 0,  # the disk tier's own tests turn it on, in a folder of theirs
     }
     values.update(overrides)

@@ -46,6 +46,7 @@ def test_defaults_with_no_flags_and_no_environment() -> None:
         "threads": 0,
         "contexts": 1,
         "repack": "auto",
+        "flash_attn": "auto",
         "session_cache_entries": 16,
         "session_cache_tokens": 32768,
         "session_cache_dir": DEFAULT_SNAPSHOT_DIR,

@@ -1,4 +1,5 @@
-"""Repacked weights: chosen by measurement and cached; with them on or off, hit == miss == cache off."""
+"""Speed settings (repacked weights, flash attention): chosen by measurement and cached; with
+each on or off, hit == miss == cache off."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from app.contract import SystemOneRequest
 from app.tiny_gguf import write_tiny_gguf
-from app.tuning import cache_dir, choose_repack, tuning_key
+from app.tuning import cache_dir, choose, tuning_key
 from tests.conftest import tiny_settings
 from tests.loading import load_model
 
@@ -25,33 +26,55 @@ def q4_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_gguf(tmp_path_factory.mktemp("q4") / "tiny-q4_0.gguf", seed=5, q4_0=True)
 
 
+@pytest.mark.parametrize(
+    ("setting", "fixed", "name"), [("repack", {}, "repack"), ("flash_attn", {"repack": True}, "flash_attn-repack=1")]
+)
 def test_the_choice_is_measured_once_then_read_from_the_cache(
-    q4_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    q4_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str, fixed: dict[str, bool], name: str
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    first = choose_repack(q4_path, threads=1)
-    stored = cache_dir() / f"{tuning_key(q4_path, 1)}.json"
+    first = choose(q4_path, 1, setting, fixed)
+    stored = cache_dir() / f"{tuning_key(q4_path, 1)}-{name}.json"
     record = json.loads(stored.read_text())
-    assert record["repack"] is first and record["plain_ms"] > 0 and record["repacked_ms"] > 0
-    stored.write_text(json.dumps({"repack": not first}))  # a later start trusts what is cached ...
-    assert choose_repack(q4_path, threads=1) is (not first)
+    assert record["on"] is first and record["off_ms"] > 0 and record["on_ms"] > 0
+    stored.write_text(json.dumps({"on": not first}))  # a later start trusts what is cached ...
+    assert choose(q4_path, 1, setting, fixed) is (not first)
     stored.write_text("{not json")  # ... unless it cannot be read: then it measures again
-    again = choose_repack(q4_path, threads=1)
+    again = choose(q4_path, 1, setting, fixed)
     remeasured = json.loads(stored.read_text())
-    assert remeasured["repack"] is again and remeasured["plain_ms"] > 0  # a fresh measurement, not the stub
+    assert remeasured["on"] is again and remeasured["off_ms"] > 0  # a fresh measurement, not the stub
     assert tuning_key(q4_path, 1) != tuning_key(q4_path, 2)  # per thread count too
+    assert [path.name for path in cache_dir().iterdir()] == [stored.name]  # no partial file left
 
 
-@pytest.mark.parametrize("repack", ["on", "off"])
-def test_hit_miss_and_cache_off_are_bit_identical_with_repack(q4_path: Path, repack: str) -> None:
-    cached = load_model(tiny_settings(q4_path, repack=repack))
-    off = load_model(tiny_settings(q4_path, repack=repack, session_cache_entries=0))
+@pytest.mark.parametrize(("repack", "flash_attn"), [("off", "off"), ("on", "off"), ("off", "on"), ("on", "on")])
+def test_hit_miss_and_cache_off_are_bit_identical_with_each_speed_setting(
+    q4_path: Path, repack: str, flash_attn: str
+) -> None:
+    cached = load_model(tiny_settings(q4_path, repack=repack, flash_attn=flash_attn))
+    off = load_model(tiny_settings(q4_path, repack=repack, flash_attn=flash_attn, session_cache_entries=0))
     try:
         request = SystemOneRequest.model_validate({"model": "m", "state": "Charged twice!", "questions": QUESTIONS})
         miss, hit, disabled = cached.answer(request).wire(), cached.answer(request).wire(), off.answer(request).wire()
         assert (miss["x_cache"], hit["x_cache"], disabled["x_cache"]) == ("miss", "hit", "off")
         assert miss["answers"] == hit["answers"] == disabled["answers"]
-        assert f"repack={int(repack == 'on')}" in cached.engine.kv_settings  # part of every cache key
+        # both are part of every cache key
+        assert f"repack={int(repack == 'on')}" in cached.engine.kv_settings
+        assert f"flash_attn={flash_attn}" in cached.engine.kv_settings
     finally:
         cached.close()
         off.close()
+
+
+def test_flash_attention_reaches_llama_cpp(q4_path: Path) -> None:
+    """The fused kernel rounds differently, so the same request answered with and without it
+    differs: the setting is applied (else the test above would prove nothing about it)."""
+    request = SystemOneRequest.model_validate({"model": "m", "state": "Charged twice!", "questions": QUESTIONS})
+    found = []
+    for flash_attn in ("off", "on"):
+        service = load_model(tiny_settings(q4_path, flash_attn=flash_attn))
+        try:
+            found.append(service.answer(request).wire()["answers"])
+        finally:
+            service.close()
+    assert found[0] != found[1]
