@@ -438,6 +438,8 @@ def main() -> None:
     out = REPO_ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{report['date']}-{report['git']}-{report['model']}" + ("-quick" if args.quick else "")
+    if os.environ.get("ONEPASS_CPUINFO"):  # built for another CPU's flags (Makefile): not this CPU's own run
+        stem += f"-{Path(os.environ['ONEPASS_CPUINFO']).stem}-flags"
     write_atomically(out / f"{stem}.json", json.dumps(report, indent=2) + "\n")
     write_atomically(out / f"{stem}.md", markdown(report))
     plot(report, out / f"{stem}.png")
