@@ -83,6 +83,7 @@ def test_env_var_names_are_the_prefixed_upper_case_field_names() -> None:
         "ONEPASS_THREADS",
         "ONEPASS_CONTEXTS",
         "ONEPASS_REPACK",
+        "ONEPASS_FLASH_ATTN",
         "ONEPASS_SESSION_CACHE_ENTRIES",
         "ONEPASS_SESSION_CACHE_TOKENS",
         "ONEPASS_SESSION_CACHE_DIR",
