@@ -87,6 +87,7 @@ def choose(model_path: Path, threads: int, setting: str, fixed: dict[str, bool] 
     cached = read_choice(path)
     if cached is not None:
         return cached
+    log.info("%s: timing %s off and on, once for this machine and build", model_path.name, setting)
     off, on = prefill_times(model_path, threads, [{**fixed, setting: False}, {**fixed, setting: True}])
     choice = on < off * (1 - MARGIN)
     log.info(
