@@ -1,7 +1,8 @@
 """make doctor: what a bug report needs, in one page of plain text.
 
 OS, Python, the CPU and its features, the llama.cpp build (its system info, backends, GPU
-offload), whether it decodes on this CPU, the wheel in use, and the models present and verified.
+offload), whether it decodes on this CPU, the wheel in use, the models present and verified, and
+the speed settings measured for them on this machine.
 
 Runs with any Python 3.11 (standard library only here); everything about llama.cpp is
 asked of the virtual environment's Python in a subprocess, so a crashing build is reported,
@@ -84,6 +85,16 @@ def check_section(venv: Path) -> list[str]:
     return [f"  {line}" for line in (done.stdout + done.stderr).strip().splitlines()]
 
 
+def tuning_section(venv: Path) -> list[str]:
+    python = _venv_python(venv)
+    if python is None:
+        return ["  (no virtual environment)"]
+    done = subprocess.run(
+        [str(python), "-m", "app.tuning"], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT, check=False
+    )
+    return [f"  {line}" for line in (done.stdout + done.stderr).strip().splitlines()] or ["  (no models)"]
+
+
 def wheel_section(venv: Path, wheel_dir: Path | None) -> list[str]:
     lines = []
     record = venv / "llama-build.json"
@@ -132,6 +143,7 @@ def report(venv: Path, wheel_dir: Path | None) -> str:
         "build check": check_section(venv),
         "wheel": wheel_section(venv, wheel_dir),
         "models": models_section(),
+        "speed settings chosen (repacked weights, flash attention)": tuning_section(venv),
     }
     return "\n".join(f"{title}:\n" + "\n".join(lines) for title, lines in sections.items())
 

@@ -19,9 +19,10 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from app.build_check import library_files
-from app.config import cache_home
+from app.config import REPO_ROOT, cache_home
 from app.cpu import detect
 from app.engine import Engine
 
@@ -68,13 +69,18 @@ def prefill_times(model_path: Path, threads: int, variants: list[dict[str, bool]
             engine.close()
 
 
-def read_choice(path: Path) -> bool | None:
+def read_record(path: Path) -> dict[str, Any] | None:
+    """A stored measurement, or None when it is missing or not one (then it is measured again)."""
     try:
         found = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    choice = found.get("on") if isinstance(found, dict) else None
-    return choice if isinstance(choice, bool) else None  # anything else: measure again
+    return found if isinstance(found, dict) and isinstance(found.get("on"), bool) else None
+
+
+def record_path(model_path: Path, threads: int, setting: str, fixed: dict[str, bool]) -> Path:
+    named = "".join(f"-{name}={int(value)}" for name, value in sorted(fixed.items()))
+    return cache_dir() / f"{tuning_key(model_path, threads or os.cpu_count() or 1)}-{setting}{named}.json"
 
 
 def choose(model_path: Path, threads: int, setting: str, fixed: dict[str, bool] | None = None) -> bool:
@@ -82,11 +88,10 @@ def choose(model_path: Path, threads: int, setting: str, fixed: dict[str, bool] 
     machine, with the other settings as in `fixed`: measured once, then read from the cache."""
     fixed = fixed or {}
     threads = threads or os.cpu_count() or 1
-    named = "".join(f"-{name}={int(value)}" for name, value in sorted(fixed.items()))
-    path = cache_dir() / f"{tuning_key(model_path, threads)}-{setting}{named}.json"
-    cached = read_choice(path)
+    path = record_path(model_path, threads, setting, fixed)
+    cached = read_record(path)
     if cached is not None:
-        return cached
+        return bool(cached["on"])
     log.info("%s: timing %s off and on, once for this machine and build", model_path.name, setting)
     off, on = prefill_times(model_path, threads, [{**fixed, setting: False}, {**fixed, setting: True}])
     choice = on < off * (1 - MARGIN)
@@ -106,3 +111,28 @@ def choose(model_path: Path, threads: int, setting: str, fixed: dict[str, bool] 
     partial.write_text(json.dumps({"on": choice, "off_ms": off, "on_ms": on}), encoding="utf-8")
     partial.replace(path)
     return choice
+
+
+def describe(model_path: Path, threads: int = 0) -> str:
+    """What `auto` chose for this model here, from the cache alone (nothing is measured)."""
+    parts = []
+    fixed: dict[str, bool] = {}
+    for setting in ("repack", "flash_attn"):
+        found = read_record(record_path(model_path, threads, setting, fixed))
+        if found is None:
+            parts.append(f"{setting} not measured yet")
+            break
+        times = f"{found.get('off_ms', 0):.0f} ms off, {found.get('on_ms', 0):.0f} ms on"
+        parts.append(f"{setting} {'on' if found['on'] else 'off'} ({times})")
+        fixed[setting] = bool(found["on"])
+    return "; ".join(parts)
+
+
+def main() -> None:
+    """python -m app.tuning: what was chosen for each model in models/, for `make doctor`."""
+    for path in sorted((REPO_ROOT / "models").glob("*.gguf")):
+        print(f"{path.name}: {describe(path)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -146,8 +146,18 @@ def test_doctor_reports_the_cpu_the_build_its_check_and_the_models() -> None:
         [sys.executable, "-m", "app.doctor", "--venv", sys.prefix], capture_output=True, text=True, check=True
     ).stdout
     sections = [line for line in out.splitlines() if line and not line.startswith(" ")]
-    assert sections == ["system:", "cpu:", "llama.cpp:", "build check:", "wheel:", "models:"]
+    assert sections == [
+        "system:",
+        "cpu:",
+        "llama.cpp:",
+        "build check:",
+        "wheel:",
+        "models:",
+        "speed settings chosen (repacked weights, flash attention):",
+    ]
     assert "system info: CPU :" in out  # llama_print_system_info of the installed build
     assert "GPU offload supported:" in out
     assert "a tiny decode ran on this CPU" in out
     assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf:" in out
+    tuned = out.split("speed settings chosen (repacked weights, flash attention):\n", 1)[1]
+    assert "repack " in tuned  # "on (...)", "off (...)" or "not measured yet": read, never measured here

@@ -10,7 +10,7 @@ import pytest
 
 from app.contract import SystemOneRequest
 from app.tiny_gguf import write_tiny_gguf
-from app.tuning import cache_dir, choose, tuning_key
+from app.tuning import cache_dir, choose, describe, tuning_key
 from tests.conftest import tiny_settings
 from tests.loading import load_model
 
@@ -45,6 +45,19 @@ def test_the_choice_is_measured_once_then_read_from_the_cache(
     assert remeasured["on"] is again and remeasured["off_ms"] > 0  # a fresh measurement, not the stub
     assert tuning_key(q4_path, 1) != tuning_key(q4_path, 2)  # per thread count too
     assert [path.name for path in cache_dir().iterdir()] == [stored.name]  # no partial file left
+
+
+def test_describe_reads_the_cache_and_measures_nothing(
+    q4_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert describe(q4_path, 1) == "repack not measured yet"
+    assert not cache_dir().exists()
+    repack = choose(q4_path, 1, "repack")
+    assert describe(q4_path, 1).startswith(f"repack {'on' if repack else 'off'} (")
+    assert describe(q4_path, 1).endswith("; flash_attn not measured yet")
+    flash_attn = choose(q4_path, 1, "flash_attn", {"repack": repack})
+    assert f"; flash_attn {'on' if flash_attn else 'off'} (" in describe(q4_path, 1)
 
 
 @pytest.mark.parametrize(("repack", "flash_attn"), [("off", "off"), ("on", "off"), ("off", "on"), ("on", "on")])
