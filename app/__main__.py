@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 from collections.abc import Sequence
 
 import uvicorn
 
+from app.affinity import replica_name
 from app.build_check import run_check
 from app.config import DEFAULT_CONFIG_PATH, ConfigError, SettingsSource
 from app.launch import listening_socket, url_of
@@ -41,9 +41,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.getLogger("onepass").info("listening on %s", url)
     if not settings.no_ui:
         logging.getLogger("onepass").info("try it in a browser: %s/", url)
-    replica = settings.replica_name or f"{socket.gethostname()}:{port}"  # unique among replicas on one host
     config = uvicorn.Config(
-        create_app(settings, source=source, replica=replica),
+        create_app(settings, source=source, replica=replica_name(settings.replica_name, port)),
         log_level=settings.log_level.lower(),
         access_log=False,  # RequestObserver logs one JSON line per request, with more in it
         timeout_graceful_shutdown=int(settings.shutdown_timeout),

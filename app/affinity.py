@@ -12,6 +12,7 @@ the same replica. Every answer carries it, for clients whose bodies a proxy cann
 from __future__ import annotations
 
 import hashlib
+import socket
 
 from app.contract import Text, render_text
 
@@ -23,3 +24,11 @@ def affinity_key(state: Text) -> str:
     """The first 16 hex digits of SHA-256 over the state's UTF-8 text: a string exactly as sent,
     an object or array as canonical JSON (so two equal objects in any key order share a key)."""
     return hashlib.sha256(render_text(state).encode()).hexdigest()[:16]
+
+
+def replica_name(configured: str | None, port: int | None = None) -> str:
+    """What X-Onepass-Replica says: --replica-name, else the host name, with the port when known
+    (unique among replicas on one host)."""
+    if configured:
+        return configured
+    return f"{socket.gethostname()}:{port}" if port is not None else socket.gethostname()

@@ -7,7 +7,6 @@ import contextlib
 import hmac
 import logging
 import signal
-import socket
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
-from app.affinity import PREFIX_KEY_HEADER, REPLICA_HEADER, affinity_key
+from app.affinity import PREFIX_KEY_HEADER, REPLICA_HEADER, affinity_key, replica_name
 from app.body import decode_content, parse_json, too_large
 from app.config import ConfigError, Settings, SettingsSource, reload_settings
 from app.contract import SystemOneRequest, SystemOneResponse, errors_for_response, limit_errors, models_listing
@@ -380,7 +379,7 @@ def create_app(
     `replica` names this server in every response's X-Onepass-Replica (default: --replica-name, else the
     host name; the CLI adds the port).
     """
-    replica = replica or settings.replica_name or socket.gethostname()
+    replica = replica or replica_name(settings.replica_name)
     openapi = build_openapi(_package_version())
     holder: dict[str, Runtime] = {}
     metrics = Metrics(lambda: holder["runtime"].metric_sources() if "runtime" in holder else {})
