@@ -65,13 +65,18 @@ def test_the_prompt_is_system_then_every_question_then_the_state_then_a_readout(
             assert len(rendered.tokens) < len(pipeline.prompter.question(question).tokens)
 
 
-def test_hit_miss_and_cache_off_answer_bit_identically(tiny_chat_path: Path) -> None:
-    cached = load_model(tiny_settings(tiny_chat_path, layout="question-first"))
-    off = load_model(tiny_settings(tiny_chat_path, layout="question-first", session_cache_entries=0))
+@pytest.mark.parametrize("flash_attn", ["off", "on"])
+def test_hit_miss_and_cache_off_answer_bit_identically(tiny_chat_path: Path, flash_attn: str) -> None:
+    cached = load_model(tiny_settings(tiny_chat_path, layout="question-first", flash_attn=flash_attn))
+    off = load_model(
+        tiny_settings(tiny_chat_path, layout="question-first", flash_attn=flash_attn, session_cache_entries=0)
+    )
+    # long enough that ggml's flash attention takes its tiled path (64 rows or more) for the state
+    state = "A parcel never came, and the invoice was wrong twice. " * 12
     try:
-        miss = cached.answer(request("A parcel never came.")).wire()
-        hit = cached.answer(request("A parcel never came.")).wire()
-        disabled = off.answer(request("A parcel never came.")).wire()
+        miss = cached.answer(request(state)).wire()
+        hit = cached.answer(request(state)).wire()
+        disabled = off.answer(request(state)).wire()
         assert (miss["x_cache"], hit["x_cache"], disabled["x_cache"]) == ("miss", "hit", "off")
         assert miss["answers"] == hit["answers"] == disabled["answers"]
     finally:

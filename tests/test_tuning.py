@@ -67,7 +67,9 @@ def test_hit_miss_and_cache_off_are_bit_identical_with_each_speed_setting(
     cached = load_model(tiny_settings(q4_path, repack=repack, flash_attn=flash_attn))
     off = load_model(tiny_settings(q4_path, repack=repack, flash_attn=flash_attn, session_cache_entries=0))
     try:
-        request = SystemOneRequest.model_validate({"model": "m", "state": "Charged twice!", "questions": QUESTIONS})
+        # long enough that ggml's flash attention takes its tiled path (64 rows or more) for the state
+        state = "Charged twice for one order, and nobody answers my emails. " * 12
+        request = SystemOneRequest.model_validate({"model": "m", "state": state, "questions": QUESTIONS})
         miss, hit, disabled = cached.answer(request).wire(), cached.answer(request).wire(), off.answer(request).wire()
         assert (miss["x_cache"], hit["x_cache"], disabled["x_cache"]) == ("miss", "hit", "off")
         assert miss["answers"] == hit["answers"] == disabled["answers"]
