@@ -28,9 +28,16 @@ from app.engine import Engine
 
 log = logging.getLogger("onepass.tuning")
 
-SAMPLE = "The customer wrote that the parcel arrived late, the box was damaged and the invoice was wrong. " * 8
-SAMPLE_TOKENS = 128
-MARGIN = 0.03  # repack must be at least 3% faster to be chosen: below that it is noise
+SAMPLE = "The customer wrote that the parcel arrived late, the box was damaged and the invoice was wrong. " * 16
+# Tokens prefilled per timing. Attention's share of the work grows with the length, so flash
+# attention is timed on a longer prefill (its gain on the development Xeon: 3-5% at 128 tokens,
+# 2-10% at 256 from run to run on that VM, 12% at 1,024).
+SAMPLE_TOKENS = {"repack": 128, "flash_attn": 256}
+MARGIN = 0.03  # a setting leaves its default only when the other way is at least 3% faster: below that it is noise
+# The defaults: repacked weights were 45% slower on the AVX-512 Xeon, so off unless measured faster.
+# Flash attention was faster in every measurement (2-12%, AVX-512 and AVX2 builds; it is llama.cpp's
+# own default too), but on a busy VM often by less than the margin, so on unless measured slower.
+DEFAULT = {"repack": False, "flash_attn": True}
 
 
 def cache_dir() -> Path:
@@ -49,14 +56,16 @@ def tuning_key(model_path: Path, threads: int) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
-def prefill_times(model_path: Path, threads: int, variants: list[dict[str, bool]], rounds: int = 3) -> list[float]:
-    """The best of `rounds` prefills of SAMPLE_TOKENS tokens with each variant's Engine settings.
+def prefill_times(
+    model_path: Path, threads: int, variants: list[dict[str, bool]], n_tokens: int, rounds: int = 3
+) -> list[float]:
+    """The best of `rounds` prefills of `n_tokens` tokens with each variant's Engine settings.
 
     The engines are loaded at once and take turns, so a busy machine (another process on the
     cores) slows all alike instead of whichever happened to run during the burst."""
     engines = [Engine(model_path, n_ctx=512, threads=threads, **variant) for variant in variants]
     try:
-        tokens = engines[0].tokenize(SAMPLE, add_bos=True)[:SAMPLE_TOKENS]
+        tokens = engines[0].tokenize(SAMPLE, add_bos=True)[:n_tokens]
         best = [float("inf")] * len(engines)
         for _ in range(rounds):
             for i, engine in enumerate(engines):
@@ -93,12 +102,13 @@ def choose(model_path: Path, threads: int, setting: str, fixed: dict[str, bool] 
     if cached is not None:
         return bool(cached["on"])
     log.info("%s: timing %s off and on, once for this machine and build", model_path.name, setting)
-    off, on = prefill_times(model_path, threads, [{**fixed, setting: False}, {**fixed, setting: True}])
-    choice = on < off * (1 - MARGIN)
+    variants = [{**fixed, setting: False}, {**fixed, setting: True}]
+    off, on = prefill_times(model_path, threads, variants, SAMPLE_TOKENS[setting])
+    choice = on < off * (1 - MARGIN) if not DEFAULT[setting] else on <= off * (1 + MARGIN)
     log.info(
         "%s: prefill of %d tokens %.0f ms with %s off, %.0f ms on: %s %s",
         model_path.name,
-        SAMPLE_TOKENS,
+        SAMPLE_TOKENS[setting],
         off,
         setting,
         on,
