@@ -75,24 +75,15 @@ def llama_section(venv: Path) -> list[str]:
     return lines
 
 
-def check_section(venv: Path) -> list[str]:
+def module_section(venv: Path, module: str, timeout: int) -> list[str]:
+    """What `python -m module` prints in the virtual environment, indented."""
     python = _venv_python(venv)
     if python is None:
         return ["  (no virtual environment)"]
     done = subprocess.run(
-        [str(python), "-m", "app.build_check"], capture_output=True, text=True, timeout=600, cwd=REPO_ROOT, check=False
+        [str(python), "-m", module], capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT, check=False
     )
-    return [f"  {line}" for line in (done.stdout + done.stderr).strip().splitlines()]
-
-
-def tuning_section(venv: Path) -> list[str]:
-    python = _venv_python(venv)
-    if python is None:
-        return ["  (no virtual environment)"]
-    done = subprocess.run(
-        [str(python), "-m", "app.tuning"], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT, check=False
-    )
-    return [f"  {line}" for line in (done.stdout + done.stderr).strip().splitlines()] or ["  (no models)"]
+    return [f"  {line}" for line in (done.stdout + done.stderr).strip().splitlines()] or ["  (nothing)"]
 
 
 def wheel_section(venv: Path, wheel_dir: Path | None) -> list[str]:
@@ -140,10 +131,10 @@ def report(venv: Path, wheel_dir: Path | None) -> str:
             f"  build flags for it: {' '.join(cmake_args(cpu))}",
         ],
         "llama.cpp": llama_section(venv),
-        "build check": check_section(venv),
+        "build check": module_section(venv, "app.build_check", timeout=600),
         "wheel": wheel_section(venv, wheel_dir),
         "models": models_section(),
-        "speed settings chosen (repacked weights, flash attention)": tuning_section(venv),
+        "speed settings chosen (repacked weights, flash attention)": module_section(venv, "app.tuning", timeout=120),
     }
     return "\n".join(f"{title}:\n" + "\n".join(lines) for title, lines in sections.items())
 
