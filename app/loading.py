@@ -41,19 +41,20 @@ def prompter_for(engine: Engine, template: str = "auto", context: str = "", layo
     )
 
 
-def repack_for(spec: ModelSpec) -> bool:
-    """Repacked CPU weights: as configured, or measured ("auto"); never with layers on a GPU."""
+def speed_settings_for(spec: ModelSpec) -> tuple[bool, bool]:
+    """(repacked weights, flash attention) as configured, or measured ("auto"; flash attention
+    with the weights as they will be). With layers on a GPU repacked weights are never used,
+    and flash attention only when set on: its exactness there is not measured. A missing model
+    file gets (False, False): the engine then reports it."""
+    if not spec.path.is_file():
+        return False, False
     if spec.n_gpu_layers != 0 or spec.repack == "off":
-        return False
-    return spec.repack == "on" or choose(spec.path, spec.threads, "repack")
-
-
-def flash_attn_for(spec: ModelSpec, repack: bool) -> bool:
-    """Flash attention: as configured, or measured ("auto") with the weights as they will be.
-    Off with layers on a GPU unless set on: exactness there is not measured."""
+        repack = False
+    else:
+        repack = spec.repack == "on" or choose(spec.path, spec.threads, "repack")
     if spec.flash_attn != "auto" or spec.n_gpu_layers != 0:
-        return spec.flash_attn == "on"
-    return choose(spec.path, spec.threads, "flash_attn", {"repack": repack})
+        return repack, spec.flash_attn == "on"
+    return repack, choose(spec.path, spec.threads, "flash_attn", {"repack": repack})
 
 
 def disk_tier_for(spec: ModelSpec, engine: Engine) -> DiskTier | None:
@@ -70,7 +71,7 @@ def disk_tier_for(spec: ModelSpec, engine: Engine) -> DiskTier | None:
 
 
 def load_spec(spec: ModelSpec) -> ModelService:
-    repack = repack_for(spec) if spec.path.is_file() else False
+    repack, flash_attn = speed_settings_for(spec)
     engine = Engine(
         spec.path,
         n_ctx=spec.n_ctx,
@@ -78,7 +79,7 @@ def load_spec(spec: ModelSpec) -> ModelService:
         threads=spec.threads,
         contexts=spec.contexts,
         repack=repack,
-        flash_attn=flash_attn_for(spec, repack) if spec.path.is_file() else False,
+        flash_attn=flash_attn,
     )
     try:
         prompter = prompter_for(engine, spec.template, read_context(spec.context_path), spec.layout)

@@ -96,7 +96,6 @@ def choose(model_path: Path, threads: int, setting: str, fixed: dict[str, bool] 
     """Whether the Engine setting `setting` ("repack" or "flash_attn") is on for this model on this
     machine, with the other settings as in `fixed`: measured once, then read from the cache."""
     fixed = fixed or {}
-    threads = threads or os.cpu_count() or 1
     path = record_path(model_path, threads, setting, fixed)
     cached = read_record(path)
     if cached is not None:

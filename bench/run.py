@@ -32,7 +32,7 @@ from app.config import DEFAULT_MODEL_PATH, REPO_ROOT, Settings
 from app.contract import SystemOneRequest
 from app.engine import Engine
 from app.launch import READY, ServerProcess
-from app.loading import flash_attn_for, prompter_for, repack_for
+from app.loading import prompter_for, speed_settings_for
 from app.model_config import ModelSpec
 from app.prompting import Prompter
 from bench import peer, pipeline, restart
@@ -226,8 +226,7 @@ def against_peer(
     rows = []
     questions = QUESTIONS[:5]
     spec = ModelSpec.from_settings(Settings(model=model))
-    repack = repack_for(spec)  # what the onepass server chose: read from the same tuning cache
-    flash_attn = flash_attn_for(spec, repack)
+    repack, flash_attn = speed_settings_for(spec)  # what the onepass server chose: the same tuning cache
     report["speed_settings"] = {"repack": repack, "flash_attn": flash_attn}
     with peer.llama_server(binary, model, n_ctx=8192, repack=repack, flash_attn=flash_attn) as server:
         peer_url = server.url
