@@ -38,6 +38,10 @@ MARGIN = 0.03  # a setting leaves its default only when the other way is at leas
 # Flash attention was faster in every measurement (2-12%, AVX-512 and AVX2 builds; it is llama.cpp's
 # own default too), but on a busy VM often by less than the margin, so on unless measured slower.
 DEFAULT = {"repack": False, "flash_attn": True}
+# Records kept: each build, model file and thread count gets its own (80 bytes each), so the
+# folder would grow with every rebuild; the oldest beyond this are deleted, to be measured
+# again if ever needed.
+KEEP_RECORDS = 64
 
 
 def cache_dir() -> Path:
@@ -119,7 +123,20 @@ def choose(model_path: Path, threads: int, setting: str, fixed: dict[str, bool] 
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     partial.write_text(json.dumps({"on": choice, "off_ms": off, "on_ms": on}), encoding="utf-8")
     partial.replace(path)
+    prune(path.parent, KEEP_RECORDS)
     return choice
+
+
+def prune(folder: Path, keep: int) -> None:
+    """Delete all but the `keep` newest records (by when they were written)."""
+    records = []
+    for found in folder.glob("*.json"):
+        try:
+            records.append((found.stat().st_mtime_ns, found))
+        except OSError:  # deleted meanwhile by another process pruning
+            continue
+    for _, stale in sorted(records, reverse=True)[keep:]:
+        stale.unlink(missing_ok=True)
 
 
 def describe(model_path: Path, threads: int = 0) -> str:

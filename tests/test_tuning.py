@@ -4,13 +4,14 @@ each on or off, hit == miss == cache off."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from app.contract import SystemOneRequest
 from app.tiny_gguf import write_tiny_gguf
-from app.tuning import cache_dir, choose, describe, tuning_key
+from app.tuning import cache_dir, choose, describe, prune, tuning_key
 from tests.conftest import tiny_settings
 from tests.loading import load_model
 
@@ -58,6 +59,21 @@ def test_describe_reads_the_cache_and_measures_nothing(
     assert describe(q4_path, 1).endswith("; flash_attn not measured yet")
     flash_attn = choose(q4_path, 1, "flash_attn", {"repack": repack})
     assert f"; flash_attn {'on' if flash_attn else 'off'} (" in describe(q4_path, 1)
+
+
+def test_only_the_newest_records_are_kept(q4_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cache_dir().mkdir(parents=True)
+    for age in range(6):  # records of older builds, older first; one in the format before per-setting records
+        old = cache_dir() / (f"{age:024x}.json" if age == 0 else f"{age:024x}-repack.json")
+        old.write_text(json.dumps({"on": False}))
+        os.utime(old, ns=(age * 10**9, age * 10**9))
+    prune(cache_dir(), keep=4)
+    assert sorted(p.name for p in cache_dir().iterdir()) == [f"{age:024x}-repack.json" for age in range(2, 6)]
+    monkeypatch.setattr("app.tuning.KEEP_RECORDS", 3)
+    choose(q4_path, 1, "repack")  # writing a record prunes: it and the two newest before it stay
+    kept = sorted(p.name for p in cache_dir().iterdir())
+    assert kept == sorted([f"{tuning_key(q4_path, 1)}-repack.json", f"{4:024x}-repack.json", f"{5:024x}-repack.json"])
 
 
 @pytest.mark.parametrize(("repack", "flash_attn"), [("off", "off"), ("on", "off"), ("off", "on"), ("on", "on")])
