@@ -96,7 +96,7 @@ class Settings:
     )
     n_ctx: int = _option(8192, "context length in tokens: system + state + question suffixes", int)
     n_gpu_layers: int = _option(0, "layers to offload to the GPU (-1 = all; needs a GPU build)", int)
-    threads: int = _option(0, "CPU threads per decode (0 = all cores)", int)
+    threads: int = _option(0, "CPU threads per decode (0 = one per core, or per CPU where measured faster)", int)
     contexts: int = _option(1, "llama.cpp contexts in the pool = requests decoded in parallel", int)
     repack: str = _option(
         "auto",

@@ -174,6 +174,31 @@ def detect() -> Cpu:
     return Cpu(arch=arch, system=system, model=re.sub(r"\s+", " ", model), features=features)
 
 
+def thread_counts(sysfs: Path = Path("/sys/devices/system/cpu")) -> tuple[int, int]:
+    """(distinct cores, all CPUs) this process may run on.
+
+    Hyperthreads share their core's SIMD units, and Apple's efficiency cores lag behind the
+    performance cores at every step a decode synchronises on: llama.cpp's own default is one
+    thread per physical (performance) core. On macOS "cores" are the performance cores."""
+    if platform.system() == "Darwin":
+        out = subprocess.run(
+            ["sysctl", "-n", "hw.perflevel0.physicalcpu", "hw.logicalcpu"], capture_output=True, text=True, check=False
+        ).stdout.split()
+        numbers = [int(n) for n in out if n.isdigit()]
+        logical = numbers[-1] if numbers else os.cpu_count() or 1
+        return (numbers[0] if len(numbers) == 2 else logical), logical
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not allowed:
+        return (os.cpu_count() or 1,) * 2
+    cores = set()
+    for cpu in allowed:
+        try:  # the CPUs sharing this one's core: itself and its hyperthread siblings
+            cores.add((sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text().strip())
+        except OSError:
+            cores.add(str(cpu))
+    return len(cores), len(allowed)
+
+
 def main(argv: list[str]) -> int:
     cpu = detect()
     if argv[:1] == ["cmake-args"]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from app.cache import SnapshotCache
@@ -11,7 +12,7 @@ from app.engine import Engine
 from app.model_config import ModelSpec
 from app.prompting import Prompter
 from app.service import ModelService
-from app.tuning import choose
+from app.tuning import choose, choose_threads
 
 log = logging.getLogger("onepass.loading")
 
@@ -41,20 +42,28 @@ def prompter_for(engine: Engine, template: str = "auto", context: str = "", layo
     )
 
 
-def speed_settings_for(spec: ModelSpec) -> tuple[bool, bool]:
-    """(repacked weights, flash attention) as configured, or measured ("auto"; flash attention
-    with the weights as they will be). With layers on a GPU repacked weights are never used,
-    and flash attention only when set on: its exactness there is not measured. A missing model
-    file gets (False, False): the engine then reports it."""
+@dataclass(frozen=True)
+class SpeedSettings:
+    threads: int
+    repack: bool
+    flash_attn: bool
+
+
+def speed_settings_for(spec: ModelSpec) -> SpeedSettings:
+    """Threads, repacked weights and flash attention as configured, or measured (0 threads and
+    "auto"; each with the settings before it as they will be). With layers on a GPU repacked
+    weights are never used, and flash attention only when set on: its exactness there is not
+    measured. A missing model file gets plain settings: the engine then reports it."""
     if not spec.path.is_file():
-        return False, False
+        return SpeedSettings(spec.threads, False, False)
+    threads = spec.threads or choose_threads(spec.path)
     if spec.n_gpu_layers != 0 or spec.repack == "off":
         repack = False
     else:
-        repack = spec.repack == "on" or choose(spec.path, spec.threads, "repack")
+        repack = spec.repack == "on" or choose(spec.path, threads, "repack")
     if spec.flash_attn != "auto" or spec.n_gpu_layers != 0:
-        return repack, spec.flash_attn == "on"
-    return repack, choose(spec.path, spec.threads, "flash_attn", {"repack": repack})
+        return SpeedSettings(threads, repack, spec.flash_attn == "on")
+    return SpeedSettings(threads, repack, choose(spec.path, threads, "flash_attn", {"repack": repack}))
 
 
 def disk_tier_for(spec: ModelSpec, engine: Engine) -> DiskTier | None:
@@ -71,15 +80,15 @@ def disk_tier_for(spec: ModelSpec, engine: Engine) -> DiskTier | None:
 
 
 def load_spec(spec: ModelSpec) -> ModelService:
-    repack, flash_attn = speed_settings_for(spec)
+    speed = speed_settings_for(spec)
     engine = Engine(
         spec.path,
         n_ctx=spec.n_ctx,
         n_gpu_layers=spec.n_gpu_layers,
-        threads=spec.threads,
+        threads=speed.threads,
         contexts=spec.contexts,
-        repack=repack,
-        flash_attn=flash_attn,
+        repack=speed.repack,
+        flash_attn=speed.flash_attn,
     )
     try:
         prompter = prompter_for(engine, spec.template, read_context(spec.context_path), spec.layout)

@@ -1,12 +1,14 @@
 """Speed settings chosen by measurement on this machine, once, and remembered.
 
-Two llama.cpp settings change only speed and floating-point rounding, never what is computed,
+Three llama.cpp settings change only speed and floating-point rounding, never what is computed,
 and which is faster depends on the CPU and the build:
+- the thread count: one per core (llama.cpp's default) or one per CPU where cores run two
+  hyperthreads or there are efficiency cores; measured only where the two counts differ;
 - repacked weights: ggml can repack a model's quantized weights into interleaved layouts for
   the CPU's SIMD units ("extra buffer types"); on the AVX-512 Xeon this was developed on that
   was slower, on an AVX2 EPYC 10-15% faster;
 - flash attention: a fused attention kernel; on that Xeon it prefilled 8-12% faster.
-onepass times a prefill of the model both ways at first start and keeps the faster one. Each
+onepass times a prefill of the model each way at first start and keeps the faster one. Each
 choice is cached per CPU, per llama.cpp library and per model file (a JSON file, written
 atomically, checked when read), so later starts cost nothing.
 """
@@ -23,7 +25,7 @@ from typing import Any
 
 from app.build_check import library_files
 from app.config import REPO_ROOT, cache_home
-from app.cpu import detect
+from app.cpu import detect, thread_counts
 from app.engine import Engine
 
 log = logging.getLogger("onepass.tuning")
@@ -32,7 +34,7 @@ SAMPLE = "The customer wrote that the parcel arrived late, the box was damaged a
 # Tokens prefilled per timing. Attention's share of the work grows with the length, so flash
 # attention is timed on a longer prefill (its gain on the development Xeon: 3-5% at 128 tokens,
 # 2-10% at 256 from run to run on that VM, 12% at 1,024).
-SAMPLE_TOKENS = {"repack": 128, "flash_attn": 256}
+SAMPLE_TOKENS = {"threads": 128, "repack": 128, "flash_attn": 256}
 MARGIN = 0.03  # a setting leaves its default only when the other way is at least 3% faster: below that it is noise
 # The defaults: repacked weights were 45% slower on the AVX-512 Xeon, so off unless measured faster.
 # Flash attention was faster in every measurement (2-12%, AVX-512 and AVX2 builds; it is llama.cpp's
@@ -60,14 +62,12 @@ def tuning_key(model_path: Path, threads: int) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
-def prefill_times(
-    model_path: Path, threads: int, variants: list[dict[str, bool]], n_tokens: int, rounds: int = 3
-) -> list[float]:
+def prefill_times(model_path: Path, variants: list[dict[str, Any]], n_tokens: int, rounds: int = 3) -> list[float]:
     """The best of `rounds` prefills of `n_tokens` tokens with each variant's Engine settings.
 
     The engines are loaded at once and take turns, so a busy machine (another process on the
     cores) slows all alike instead of whichever happened to run during the burst."""
-    engines = [Engine(model_path, n_ctx=512, threads=threads, **variant) for variant in variants]
+    engines = [Engine(model_path, n_ctx=512, **variant) for variant in variants]
     try:
         tokens = engines[0].tokenize(SAMPLE, add_bos=True)[:n_tokens]
         best = [float("inf")] * len(engines)
@@ -105,8 +105,8 @@ def choose(model_path: Path, threads: int, setting: str, fixed: dict[str, bool] 
     if cached is not None:
         return bool(cached["on"])
     log.info("%s: timing %s off and on, once for this machine and build", model_path.name, setting)
-    variants = [{**fixed, setting: False}, {**fixed, setting: True}]
-    off, on = prefill_times(model_path, threads, variants, SAMPLE_TOKENS[setting])
+    variants = [{"threads": threads, **fixed, setting: False}, {"threads": threads, **fixed, setting: True}]
+    off, on = prefill_times(model_path, variants, SAMPLE_TOKENS[setting])
     choice = on < off * (1 - MARGIN) if not DEFAULT[setting] else on <= off * (1 + MARGIN)
     log.info(
         "%s: prefill of %d tokens %.0f ms with %s off, %.0f ms on: %s %s",
@@ -118,13 +118,34 @@ def choose(model_path: Path, threads: int, setting: str, fixed: dict[str, bool] 
         setting,
         "on" if choice else "off",
     )
+    write_record(path, {"on": choice, "off_ms": off, "on_ms": on})
+    return choice
+
+
+def choose_threads(model_path: Path) -> int:
+    """Threads per decode for this model here: one per core, or one per CPU where that is at
+    least 3% faster. Where the counts are equal there is nothing to choose or measure."""
+    cores, cpus = thread_counts()
+    if cores == cpus:
+        return cpus
+    path = cache_dir() / f"{tuning_key(model_path, 0)}-threads-{cores}-{cpus}.json"
+    cached = read_record(path)
+    if cached is None:
+        log.info("%s: timing %d and %d threads, once for this machine and build", model_path.name, cores, cpus)
+        per_core, per_cpu = prefill_times(model_path, [{"threads": cores}, {"threads": cpus}], SAMPLE_TOKENS["threads"])
+        cached = {"on": per_cpu < per_core * (1 - MARGIN), "off_ms": per_core, "on_ms": per_cpu}
+        log.info("%s: prefill %.0f ms with %d threads, %.0f with %d", model_path.name, per_core, cores, per_cpu, cpus)
+        write_record(path, cached)
+    return cpus if cached["on"] else cores
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # A name of its own per process: servers started together may all measure and write at once.
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    partial.write_text(json.dumps({"on": choice, "off_ms": off, "on_ms": on}), encoding="utf-8")
+    partial.write_text(json.dumps(record), encoding="utf-8")
     partial.replace(path)
     prune(path.parent, KEEP_RECORDS)
-    return choice
 
 
 def prune(folder: Path, keep: int) -> None:
@@ -142,6 +163,13 @@ def prune(folder: Path, keep: int) -> None:
 def describe(model_path: Path, threads: int = 0) -> str:
     """What `auto` chose for this model here, from the cache alone (nothing is measured)."""
     parts = []
+    cores, cpus = thread_counts()
+    if threads == 0 and cores != cpus:
+        found = read_record(cache_dir() / f"{tuning_key(model_path, 0)}-threads-{cores}-{cpus}.json")
+        if found is None:
+            return f"threads ({cores} cores, {cpus} CPUs) not measured yet"
+        threads = cpus if found["on"] else cores
+        parts.append(f"{threads} threads ({found['off_ms']:.0f} ms with {cores}, {found['on_ms']:.0f} ms with {cpus})")
     fixed: dict[str, bool] = {}
     for setting in ("repack", "flash_attn"):
         found = read_record(record_path(model_path, threads, setting, fixed))

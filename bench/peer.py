@@ -7,7 +7,6 @@ release, with the same CMake flags (bench/build_peer.py), so a ratio compares de
 from __future__ import annotations
 
 import math
-import os
 import socket
 import subprocess
 import tempfile
@@ -42,16 +41,16 @@ class Peer:
 
 
 @contextmanager
-def llama_server(binary: Path, model: Path, n_ctx: int, repack: bool, flash_attn: bool) -> Iterator[Peer]:
+def llama_server(binary: Path, model: Path, n_ctx: int, threads: int, repack: bool, flash_attn: bool) -> Iterator[Peer]:
     """llama-server built from the same llama.cpp source and flags as onepass's wheel (make peer),
-    set up as onepass is: one slot, f16 KV, the prompt cache on, every core, and the repacked
-    weights and flash attention onepass measured faster on this machine (`repack`, `flash_attn`),
-    so the ratio measures the design, not a setting."""
+    set up as onepass is: one slot, f16 KV, the prompt cache on, and the thread count, repacked
+    weights and flash attention given (onepass's measured choices), so a ratio measures the
+    design, not a setting."""
     with socket.socket() as probe:  # llama-server cannot report a port it picked itself
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(n_ctx)]
-    command += ["-np", "1", "-b", "512", "-ub", "512", "-ngl", "0", "-t", str(os.cpu_count() or 1)]
+    command += ["-np", "1", "-b", "512", "-ub", "512", "-ngl", "0", "-t", str(threads)]
     command += ["-fa", "on" if flash_attn else "off", "--repack" if repack else "--no-repack"]
     command += ["--swa-full", "--no-warmup", "--cache-prompt"]  # swa-full: else Gemma 3 reuses no prefix
     command += ["-lv", "4"]  # the level that logs system_info

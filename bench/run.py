@@ -231,8 +231,8 @@ def against_peer(
     rows = []
     questions = QUESTIONS[:5]
     spec = ModelSpec.from_settings(Settings(model=model))
-    repack, flash_attn = speed_settings_for(spec)  # what the onepass server chose: the same tuning cache
-    report["speed_settings"] = {"repack": repack, "flash_attn": flash_attn}
+    speed = speed_settings_for(spec)  # what the onepass server chose: the same tuning cache
+    report["speed_settings"] = {"threads": speed.threads, "repack": speed.repack, "flash_attn": speed.flash_attn}
 
     def prompts(state: str) -> list[tuple[str, list[str]]]:
         request = SystemOneRequest.model_validate(
@@ -253,8 +253,8 @@ def against_peer(
         timings.append(body["x_timing_ms"])
         return ms
 
-    for peer_flash_attn in (flash_attn, not flash_attn):
-        with peer.llama_server(binary, model, n_ctx=8192, repack=repack, flash_attn=peer_flash_attn) as server:
+    for peer_flash_attn in (speed.flash_attn, not speed.flash_attn):
+        with peer.llama_server(binary, model, 8192, speed.threads, speed.repack, peer_flash_attn) as server:
 
             def on_peer(state: str) -> float:
                 began = time.perf_counter()
@@ -349,7 +349,10 @@ def markdown(report: dict[str, Any]) -> str:
             f"Builds: onepass `{info.get('onepass')}`; llama-server `{info.get('llama_server')}`",
             "",
             "Settings (as onepass measured them on this machine): "
-            + ", ".join(f"{name} {'on' if on else 'off'}" for name, on in report.get("speed_settings", {}).items())
+            + ", ".join(
+                f"{name} {value if name == 'threads' else 'on' if value else 'off'}"
+                for name, value in report.get("speed_settings", {}).items()
+            )
             + "; llama-server ran with the same, then with flash attention the other way.",
         ]
         lines += [

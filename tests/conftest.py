@@ -34,6 +34,7 @@ def tiny_plain_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 os.environ.setdefault("ONEPASS_SESSION_CACHE_DIR", tempfile.mkdtemp(prefix="onepass-test-snapshots-"))
 os.environ.setdefault("ONEPASS_REPACK", "off")
 os.environ.setdefault("ONEPASS_FLASH_ATTN", "off")
+os.environ.setdefault("ONEPASS_THREADS", str(os.cpu_count() or 1))  # as before measured thread counts
 
 # ONEPASS_TEST_GPU_LAYERS=-1 runs the tiny-model tests with every layer offloaded (on a GPU build).
 GPU_LAYERS = int(os.environ.get("ONEPASS_TEST_GPU_LAYERS", "0"))

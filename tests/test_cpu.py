@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -10,7 +11,16 @@ from pathlib import Path
 import pytest
 
 from app.build_check import explain, run_check
-from app.cpu import Cpu, cmake_args, missing_features, normalise_arch, parse_proc_cpuinfo, parse_sysctl, wheel_key
+from app.cpu import (
+    Cpu,
+    cmake_args,
+    missing_features,
+    normalise_arch,
+    parse_proc_cpuinfo,
+    parse_sysctl,
+    thread_counts,
+    wheel_key,
+)
 
 RECORDED = Path(__file__).parent / "cpuinfo"
 
@@ -161,3 +171,21 @@ def test_doctor_reports_the_cpu_the_build_its_check_and_the_models() -> None:
     assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf:" in out
     tuned = out.split("speed settings chosen (repacked weights, flash attention):\n", 1)[1]
     assert "repack " in tuned  # "on (...)", "off (...)" or "not measured yet": read, never measured here
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="reads Linux's CPU topology files")
+def test_hyperthreads_count_once_per_core(tmp_path: Path) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+
+    def topology(siblings: dict[int, str]) -> Path:
+        root = tmp_path / str(len(list(tmp_path.iterdir())))
+        for cpu, text in siblings.items():
+            (root / f"cpu{cpu}" / "topology").mkdir(parents=True)
+            (root / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(text + "\n")
+        return root
+
+    alone = topology({cpu: str(cpu) for cpu in cpus})
+    assert thread_counts(alone) == (len(cpus), len(cpus))
+    paired = topology({cpu: f"{cpu - cpu % 2}-{cpu - cpu % 2 + 1}" for cpu in cpus})  # two per core
+    assert thread_counts(paired) == (len({cpu // 2 for cpu in cpus}), len(cpus))
+    assert thread_counts(tmp_path / "missing") == (len(cpus), len(cpus))  # no topology: a core per CPU

@@ -11,7 +11,7 @@ import pytest
 
 from app.contract import SystemOneRequest
 from app.tiny_gguf import write_tiny_gguf
-from app.tuning import cache_dir, choose, describe, prune, tuning_key
+from app.tuning import cache_dir, choose, choose_threads, describe, prune, tuning_key
 from tests.conftest import tiny_settings
 from tests.loading import load_model
 
@@ -59,6 +59,23 @@ def test_describe_reads_the_cache_and_measures_nothing(
     assert describe(q4_path, 1).endswith("; flash_attn not measured yet")
     flash_attn = choose(q4_path, 1, "flash_attn", {"repack": repack})
     assert f"; flash_attn {'on' if flash_attn else 'off'} (" in describe(q4_path, 1)
+
+
+def test_threads_are_measured_only_where_cores_and_cpus_differ(
+    q4_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr("app.tuning.thread_counts", lambda: (2, 2))
+    assert choose_threads(q4_path) == 2 and not cache_dir().exists()  # nothing to choose, nothing timed
+    monkeypatch.setattr("app.tuning.thread_counts", lambda: (1, 2))  # a core with two hyperthreads
+    assert describe(q4_path) == "threads (1 cores, 2 CPUs) not measured yet"
+    first = choose_threads(q4_path)
+    stored = cache_dir() / f"{tuning_key(q4_path, 0)}-threads-1-2.json"
+    record = json.loads(stored.read_text())
+    assert first == (2 if record["on"] else 1) and record["off_ms"] > 0 and record["on_ms"] > 0
+    assert describe(q4_path).startswith(f"{first} threads (")
+    stored.write_text(json.dumps({"on": first == 1}))  # a later start trusts what is cached
+    assert choose_threads(q4_path) == 3 - first
 
 
 def test_only_the_newest_records_are_kept(q4_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
