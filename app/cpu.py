@@ -181,12 +181,12 @@ def thread_counts(sysfs: Path = Path("/sys/devices/system/cpu")) -> tuple[int, i
     performance cores at every step a decode synchronises on: llama.cpp's own default is one
     thread per physical (performance) core. On macOS "cores" are the performance cores."""
     if platform.system() == "Darwin":
-        out = subprocess.run(
-            ["sysctl", "-n", "hw.perflevel0.physicalcpu", "hw.logicalcpu"], capture_output=True, text=True, check=False
-        ).stdout.split()
+        # sysctl prints the names a Mac has: Apple silicon all three, an Intel Mac the last two
+        names = ["hw.perflevel0.physicalcpu", "hw.physicalcpu", "hw.logicalcpu"]
+        out = subprocess.run(["sysctl", "-n", *names], capture_output=True, text=True, check=False).stdout.split()
         numbers = [int(n) for n in out if n.isdigit()]
         logical = numbers[-1] if numbers else os.cpu_count() or 1
-        return (numbers[0] if len(numbers) == 2 else logical), logical
+        return (numbers[0] if len(numbers) >= 2 else logical), logical
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if not allowed:
         return (os.cpu_count() or 1,) * 2

@@ -134,7 +134,9 @@ def report(venv: Path, wheel_dir: Path | None) -> str:
         "build check": module_section(venv, "app.build_check", timeout=600),
         "wheel": wheel_section(venv, wheel_dir),
         "models": models_section(),
-        "speed settings chosen (repacked weights, flash attention)": module_section(venv, "app.tuning", timeout=120),
+        "speed settings chosen (threads, repacked weights, flash attention)": module_section(
+            venv, "app.tuning", timeout=120
+        ),
     }
     return "\n".join(f"{title}:\n" + "\n".join(lines) for title, lines in sections.items())
 

@@ -15,6 +15,7 @@ atomically, checked when read), so later starts cost nothing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -88,7 +89,11 @@ def read_record(path: Path) -> dict[str, Any] | None:
         found = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return found if isinstance(found, dict) and isinstance(found.get("on"), bool) else None
+    if not isinstance(found, dict) or not isinstance(found.get("on"), bool):
+        return None
+    with contextlib.suppress(OSError):  # used now: the newest in prune's order (least recently used goes first)
+        os.utime(path)
+    return found
 
 
 def record_path(model_path: Path, threads: int, setting: str, fixed: dict[str, bool]) -> Path:
@@ -149,7 +154,7 @@ def write_record(path: Path, record: dict[str, Any]) -> None:
 
 
 def prune(folder: Path, keep: int) -> None:
-    """Delete all but the `keep` newest records (by when they were written)."""
+    """Delete all but the `keep` records written or read most recently."""
     records = []
     for found in folder.glob("*.json"):
         try:
@@ -164,7 +169,9 @@ def describe(model_path: Path, threads: int = 0) -> str:
     """What `auto` chose for this model here, from the cache alone (nothing is measured)."""
     parts = []
     cores, cpus = thread_counts()
-    if threads == 0 and cores != cpus:
+    if threads == 0 and cores == cpus:
+        threads = cpus  # as choose_threads resolves it
+    elif threads == 0:
         found = read_record(cache_dir() / f"{tuning_key(model_path, 0)}-threads-{cores}-{cpus}.json")
         if found is None:
             return f"threads ({cores} cores, {cpus} CPUs) not measured yet"

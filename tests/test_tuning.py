@@ -11,7 +11,7 @@ import pytest
 
 from app.contract import SystemOneRequest
 from app.tiny_gguf import write_tiny_gguf
-from app.tuning import cache_dir, choose, choose_threads, describe, prune, tuning_key
+from app.tuning import cache_dir, choose, choose_threads, describe, prune, read_record, tuning_key
 from tests.conftest import tiny_settings
 from tests.loading import load_model
 
@@ -85,12 +85,13 @@ def test_only_the_newest_records_are_kept(q4_path: Path, tmp_path: Path, monkeyp
         old = cache_dir() / (f"{age:024x}.json" if age == 0 else f"{age:024x}-repack.json")
         old.write_text(json.dumps({"on": False}))
         os.utime(old, ns=(age * 10**9, age * 10**9))
+    read_record(cache_dir() / f"{1:024x}-repack.json")  # reading one makes it the most recently used
     prune(cache_dir(), keep=4)
-    assert sorted(p.name for p in cache_dir().iterdir()) == [f"{age:024x}-repack.json" for age in range(2, 6)]
+    assert sorted(p.name for p in cache_dir().iterdir()) == [f"{age:024x}-repack.json" for age in (1, 3, 4, 5)]
     monkeypatch.setattr("app.tuning.KEEP_RECORDS", 3)
     choose(q4_path, 1, "repack")  # writing a record prunes: it and the two newest before it stay
     kept = sorted(p.name for p in cache_dir().iterdir())
-    assert kept == sorted([f"{tuning_key(q4_path, 1)}-repack.json", f"{4:024x}-repack.json", f"{5:024x}-repack.json"])
+    assert kept == sorted([f"{tuning_key(q4_path, 1)}-repack.json", f"{1:024x}-repack.json", f"{5:024x}-repack.json"])
 
 
 @pytest.mark.parametrize(("repack", "flash_attn"), [("off", "off"), ("on", "off"), ("off", "on"), ("on", "on")])
