@@ -101,6 +101,11 @@ def record_path(model_path: Path, threads: int, setting: str, fixed: dict[str, b
     return cache_dir() / f"{tuning_key(model_path, threads or os.cpu_count() or 1)}-{setting}{named}.json"
 
 
+def threads_record_path(model_path: Path, cores: int, cpus: int) -> Path:
+    """Where the choice between one thread per core and one per CPU is kept (the key's threads: 0, "auto")."""
+    return cache_dir() / f"{tuning_key(model_path, 0)}-threads-{cores}-{cpus}.json"
+
+
 def choose(model_path: Path, threads: int, setting: str, fixed: dict[str, bool] | None = None) -> bool:
     """Whether the Engine setting `setting` ("repack" or "flash_attn") is on for this model on this
     machine, with the other settings as in `fixed`: measured once, then read from the cache."""
@@ -133,7 +138,7 @@ def choose_threads(model_path: Path) -> int:
     cores, cpus = thread_counts()
     if cores == cpus:
         return cpus
-    path = cache_dir() / f"{tuning_key(model_path, 0)}-threads-{cores}-{cpus}.json"
+    path = threads_record_path(model_path, cores, cpus)
     cached = read_record(path)
     if cached is None:
         log.info("%s: timing %d and %d threads, once for this machine and build", model_path.name, cores, cpus)
@@ -172,7 +177,7 @@ def describe(model_path: Path, threads: int = 0) -> str:
     if threads == 0 and cores == cpus:
         threads = cpus  # as choose_threads resolves it
     elif threads == 0:
-        found = read_record(cache_dir() / f"{tuning_key(model_path, 0)}-threads-{cores}-{cpus}.json")
+        found = read_record(threads_record_path(model_path, cores, cpus))
         if found is None:
             return f"threads ({cores} cores, {cpus} CPUs) not measured yet"
         threads = cpus if found["on"] else cores

@@ -1,5 +1,5 @@
-"""Speed settings (repacked weights, flash attention): chosen by measurement and cached; with
-each on or off, hit == miss == cache off."""
+"""Speed settings (threads, repacked weights, flash attention): chosen by measurement and cached;
+with repacked weights and flash attention each on or off, hit == miss == cache off."""
 
 from __future__ import annotations
 
