@@ -6,9 +6,10 @@ class saves whole-context state with a large scores array, which is far too slow
 A request borrows one pooled context, restores its prefix snapshot into sequence 0,
 copies sequence 0 to one sequence per question (with a unified KV cache the copies share
 the prefix cells), and decodes every question suffix in one `llama_decode`, reading logits
-only at each suffix's last token. A context is handed back holding only sequence 0, so a
-request for the snapshot it holds (or for the base that snapshot grew from) skips the
-restore: the cells already hold the snapshot's exact bytes.
+only at each suffix's last token; tokens that several suffixes begin with ("Question: Does
+the ...") are decoded once, in all of their sequences. A context is handed back holding only
+sequence 0, so a request for the snapshot it holds (or for the base that snapshot grew from)
+skips the restore: the cells already hold the snapshot's exact bytes.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ llama_log = logging.getLogger("onepass.llama")
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ; sequence 0 holds the prefix
 N_UBATCH = 512
 FINGERPRINT_HEAD_BYTES = 1 << 20
+
+
+Row = tuple[int, int, tuple[int, ...], bool]  # a batch row: token, position, sequences, wants logits
 
 
 class EngineError(RuntimeError):
@@ -139,7 +143,8 @@ class _Context:
             raise EngineError(f"llama.cpp could not create a context (n_ctx={n_ctx})")
         self.memory = llama.llama_get_memory(self.ctx)
         self.n_ctx = n_ctx
-        self.batch = llama.llama_batch_init(n_ctx, 0, 1)
+        # Room for every sequence on each token: a token several suffixes share is in all of theirs.
+        self.batch = llama.llama_batch_init(n_ctx, 0, MAX_SEQUENCES)
         # Snapshots whose exact bytes sequence 0 holds, shortest first (a base, then what was
         # prefilled on it); sequence 0 is the only sequence left between requests.
         self.held: tuple[Snapshot, ...] = ()
@@ -193,6 +198,12 @@ class Engine:
         # the layers run. The thread count does not (measured: bit-identical KV with 1, 2 and 3).
         self.build = f"llama-cpp-python {llama.__version__}; n_gpu_layers={n_gpu_layers}; {self.system_info()}"
         self.decode_calls = 0  # llama_decode calls made, for tests and stats
+        self.decoded_tokens = 0  # batch rows those calls computed
+        # A recurrent memory keeps one state per sequence, which a token in several cannot update:
+        # there every suffix is decoded whole in its own sequence.
+        self.shares_suffix_tokens = not (
+            llama.llama_model_is_recurrent(self.model) or llama.llama_model_is_hybrid(self.model)
+        )
         self.restores = 0  # snapshots copied into a context (the rest were still held there)
         self._counter_lock = threading.Lock()
         self._contexts = [_Context(self.model, kv, threads or os.cpu_count() or 1) for _ in range(contexts)]
@@ -289,7 +300,7 @@ class Engine:
             else:
                 ctx.clear()
             began = time.perf_counter()
-            self._fill(ctx, [(tok, start + i, 0, False) for i, tok in enumerate(tokens[start:])])
+            self._fill(ctx, [(tok, start + i, (0,), False) for i, tok in enumerate(tokens[start:])])
             if len(tokens) > start:
                 self._decode(ctx)
             timing.prefill_ms = _ms_since(began)
@@ -330,13 +341,9 @@ class Engine:
         return groups
 
     def _decode_group(self, ctx: _Context, n_prefix: int, jobs: Sequence[Job]) -> list[Readout]:
-        entries: list[tuple[int, int, int, bool]] = []
-        outputs: list[int] = []  # batch index of each job's last token
-        for seq, job in enumerate(jobs, start=1):
+        for seq in range(1, len(jobs) + 1):
             llama.llama_memory_seq_cp(ctx.memory, 0, seq, -1, -1)  # unified KV: shares the cells, copies nothing
-            for j, token in enumerate(job.tokens):
-                entries.append((token, n_prefix + j, seq, j == len(job.tokens) - 1))
-            outputs.append(len(entries) - 1)
+        entries, outputs = suffix_rows(jobs, n_prefix, share=self.shares_suffix_tokens)
         self._fill(ctx, entries)
         self._decode(ctx)
         readouts = [self._read(ctx, index, job.labels) for index, job in zip(outputs, jobs, strict=True)]
@@ -412,16 +419,17 @@ class Engine:
             raise EngineError(f"llama.cpp saved {written} of {size} state bytes")
         return ctypes.string_at(buf, size)
 
-    def _fill(self, ctx: _Context, entries: Sequence[tuple[int, int, int, bool]]) -> None:
-        """Load (token, position, sequence, wants_logits) entries into the context's batch."""
+    def _fill(self, ctx: _Context, entries: Sequence[Row]) -> None:
+        """Load (token, position, sequences, wants_logits) rows into the context's batch."""
         if len(entries) > ctx.n_ctx:
             raise ValueError(f"{len(entries)} tokens exceed the batch of {ctx.n_ctx}")
         batch = ctx.batch
-        for i, (token, pos, seq, wants_logits) in enumerate(entries):
+        for i, (token, pos, seqs, wants_logits) in enumerate(entries):
             batch.token[i] = token
             batch.pos[i] = pos
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = seq
+            batch.n_seq_id[i] = len(seqs)
+            for k, seq in enumerate(seqs):
+                batch.seq_id[i][k] = seq
             batch.logits[i] = wants_logits
         batch.n_tokens = len(entries)
 
@@ -429,8 +437,47 @@ class Engine:
         status = llama.llama_decode(ctx.ctx, ctx.batch)
         with self._counter_lock:
             self.decode_calls += 1
+            self.decoded_tokens += ctx.batch.n_tokens
         if status != 0:  # _borrow clears the context on the way out
             raise EngineError(f"llama_decode failed with status {status}")
+
+
+def suffix_rows(jobs: Sequence[Job], n_prefix: int, *, share: bool = True) -> tuple[list[Row], list[int]]:
+    """The batch rows that decode `jobs` after an `n_prefix`-token prefix, job i in sequence i + 1,
+    and the row of each job's last token.
+
+    With `share`, the suffixes form a tree: a token that several suffixes reach through the same
+    tokens is one row, in all of their sequences (llama.cpp masks a row by its first sequence,
+    whose earlier tokens are exactly the shared ones). Rows go depth first, so each sequence's
+    positions rise and its set of sequences only narrows, as llama.cpp requires.
+    """
+    # Node 0 is the prefix; each node has its token, the sequences through it and its children.
+    tokens: list[int] = [-1]
+    sequences: list[list[int]] = [[]]
+    children: list[dict[tuple[int, int], int]] = [{}]  # by (token, 0), or (token, job) when not sharing
+    ends: list[int] = []  # each job's last node
+    for seq, job in enumerate(jobs, start=1):
+        node = 0
+        for token in job.tokens:
+            key = (token, 0 if share else seq)
+            if key not in children[node]:
+                children[node][key] = len(tokens)
+                tokens.append(token)
+                sequences.append([])
+                children.append({})
+            node = children[node][key]
+            sequences[node].append(seq)
+        ends.append(node)
+    outputs = set(ends)
+    rows: list[Row] = []
+    row_of: dict[int, int] = {}
+    stack = [(child, 0) for child in reversed(children[0].values())]
+    while stack:
+        node, depth = stack.pop()
+        row_of[node] = len(rows)
+        rows.append((tokens[node], n_prefix + depth, tuple(sequences[node]), node in outputs))
+        stack.extend((child, depth + 1) for child in reversed(children[node].values()))
+    return rows, [row_of[end] for end in ends]
 
 
 def _file_fingerprint(path: Path) -> bytes:

@@ -35,7 +35,7 @@ from app.launch import READY, ServerProcess
 from app.loading import prompter_for, speed_settings_for
 from app.model_config import ModelSpec
 from app.prompting import Prompter
-from bench import peer, pipeline, restart
+from bench import peer, pipeline, restart, shared_suffixes
 from bench.client import ask as client_ask
 from bench.client import sized_text
 from bench.figure import figure
@@ -399,6 +399,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines += pipeline.markdown(report["pipeline"])
     if "restart" in report:
         lines += restart.markdown(report["restart"])
+    if "shared_suffixes" in report:
+        lines += shared_suffixes.markdown(report["shared_suffixes"])
     return "\n".join(lines) + "\n"
 
 
@@ -477,6 +479,8 @@ def main() -> None:
             report["cache_off"] = [{"state_tokens": s, "questions": n, "ms": v} for (s, n), v in off.items()]
     report["pipeline"] = pipeline.pipeline(args.model, cfg.pipeline_states, onepass_server)
     report["restart"] = restart.restart(args.model, list(cfg.restart_sizes), cfg.restart_states, onepass_server)
+    sets = shared_suffixes.question_sets(QUESTIONS[:5])
+    report["shared_suffixes"] = shared_suffixes.shared_suffixes(args.model, sets, SENTENCES, 3 if args.quick else 5)
     report["seconds"] = round(time.perf_counter() - began, 1)
     out = REPO_ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ import pytest
 from app.cache import SnapshotCache, cache_key
 from app.calibration import ContextualCalibrator
 from app.contract import SystemOneRequest
-from app.engine import MAX_SEQUENCES, Engine, Job, Readout, RestoreError
+from app.engine import MAX_SEQUENCES, Engine, Job, Readout, RestoreError, suffix_rows
 from app.service import ModelService
 from app.snapshot import Snapshot
 from tests.conftest import tiny_settings
@@ -279,6 +279,45 @@ def test_a_question_asked_twice_is_decoded_once_and_answered_alike(tiny_service:
     single, doubled = tiny_service.answer(once).wire(), tiny_service.answer(twice).wire()
     assert doubled["answers"]["copy"] == doubled["answers"]["q0"] == single["answers"]["q0"]  # the same batch
     assert doubled["usage"]["input_tokens"] == single["usage"]["input_tokens"]  # its suffix counted once
+
+
+def test_suffix_rows_decode_the_tokens_suffixes_begin_with_once() -> None:
+    jobs = [Job([7, 8, 9], [1]), Job([7, 8, 4], [1]), Job([7, 5], [1]), Job([7, 8], [2]), Job([6], [1])]
+    rows, outputs = suffix_rows(jobs, 100)
+    assert rows == [
+        (7, 100, (1, 2, 3, 4), False),
+        (8, 101, (1, 2, 4), True),  # job 4 ends here: its logits are read from the shared row
+        (9, 102, (1,), True),
+        (4, 102, (2,), True),
+        (5, 101, (3,), True),
+        (6, 100, (5,), True),
+    ]
+    assert outputs == [2, 3, 4, 1, 5]
+    whole, whole_outputs = suffix_rows(jobs, 100, share=False)
+    assert [row[2] for row in whole] == [(1,)] * 3 + [(2,)] * 3 + [(3,)] * 2 + [(4,)] * 2 + [(5,)]
+    assert whole_outputs == [2, 5, 7, 9, 10]
+
+
+def test_suffixes_that_begin_alike_share_rows_and_answer_exactly_as_decoded_whole(tiny_plain_path: Path) -> None:
+    # With flash attention under 64 rows ggml reads each query row through the cells in order,
+    # so a row's result does not depend on what else is in the batch: a shared row must then give
+    # every sequence exactly what its own copy would (a wrong mask would not).
+    engine = Engine(tiny_plain_path, n_ctx=1024, threads=1, contexts=1, flash_attn=True)
+    try:
+        prefix, _ = engine.prefill(engine.tokenize("Text:\n" + "the parcel came late " * 12, add_bos=True))
+        common = engine.tokenize("Is it late")
+        tails = ("? now", "! or", ". lost")  # their first tokens differ
+        jobs = [Job([*common, *engine.tokenize(tail)], [300, 301]) for tail in tails]
+        n_whole = sum(len(job.tokens) for job in jobs)
+        assert n_whole < 64
+        before = engine.decoded_tokens
+        shared = engine.answer(prefix, jobs).readouts
+        assert engine.decoded_tokens - before == n_whole - 2 * len(common)
+        engine.shares_suffix_tokens = False
+        assert engine.answer(prefix, jobs).readouts == shared
+        assert engine.decoded_tokens - before == 2 * n_whole - 2 * len(common)
+    finally:
+        engine.close()
 
 
 class DictStore:

@@ -216,3 +216,29 @@ def test_n_questions_cost_one_prefill_and_one_decode(real_service: ModelService)
     before = real_service.engine.decode_calls
     ask(real_service, "A brand new state for counting decodes.", questions)
     assert real_service.engine.decode_calls - before == 2
+
+
+def test_questions_that_begin_alike_share_rows_and_answer_as_if_decoded_whole() -> None:
+    # Under 64 rows, with flash attention and plain kernels, a row's numbers do not depend on the
+    # rest of the batch (docs/prompt-experiments.md), so sharing must change nothing at all.
+    service = load_model(
+        Settings(model=DEFAULT_MODEL_PATH, n_ctx=2048, session_cache_disk_bytes=0, repack="off", flash_attn="on")
+    )
+    try:
+        engine = service.engine
+        questions = {f"q{i}": noul(f"Does the ticket mention {topic}?") for i, topic in enumerate(("money", "a date"))}
+        ask(service, TICKET, questions)
+        plan = service.plan(SystemOneRequest.model_validate({"model": "m", "state": TICKET, "questions": questions}))
+        jobs = [Job(rendered.tokens, rendered.label_ids) for _, _, rendered in plan.questions]
+        cached, _ = service.cache.get_or_build(
+            service.prefix_key(plan.state), plan.prefix_tokens, lambda: pytest.fail("not cached")
+        )
+        n_whole = sum(len(job.tokens) for job in jobs)
+        assert n_whole < 64
+        before = engine.decoded_tokens
+        shared = engine.answer(cached, jobs).readouts
+        assert engine.decoded_tokens - before < n_whole - 5  # "Question: Does the ticket mention" once
+        engine.shares_suffix_tokens = False
+        assert engine.answer(cached, jobs).readouts == shared
+    finally:
+        service.close()
