@@ -17,7 +17,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 with (REPO_ROOT / "models" / "sources.toml").open("rb") as _sources:  # the pinned models (models/fetch.py)
-    DEFAULT_MODEL_PATH = REPO_ROOT / "models" / tomllib.load(_sources)["default"]["filename"]
+    DEFAULT_MODEL_PATH: Path = REPO_ROOT / "models" / tomllib.load(_sources)["default"]["filename"]
 DEFAULT_CONFIG_PATH = REPO_ROOT / "models" / "onepass.toml"
 ENV_PREFIX = "ONEPASS_"
 

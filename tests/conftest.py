@@ -86,11 +86,16 @@ def live_url(tiny_service: ModelService, tiny_chat_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def real_service() -> Iterator[ModelService]:
+def real_model_path() -> Path:
     if os.environ.get("ONEPASS_SKIP_REAL_MODEL") == "1":
         pytest.skip("ONEPASS_SKIP_REAL_MODEL=1")
     if not DEFAULT_MODEL_PATH.is_file():
         pytest.fail(f"{DEFAULT_MODEL_PATH} is missing: run `make model` (make test does)")
-    service = load_model(Settings(model=DEFAULT_MODEL_PATH, n_ctx=4096, session_cache_disk_bytes=0))
+    return DEFAULT_MODEL_PATH
+
+
+@pytest.fixture(scope="session")
+def real_service(real_model_path: Path) -> Iterator[ModelService]:
+    service = load_model(Settings(model=real_model_path, n_ctx=4096, session_cache_disk_bytes=0))
     yield service
     service.close()

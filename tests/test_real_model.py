@@ -9,7 +9,7 @@ import pytest
 
 from app import scoring
 from app.cache import SnapshotCache
-from app.config import DEFAULT_MODEL_PATH, Settings
+from app.config import Settings
 from app.contract import SystemOneRequest
 from app.disk_tier import DiskTier, SnapshotIdentity
 from app.engine import Job
@@ -174,13 +174,13 @@ def test_a_disk_hit_after_a_restart_equals_a_miss(real_service: ModelService, tm
     assert answers[0] == answers[1] == answers[2]
 
 
-def test_a_restored_long_prefix_equals_a_one_shot_prefill(real_service: ModelService) -> None:
+def test_a_restored_long_prefix_equals_a_one_shot_prefill(real_model_path: Path) -> None:
     # A property of the plain kernels: repacked weights and flash attention (which a machine may
     # have chosen for real_service) make a token's numbers depend on its row in the batch, so a
     # prefix prefilled in one piece and in two pieces differs in rounding there. Hit == miss ==
     # cache off stays exact with them too (tests/test_tuning.py): all three take the same pieces.
     service = load_model(
-        Settings(model=DEFAULT_MODEL_PATH, n_ctx=4096, session_cache_disk_bytes=0, repack="off", flash_attn="off")
+        Settings(model=real_model_path, n_ctx=4096, session_cache_disk_bytes=0, repack="off", flash_attn="off")
     )
     try:
         engine = service.engine
@@ -218,11 +218,11 @@ def test_n_questions_cost_one_prefill_and_one_decode(real_service: ModelService)
     assert real_service.engine.decode_calls - before == 2
 
 
-def test_questions_that_begin_alike_share_rows_and_answer_as_if_decoded_whole() -> None:
+def test_questions_that_begin_alike_share_rows_and_answer_as_if_decoded_whole(real_model_path: Path) -> None:
     # Under 64 rows, with flash attention and plain kernels, a row's numbers do not depend on the
     # rest of the batch (docs/prompt-experiments.md), so sharing must change nothing at all.
     service = load_model(
-        Settings(model=DEFAULT_MODEL_PATH, n_ctx=2048, session_cache_disk_bytes=0, repack="off", flash_attn="on")
+        Settings(model=real_model_path, n_ctx=2048, session_cache_disk_bytes=0, repack="off", flash_attn="on")
     )
     try:
         engine = service.engine
