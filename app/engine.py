@@ -326,7 +326,9 @@ class Engine:
         return Answered(readouts, len(groups), timing)
 
     def plan_groups(self, n_prefix: int, suffix_lengths: Sequence[int]) -> list[list[int]]:
-        """Question indices per decode: in order, each group as large as the limits allow."""
+        """Question indices per decode: in order, each group as large as the limits allow.
+
+        Suffixes count whole: shared tokens make a group's rows fewer, never more."""
         free_cells = self.n_ctx - n_prefix
         groups: list[list[int]] = []
         used = 0
