@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -203,11 +203,7 @@ class ModelService:
             return load_or_prefill(key, plan.prefix_tokens, base)
 
         snapshot, hit = self.cache.get_or_build(key, plan.prefix_tokens, build)
-        # The batch holds each distinct suffix once, in a canonical order (by its tokens), so neither
-        # the order questions arrive in nor a repeated question changes the batch layout and with
-        # it the floating-point rounding.
-        suffixes = sorted({(rendered.tokens, rendered.label_ids) for _, _, rendered in plan.questions})
-        jobs = [Job(tokens, labels) for tokens, labels in suffixes]
+        jobs = batch_jobs(rendered for _, _, rendered in plan.questions)
         if check():
             raise Cancelled("cancelled before the decode")
         try:
@@ -222,7 +218,7 @@ class ModelService:
             snapshot = build()
             self.cache.put(key, snapshot)
             answered = self.engine.answer(snapshot, jobs)
-        readout_of = dict(zip(suffixes, answered.readouts, strict=True))
+        readout_of = {(job.tokens, job.labels): r for job, r in zip(jobs, answered.readouts, strict=True)}
         readouts = [readout_of[(rendered.tokens, rendered.label_ids)] for _, _, rendered in plan.questions]
         scored = time.perf_counter()
         answers = {  # a question seen for the first time has its calibration prior measured here
@@ -259,6 +255,13 @@ class ModelService:
                 total=round(total_ms, 3),
             ),
         )
+
+
+def batch_jobs(questions: Iterable[RenderedQuestion]) -> list[Job]:
+    """The decode's jobs: each distinct suffix once, in a canonical order (by its tokens), so neither
+    the order questions arrive in nor a repeated question changes the batch layout and with it
+    the floating-point rounding."""
+    return [Job(tokens, labels) for tokens, labels in sorted({(q.tokens, q.label_ids) for q in questions})]
 
 
 class _DiskPriors:

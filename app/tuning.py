@@ -110,26 +110,9 @@ def choose(model_path: Path, threads: int, setting: str, fixed: dict[str, bool] 
     """Whether the Engine setting `setting` ("repack" or "flash_attn") is on for this model on this
     machine, with the other settings as in `fixed`: measured once, then read from the cache."""
     fixed = fixed or {}
-    path = record_path(model_path, threads, setting, fixed)
-    cached = read_record(path)
-    if cached is not None:
-        return bool(cached["on"])
-    log.info("%s: timing %s off and on, once for this machine and build", model_path.name, setting)
     variants = [{"threads": threads, **fixed, setting: False}, {"threads": threads, **fixed, setting: True}]
-    off, on = prefill_times(model_path, variants, SAMPLE_TOKENS[setting])
-    choice = on < off * (1 - MARGIN) if not DEFAULT[setting] else on <= off * (1 + MARGIN)
-    log.info(
-        "%s: prefill of %d tokens %.0f ms with %s off, %.0f ms on: %s %s",
-        model_path.name,
-        SAMPLE_TOKENS[setting],
-        off,
-        setting,
-        on,
-        setting,
-        "on" if choice else "off",
-    )
-    write_record(path, {"on": choice, "off_ms": off, "on_ms": on})
-    return choice
+    path = record_path(model_path, threads, setting, fixed)
+    return timed_choice(model_path, path, setting, variants, DEFAULT[setting])
 
 
 def choose_threads(model_path: Path) -> int:
@@ -138,15 +121,33 @@ def choose_threads(model_path: Path) -> int:
     cores, cpus = thread_counts()
     if cores == cpus:
         return cpus
-    path = threads_record_path(model_path, cores, cpus)
+    variants = [{"threads": cores}, {"threads": cpus}]
+    per_cpu = timed_choice(model_path, threads_record_path(model_path, cores, cpus), "threads", variants, False)
+    return cpus if per_cpu else cores
+
+
+def timed_choice(model_path: Path, path: Path, setting: str, variants: list[dict[str, Any]], default: bool) -> bool:
+    """Whether the second of two Engine variants ("on") is the one to use, read from the record at
+    `path`, or timed once and recorded: it leaves `default` only when the other way is faster by
+    MARGIN."""
     cached = read_record(path)
-    if cached is None:
-        log.info("%s: timing %d and %d threads, once for this machine and build", model_path.name, cores, cpus)
-        per_core, per_cpu = prefill_times(model_path, [{"threads": cores}, {"threads": cpus}], SAMPLE_TOKENS["threads"])
-        cached = {"on": per_cpu < per_core * (1 - MARGIN), "off_ms": per_core, "on_ms": per_cpu}
-        log.info("%s: prefill %.0f ms with %d threads, %.0f with %d", model_path.name, per_core, cores, per_cpu, cpus)
-        write_record(path, cached)
-    return cpus if cached["on"] else cores
+    if cached is not None:
+        return bool(cached["on"])
+    log.info("%s: timing %s both ways, once for this machine and build", model_path.name, setting)
+    off, on = prefill_times(model_path, variants, SAMPLE_TOKENS[setting])
+    choice = on <= off * (1 + MARGIN) if default else on < off * (1 - MARGIN)
+    log.info(
+        "%s: prefill of %d tokens %.0f ms with %s, %.0f ms with %s: chose %s",
+        model_path.name,
+        SAMPLE_TOKENS[setting],
+        off,
+        variants[0],
+        on,
+        variants[1],
+        variants[1] if choice else variants[0],
+    )
+    write_record(path, {"on": choice, "off_ms": off, "on_ms": on})
+    return choice
 
 
 def write_record(path: Path, record: dict[str, Any]) -> None:

@@ -19,9 +19,10 @@ from typing import Any
 
 from app.config import DEFAULT_MODEL_PATH, Settings
 from app.contract import SystemOneRequest
-from app.engine import Engine, Job, suffix_rows
+from app.engine import Engine, suffix_rows
 from app.loading import prompter_for, speed_settings_for
 from app.model_config import ModelSpec
+from app.service import batch_jobs
 from bench.client import sized_text
 from bench.output import Progress, table
 
@@ -50,8 +51,7 @@ def shared_suffixes(
             request = SystemOneRequest.model_validate(
                 {"model": "m", "state": state, "questions": {f"q{i}": q for i, q in enumerate(questions)}}
             )
-            rendered = [prompter.question(question) for question in request.questions.values()]
-            jobs = [Job(tokens, labels) for tokens, labels in sorted({(r.tokens, r.label_ids) for r in rendered})]
+            jobs = batch_jobs(prompter.question(question) for question in request.questions.values())  # as served
             times: dict[bool, list[float]] = {True: [], False: []}
             for _ in range(runs):
                 for share in (True, False):
