@@ -14,7 +14,7 @@ from app.contract import SystemOneRequest
 from app.disk_tier import DiskTier, SnapshotIdentity
 from app.engine import Job
 from app.prompting import render_state
-from app.service import ModelService
+from app.service import ModelService, batch_jobs
 from tests.loading import load_model
 
 pytestmark = pytest.mark.real_model
@@ -190,7 +190,7 @@ def test_a_restored_long_prefix_equals_a_one_shot_prefill(real_model_path: Path)
         assert len(plan.prefix_tokens) > 1200
         # Restore (system snapshot + state prefill, then the saved snapshot) == prefill of the whole prefix at once.
         one_shot, _ = engine.prefill(plan.prefix_tokens)
-        jobs = [Job(rendered.tokens, rendered.label_ids) for _, _, rendered in plan.questions]
+        jobs = batch_jobs(rendered for _, _, rendered in plan.questions)  # as served
         key = service.prefix_key(plan.state)
         cached, hit_again = service.cache.get_or_build(key, plan.prefix_tokens, lambda: pytest.fail("not cached"))
         assert hit_again
@@ -229,7 +229,7 @@ def test_questions_that_begin_alike_share_rows_and_answer_as_if_decoded_whole(re
         questions = {f"q{i}": noul(f"Does the ticket mention {topic}?") for i, topic in enumerate(("money", "a date"))}
         ask(service, TICKET, questions)
         plan = service.plan(SystemOneRequest.model_validate({"model": "m", "state": TICKET, "questions": questions}))
-        jobs = [Job(rendered.tokens, rendered.label_ids) for _, _, rendered in plan.questions]
+        jobs = batch_jobs(rendered for _, _, rendered in plan.questions)  # as served
         cached, _ = service.cache.get_or_build(
             service.prefix_key(plan.state), plan.prefix_tokens, lambda: pytest.fail("not cached")
         )
