@@ -27,8 +27,9 @@ INSTALL_STAMP := $(VENV)/.installed-$(WHEEL_KEY)
 
 DEFAULT_MODEL := $(shell $(PYTHON) models/fetch.py default --print-path)
 SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
-HOST ?= 127.0.0.1
-PORT ?= 8080
+# Unset, `make run` passes neither and the config's [server] host and port (default 127.0.0.1:8080) apply.
+HOST ?=
+PORT ?=
 
 .PHONY: setup model model-small run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet eval load check-gpu clean clean-build
 
@@ -65,16 +66,17 @@ model-small: $(INSTALL_STAMP)
 ARGS ?=
 
 run: model
-	$(BIN)/python -m app --host $(HOST) --port $(PORT) $(ARGS)
+	$(BIN)/python -m app $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) $(ARGS)
 
 # N replicas on loopback ports behind HAProxy (deploy/haproxy.cfg) on HOST:PORT, routed by state;
 # ARGS go to every replica: make fleet N=3 ARGS="--threads 1". Ctrl-C stops them all.
 N ?= 3
 fleet: model
-	$(BIN)/python -m app.fleet --replicas $(N) --host $(HOST) --port $(PORT) -- $(ARGS)
+	$(BIN)/python -m app.fleet --replicas $(N) $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) -- $(ARGS)
 
+# tests/test_install.py installs the package into a fresh venv with the wheel built here.
 test: model lint check-build test-tools
-	$(BIN)/python -m pytest -q
+	ONEPASS_TEST_WHEEL_DIR=$(WHEEL_DIR) $(BIN)/python -m pytest -q
 
 # tests/test_cpu_emulated.py runs the build on an emulated AVX2-only CPU with qemu's user mode;
 # tests/test_fleet.py runs three replicas behind HAProxy (2.6 or newer).

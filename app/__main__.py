@@ -28,6 +28,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     default = next(spec for spec in models.models if spec.name == models.default_model)
     if not default.path.is_file():
         sys.exit(f"onepass: model file {default.path} not found (run `make model`, or pass --model PATH)")
+    started = logging.getLogger("onepass")
+    started.info("config: %s", settings.config or "none (--model alone)")
+    for spec in models.models:
+        started.info("model %s", spec.summary())
     problem = run_check()  # a llama.cpp built for another CPU explains itself here, not with SIGILL later
     if problem is not None:
         sys.exit(problem)
@@ -38,9 +42,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(f"onepass: cannot listen on {settings.host}:{settings.port}: {error.strerror}")
     url = url_of(listener)
     port = listener.getsockname()[1]
-    logging.getLogger("onepass").info("listening on %s", url)
+    started.info("listening on %s", url)
     if not settings.no_ui:
-        logging.getLogger("onepass").info("try it in a browser: %s/", url)
+        started.info("try it in a browser: %s/", url)
     config = uvicorn.Config(
         create_app(settings, source=source, replica=replica_name(settings.replica_name, port)),
         log_level=settings.log_level.lower(),

@@ -14,16 +14,17 @@ from __future__ import annotations
 import hashlib
 import socket
 
-from app.contract import Text, render_text
+from app.contract import Text, render_state
 
 PREFIX_KEY_HEADER = "X-Onepass-Prefix-Key"  # on every answer; a client may echo it for the proxy to hash
 REPLICA_HEADER = "X-Onepass-Replica"  # on every response: which replica answered
 
 
 def affinity_key(state: Text) -> str:
-    """The first 16 hex digits of SHA-256 over the state's UTF-8 text: a string exactly as sent,
-    an object or array as canonical JSON (so two equal objects in any key order share a key)."""
-    return hashlib.sha256(render_text(state).encode()).hexdigest()[:16]
+    """The first 16 hex digits of SHA-256 over the state's UTF-8 text as the prompt and the cache key
+    see it: a string without surrounding space, an object or array as canonical JSON (so two equal
+    objects in any key order share a key, and so do states that differ only in surrounding space)."""
+    return hashlib.sha256(render_state(state).encode()).hexdigest()[:16]
 
 
 def replica_name(configured: str | None, port: int | None = None) -> str:

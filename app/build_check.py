@@ -22,8 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from app.config import cache_home
 from app.cpu import Cpu, detect, missing_features
+from app.paths import cache_home
 
 REBUILD = "make clean-build && make run"
 CHECK_TIMEOUT_S = 300.0  # a tiny decode takes well under a second; this only bounds a hung child

@@ -1,8 +1,9 @@
-"""Settings: one frozen object. Precedence: CLI flag > ONEPASS_<FLAG> env var > the config
-file's [server] section > default.
+"""Settings: one frozen object. Precedence: CLI flag > ONEPASS_<FLAG> env var > the config file
+(a model's [[models]] entry > its [server] section) > the settings that belong to the model file
+(app/known_models.toml) > default.
 
-Every option is declared once, as a field of `Settings` with its help text; the argparse
-flags and their env var fallbacks are generated from those fields.
+Every option is declared once, as a field of `Settings` with its help text; the argparse flags,
+their env var fallbacks, the config keys and the per-model keys are generated from those fields.
 """
 
 from __future__ import annotations
@@ -10,33 +11,48 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-with (REPO_ROOT / "models" / "sources.toml").open("rb") as _sources:  # the pinned models (models/fetch.py)
-    DEFAULT_MODEL_PATH: Path = REPO_ROOT / "models" / tomllib.load(_sources)["default"]["filename"]
+from app.paths import REPO_ROOT, cache_home
+
+with (Path(__file__).resolve().parent / "known_models.toml").open("rb") as _known:  # the pinned models
+    DEFAULT_MODEL_FILENAME: str = tomllib.load(_known)["default"]["filename"]
+# In a checkout: `make model` puts the default model here and the CLI reads this config by default.
+DEFAULT_MODEL_PATH = REPO_ROOT / "models" / DEFAULT_MODEL_FILENAME
 DEFAULT_CONFIG_PATH = REPO_ROOT / "models" / "onepass.toml"
+DEFAULT_SNAPSHOT_DIR = cache_home() / "snapshots"
 ENV_PREFIX = "ONEPASS_"
 
-
-def cache_home() -> Path:
-    """onepass's per-user cache folder (the wheels, the build check, the tuning, the snapshots)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onepass"
+# Where a setting's value came from, for the start log and for a [[models]] entry to know what it may override.
+FLAG, ENV, SERVER_SECTION = "flag", "env", "[server]"
 
 
-DEFAULT_SNAPSHOT_DIR = cache_home() / "snapshots"
+def _option(
+    default: Any,
+    help: str,
+    parse: Callable[[str], Any] = str,
+    *,
+    restart: bool = False,
+    per_model: bool = False,
+    aliases: tuple[str, ...] = (),
+) -> Any:
+    """A setting. `restart`: a reload cannot change it in a running server (it binds or logs at start).
+    `per_model`: a [[models]] entry may set it for its model. `aliases`: more flags for it (llama-server's)."""
+    metadata = {"help": help, "parse": parse, "restart": restart, "per_model": per_model, "aliases": aliases}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
-def _option(default: Any, help: str, parse: Callable[[str], Any] = str, *, restart: bool = False) -> Any:
-    """A setting. `restart`: a reload cannot change it in a running server (it binds or logs at start)."""
-    return dataclasses.field(default=default, metadata={"help": help, "parse": parse, "restart": restart})
+def parse_path(text: str) -> Path:
+    return Path(text).expanduser()
 
 
 def _optional_path(text: str) -> Path | None:
-    return Path(text) if text else None
+    return parse_path(text) if text else None
 
 
 def _optional_str(text: str) -> str | None:
@@ -53,12 +69,48 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"expected true or false, not {text!r}")
 
 
+def _integer(least: int | None = None, most: int | None = None) -> Callable[[str], int]:
+    def parse_int(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise ValueError(f"expected a whole number, not {text!r}") from None
+        if (least is not None and value < least) or (most is not None and value > most):
+            bounds = f"at least {least}" if most is None else f"from {least} to {most}"
+            raise ValueError(f"expected a whole number {bounds}, not {value}")
+        return value
+
+    return parse_int
+
+
+def _positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a number, not {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"expected a positive number, not {text!r}")
+    return value
+
+
+SIZE = re.compile(r"(?i)\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*")
+UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """Bytes, as a number or with a binary unit: 4G, 4GiB, 512M, 64k."""
+    match = SIZE.fullmatch(text)
+    if match is None:
+        raise ValueError(f"expected a size such as 4096, 512M or 4G, not {text!r}")
+    return int(float(match.group(1)) * UNITS[(match.group(2) or "").lower()])
+
+
 def _one_of(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
     """A parser for a setting that takes one of a few words."""
 
     def parse(text: str) -> str:
         if text not in choices:
-            raise ValueError(f"{name} must be one of {choices}, not {text!r}")
+            raise ValueError(f"{name} must be one of {', '.join(choices)}; not {text!r}")
         return text
 
     return parse
@@ -68,10 +120,18 @@ CALIBRATIONS = ("none", "contextual")
 LAYOUTS = ("state-first", "question-first")
 REPACK = ("auto", "on", "off")
 FLASH_ATTN = ("auto", "on", "off")
+TEMPLATES = ("auto", "plain")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 parse_calibration = _one_of("calibration", CALIBRATIONS)
 parse_layout = _one_of("layout", LAYOUTS)
 parse_repack = _one_of("repack", REPACK)
 parse_flash_attn = _one_of("flash_attn", FLASH_ATTN)
+parse_template = _one_of("template", TEMPLATES)
+_log_level_word = _one_of("log_level", LOG_LEVELS)
+
+
+def parse_log_level(text: str) -> str:
+    return _log_level_word(text.lower())
 
 
 class ConfigError(ValueError):
@@ -82,75 +142,132 @@ class ConfigError(ValueError):
 class Settings:
     config: Path | None = _option(
         None,
-        "TOML file with server settings and the models to serve (the CLI reads models/onepass.toml if present)",
+        "TOML file with server settings and the models to serve (in a checkout the CLI reads models/onepass.toml "
+        "unless --model or --config is given)",
         _optional_path,
     )
     host: str = _option("127.0.0.1", "address to bind", restart=True)
-    port: int = _option(8080, "port to bind (0: any free port, logged at start)", int, restart=True)
-    model: Path = _option(DEFAULT_MODEL_PATH, "GGUF model file to serve when no config file lists models", Path)
+    port: int = _option(8080, "port to bind (0: any free port, logged at start)", _integer(0, 65535), restart=True)
+    model: Path | None = _option(
+        None, "GGUF model file to serve when no config file lists models", _optional_path, aliases=("-m",)
+    )
     served_model_name: str | None = _option(
-        None, "name the model answers as (default: the GGUF file name without .gguf)", _optional_str
+        None, "name the model answers as (default: the GGUF file name without .gguf)", _optional_str, aliases=("-a",)
     )
     context_path: Path | None = _option(
-        None, "text file prepended to every prompt as system context (missing = none)", _optional_path
+        None, "text file prepended to every prompt as system context", _optional_path, per_model=True
     )
-    n_ctx: int = _option(8192, "context length in tokens: system + state + question suffixes", int)
-    n_gpu_layers: int = _option(0, "layers to offload to the GPU (-1 = all; needs a GPU build)", int)
-    threads: int = _option(0, "CPU threads per decode (0 = one per core, or per CPU where measured faster)", int)
-    contexts: int = _option(1, "llama.cpp contexts in the pool = requests decoded in parallel", int)
+    n_ctx: int = _option(
+        8192,
+        "context length in tokens: system + state + question suffixes",
+        _integer(1),
+        per_model=True,
+        aliases=("-c", "--ctx-size"),
+    )
+    n_gpu_layers: int = _option(
+        0,
+        "layers to offload to the GPU (-1 = all; needs a GPU build)",
+        _integer(-1),
+        per_model=True,
+        aliases=("-ngl", "--gpu-layers"),
+    )
+    threads: int = _option(
+        0,
+        "CPU threads per decode (0 = one per core, or per CPU where measured faster)",
+        _integer(0),
+        per_model=True,
+        aliases=("-t",),
+    )
+    contexts: int = _option(
+        1,
+        "llama.cpp contexts in the pool = requests decoded in parallel",
+        _integer(1),
+        per_model=True,
+        aliases=("-np", "--parallel"),
+    )
     repack: str = _option(
         "auto",
         "ggml's repacked CPU weights: 'auto' times a prefill both ways at first start (cached per CPU, "
         "build and model), 'on' or 'off'",
         parse_repack,
+        per_model=True,
     )
     flash_attn: str = _option(
         "auto",
         "llama.cpp's flash attention on the CPU: 'auto' times a prefill both ways at first start (cached "
         "like repack), 'on' or 'off'",
         parse_flash_attn,
+        per_model=True,
+        aliases=("-fa",),
     )
-    session_cache_entries: int = _option(16, "most prefix snapshots kept (0 disables the cache)", int)
-    session_cache_tokens: int = _option(32768, "most prefix tokens kept across snapshots (0 disables the cache)", int)
+    template: str = _option(
+        "auto",
+        "prompt template: 'auto' (the GGUF's chat template if it has one, else plain) or 'plain'",
+        parse_template,
+        per_model=True,
+    )
+    session_cache_entries: int = _option(
+        16, "most prefix snapshots kept (0 disables the cache)", _integer(0), per_model=True
+    )
+    session_cache_tokens: int = _option(
+        32768, "most prefix tokens kept across snapshots (0 disables the cache)", _integer(0), per_model=True
+    )
     session_cache_dir: Path = _option(
         DEFAULT_SNAPSHOT_DIR,
         "folder of the snapshot disk tier, one subfolder per model (may be shared by several servers)",
-        Path,
+        parse_path,
+        per_model=True,
     )
     session_cache_disk_bytes: int = _option(
-        4 * 1024**3, "most bytes of snapshots kept on disk per model (0 turns the disk tier off)", int
+        4 * 1024**3,
+        "most bytes of snapshots kept on disk per model, e.g. 4G or 512M (0 turns the disk tier off)",
+        parse_size,
+        per_model=True,
     )
     calibration: str = _option(
         "contextual",
         "label-prior correction: 'contextual' (content-free states, Zhao et al. 2021) or 'none'",
         parse_calibration,
+        per_model=True,
     )
     calibration_temperature: float = _option(
-        1.0, "divides calibrated log-probabilities: below 1 sharpens, above 1 softens (argmax unchanged)", float
+        1.0,
+        "divides calibrated log-probabilities: below 1 sharpens, above 1 softens (argmax unchanged; "
+        "a known model file brings its fitted value)",
+        _positive_number,
+        per_model=True,
     )
     layout: str = _option(
         "state-first",
         "prompt layout: 'state-first' (system + state, then each question; repeated states are cheap) or "
         "'question-first' (system + all questions, then the state; many states with the same questions are cheap)",
         parse_layout,
+        per_model=True,
     )
     default_model: str | None = _option(None, "the model 'jev-latest' means (default: the first one)", _optional_str)
-    models_max: int = _option(2, "models resident at once; the least recently used idle one is unloaded", int)
-    api_key: str | None = _option(None, "require 'Authorization: Bearer <key>' (default: no auth)", _optional_str)
+    models_max: int = _option(2, "models resident at once; the least recently used idle one is unloaded", _integer(1))
+    api_key: str | None = _option(
+        None,
+        "require 'Authorization: Bearer <key>' on every route but /health and /health/live (default: no auth; "
+        "prefer the env var or --api-key-file, which ps does not show)",
+        _optional_str,
+    )
     api_key_file: Path | None = _option(
         None, "file with one accepted API key per line (adds to --api-key)", _optional_path
     )
-    max_body_bytes: int = _option(8 * 1024 * 1024, "largest request body accepted (413 beyond)", int)
-    max_questions: int = _option(256, "most questions in one request (422 beyond)", int)
-    max_text_chars: int = _option(20_000, "longest instruction, option or level text in characters (422 beyond)", int)
-    max_queue: int = _option(32, "requests that may wait for a busy model; beyond: 503 overloaded", int)
+    max_body_bytes: int = _option(8 * 1024 * 1024, "largest request body accepted, e.g. 8M (413 beyond)", parse_size)
+    max_questions: int = _option(256, "most questions in one request (422 beyond)", _integer(1))
+    max_text_chars: int = _option(
+        20_000, "longest instruction, option or level text in characters (422 beyond)", _integer(1)
+    )
+    max_queue: int = _option(32, "requests that may wait for a busy model; beyond: 503 overloaded", _integer(0))
     request_timeout: float = _option(
-        300.0, "seconds before a request is answered 504 and its pending work dropped", float
+        300.0, "seconds before a request is answered 504 and its pending work dropped", _positive_number
     )
     shutdown_timeout: float = _option(
-        30.0, "seconds SIGTERM waits for in-flight requests before exiting", float, restart=True
+        30.0, "seconds SIGTERM waits for in-flight requests before exiting", _positive_number, restart=True
     )
-    log_level: str = _option("info", "logging level: debug, info, warning, error", restart=True)
+    log_level: str = _option("info", "logging level: debug, info, warning, error", parse_log_level, restart=True)
     replica_name: str | None = _option(
         None,
         "name this server gives in the X-Onepass-Replica response header, for a fleet behind a proxy "
@@ -159,46 +276,96 @@ class Settings:
         restart=True,
     )
     no_ui: bool = _option(False, "serve only the API: no page to try it at /", parse_bool, restart=True)
+    # Where each value that is not a default came from (FLAG, ENV or SERVER_SECTION), not an option.
+    origins: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def model_name(self) -> str:
-        return self.served_model_name or self.model.name.removesuffix(".gguf")
+        if self.served_model_name:
+            return self.served_model_name
+        return self.model.name.removesuffix(".gguf") if self.model is not None else "model"
+
+
+OPTIONS = tuple(field for field in dataclasses.fields(Settings) if "help" in field.metadata)
+PER_MODEL_OPTIONS = tuple(field for field in OPTIONS if field.metadata["per_model"])
 
 
 def env_var(name: str) -> str:
     return ENV_PREFIX + name.upper()
 
 
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def package_version() -> str:
+    try:
+        return version("onepass")
+    except PackageNotFoundError:
+        return "0"
+
+
+def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """argparse prints an ArgumentTypeError's words; for a ValueError only the function's name."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from error
+
+    return convert
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="onepass",
         description="Serve System One answers (POST /v1/systemone) from a local GGUF model.",
-        epilog=f"Every flag can also be set by an environment variable {ENV_PREFIX}<FLAG>, "
-        "e.g. ONEPASS_N_CTX=4096; a flag given on the command line wins.",
+        epilog=f"Every flag can also be set by an environment variable {ENV_PREFIX}<FLAG>, e.g. ONEPASS_N_CTX=4096, "
+        "and in a config file's [server] section; the starred ones also per model, in a [[models]] entry. "
+        "Precedence: flag > env > [[models]] entry > [server] > the model file's own settings > default.",
+        allow_abbrev=False,
     )
-    for field in dataclasses.fields(Settings):
+    parser.add_argument("--version", action="version", version=f"onepass {package_version()}")
+    for field in OPTIONS:
         switch: dict[str, Any] = {"nargs": "?", "const": True} if field.metadata["parse"] is parse_bool else {}
+        star = "* " if field.metadata["per_model"] else ""
         parser.add_argument(
-            "--" + field.name.replace("_", "-"),
+            *field.metadata["aliases"],
+            flag(field.name),
             dest=field.name,
-            type=field.metadata["parse"],
+            metavar=field.name.upper(),
+            type=_argparse_type(field.metadata["parse"]),
             default=argparse.SUPPRESS,
-            help=f"{field.metadata['help']} [env {env_var(field.name)}; default {field.default}]",
+            help=f"{star}{field.metadata['help']} [env {env_var(field.name)}; default {field.default}]",
             **switch,
         )
     return parser
 
 
+def parse_value(field: dataclasses.Field[Any], value: Any, base: Path | None = None) -> Any:
+    """A config file's value for `field`, through the same parser as the flag's text; a relative path
+    is relative to the config file's folder `base`."""
+    if isinstance(value, dict | list):
+        raise ValueError(f"expected a single value, not {value!r}")
+    text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    parsed = field.metadata["parse"](text)
+    if isinstance(parsed, Path) and base is not None and not parsed.is_absolute():
+        parsed = base.resolve() / parsed
+    return parsed
+
+
 def load_settings(
     argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None, default_config: Path | None = None
 ) -> Settings:
-    """Flags > env vars > the config file's [server] section > defaults.
+    """Flags > env vars > the config file's [server] section > defaults (a [[models]] entry sits between
+    the env vars and [server]; see app/model_config.py).
 
     `default_config` is used when it exists and neither a config nor a model was named.
     """
     environ = os.environ if environ is None else environ
     from_env: dict[str, Any] = {}
-    for field in dataclasses.fields(Settings):
+    for field in OPTIONS:
         raw = environ.get(env_var(field.name))
         if raw is not None:
             try:
@@ -211,7 +378,12 @@ def load_settings(
     if "config" not in given and "model" not in given and default_config is not None and default_config.is_file():
         config = default_config  # --model alone serves that one file, without the default config
     from_file = server_section(config) if config is not None else {}
-    return Settings(**{**from_file, **from_env, **from_flags, "config": config})
+    origins = {
+        **dict.fromkeys(from_file, SERVER_SECTION),
+        **dict.fromkeys(from_env, ENV),
+        **dict.fromkeys(from_flags, FLAG),
+    }
+    return Settings(**{**from_file, **from_env, **from_flags, "config": config, "origins": origins})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,8 +409,8 @@ def reload_settings(current: Settings, source: SettingsSource) -> Reloaded:
     """The same loader as at start, over the same argv and environment, so precedence holds across a
     reload (a flag still beats the file). Settings a running server cannot change keep their values."""
     fresh = source.load()
-    differ = [f.name for f in dataclasses.fields(Settings) if getattr(fresh, f.name) != getattr(current, f.name)]
-    restart = {f.name for f in dataclasses.fields(Settings) if f.metadata["restart"]}
+    differ = [f.name for f in OPTIONS if getattr(fresh, f.name) != getattr(current, f.name)]
+    restart = {f.name for f in OPTIONS if f.metadata["restart"]}
     kept = {name: getattr(current, name) for name in differ if name in restart}
     return Reloaded(
         dataclasses.replace(fresh, **kept), [n for n in differ if n not in restart], [n for n in differ if n in restart]
@@ -258,13 +430,15 @@ def read_toml(path: Path) -> dict[str, Any]:
 def server_section(path: Path) -> dict[str, Any]:
     """The [server] table as Settings values; unknown keys are an error, not a silent no-op."""
     table = read_toml(path).get("server", {})
-    fields = {field.name: field for field in dataclasses.fields(Settings)}
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: 'server' must be a table ([server])")
+    fields = {field.name: field for field in OPTIONS}
     values: dict[str, Any] = {}
     for key, value in table.items():
         if key not in fields or key == "config":
             raise ConfigError(f"{path}: [server] has an unknown setting {key!r}")
         try:
-            values[key] = fields[key].metadata["parse"](str(value))
+            values[key] = parse_value(fields[key], value, path.parent)
         except ValueError as error:
             raise ConfigError(f"{path}: [server] {key}: {error}") from error
     return values

@@ -8,8 +8,7 @@ the models at the end of this module, the same ones /openapi.json describes.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
@@ -25,6 +24,12 @@ def canonical_json(value: Any) -> str:
 
 def render_text(value: Text) -> str:
     return value if isinstance(value, str) else canonical_json(value)
+
+
+def render_state(state: Text) -> str:
+    """The state as it enters the prompt, the cache key and the routing key: canonical JSON for
+    structures, surrounding space trimmed."""
+    return render_text(state).strip()
 
 
 class _Model(BaseModel):
@@ -197,21 +202,14 @@ class CatalogueEntry:
 
     name: str
     model: str
-    spec: Any  # the model's ModelSpec: every field is reported as x_<field>
+    file_name: str  # the GGUF's file name
+    settings: dict[str, Any]  # the model's per-model settings as JSON values: each is reported as x_<name>
     loaded: bool
     error: str | None
 
 
 def models_listing(entries: list[CatalogueEntry]) -> dict[str, Any]:
     """GET /v1/models in both shapes clients expect: OpenAI's `data` and System One's `models`."""
-
-    def settings(spec: Any) -> dict[str, Any]:
-        plain = {
-            k: str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v
-            for k, v in asdict(spec).items()
-        }
-        return {f"x_{k}": v for k, v in plain.items() if k not in ("name", "aliases")}
-
     return {
         "object": "list",
         "data": [
@@ -221,13 +219,13 @@ def models_listing(entries: list[CatalogueEntry]) -> dict[str, Any]:
         "models": [
             {
                 "name": e.name,
-                "description": f"{e.spec.path.name} served by onepass"
+                "description": f"{e.file_name} served by onepass"
                 + ("" if e.name == e.model else f" (alias of {e.model})"),
                 "release_date": "unknown",
                 "x_model": e.model,
                 "x_loaded": e.loaded,
                 "x_error": e.error,
-                **settings(e.spec),
+                **{f"x_{key}": value for key, value in e.settings.items()},
             }
             for e in entries
         ],

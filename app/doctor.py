@@ -20,8 +20,7 @@ import sys
 from pathlib import Path
 
 from app.cpu import cmake_args, detect
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from app.paths import REPO_ROOT
 
 # Run inside the venv: llama.cpp's own account of the build.
 LLAMA_INFO = """

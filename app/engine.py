@@ -25,10 +25,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import blake3
 import llama_cpp as llama
 import numpy as np
 
+from app.fingerprint import file_digest
 from app.snapshot import Snapshot
 
 log = logging.getLogger("onepass.engine")
@@ -36,7 +36,6 @@ llama_log = logging.getLogger("onepass.llama")
 
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ; sequence 0 holds the prefix
 N_UBATCH = 512
-FINGERPRINT_HEAD_BYTES = 1 << 20
 
 
 Row = tuple[int, int, tuple[int, ...], bool]  # a batch row: token, position, sequences, wants logits
@@ -191,7 +190,7 @@ class Engine:
         self.n_vocab = llama.llama_vocab_n_tokens(self.vocab)
         self.n_ctx = n_ctx
         self.add_bos = bool(llama.llama_vocab_get_add_bos(self.vocab))
-        self.fingerprint = _file_fingerprint(model_path)
+        self.fingerprint = file_digest(model_path)  # every byte: the disk tier trusts snapshots by it
         kv = KvSettings(n_ctx, repack=repack, flash_attn=flash_attn)
         self.kv_settings = kv.describe()  # besides the tokens, what shapes a snapshot's bytes: in every cache key
         # What else shapes them across processes (the disk tier): the kernels built in and where
@@ -480,14 +479,6 @@ def suffix_rows(jobs: Sequence[Job], n_prefix: int, *, share: bool = True) -> tu
         rows.append((tokens[node], n_prefix + depth, tuple(sequences[node]), node in outputs))
         stack.extend((child, depth + 1) for child in reversed(children[node].values()))
     return rows, [row_of[end] for end in ends]
-
-
-def _file_fingerprint(path: Path) -> bytes:
-    """blake3 of the file's size and first MiB (the GGUF header and metadata): cheap and specific."""
-    hasher = blake3.blake3(path.stat().st_size.to_bytes(8, "little"))
-    with path.open("rb") as f:
-        hasher.update(f.read(FINGERPRINT_HEAD_BYTES))
-    return hasher.digest()
 
 
 def _ms_since(began: float) -> float:

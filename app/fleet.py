@@ -28,7 +28,8 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-from app.launch import READY, REPO_ROOT, LoggedProcess, ServerProcess, listening_socket, url_of
+from app.launch import READY, LoggedProcess, ServerProcess, listening_socket, url_of
+from app.paths import REPO_ROOT
 
 log = logging.getLogger("onepass.fleet")
 

@@ -17,7 +17,8 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from app.paths import REPO_ROOT
+
 LISTENING = re.compile(r"listening on (http://\S+)")
 READY = "ready: serving"
 
@@ -33,10 +34,11 @@ class LoggedProcess:
         echo: Callable[[str], None] | None = None,
         pass_fds: Sequence[int] = (),
         name: str | None = None,
+        cwd: Path = REPO_ROOT,
     ) -> None:
         self.process = subprocess.Popen(
             argv,
-            cwd=REPO_ROOT,
+            cwd=cwd,
             env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
             stderr=subprocess.PIPE,
             text=True,
@@ -102,9 +104,12 @@ class ServerProcess(LoggedProcess):
         env: dict[str, str] | None = None,
         timeout: float = 300,
         echo: Callable[[str], None] | None = None,
+        command: Sequence[str] = (sys.executable, "-m", "app"),
+        cwd: Path = REPO_ROOT,
     ) -> None:
-        argv = [sys.executable, "-m", "app", "--port", "0", "--log-level", "info", *args]
-        super().__init__(argv, env, echo, name="the onepass server")
+        """`command`: how the server is started (another Python, an installed `onepass` script)."""
+        argv = [*command, "--port", "0", "--log-level", "info", *args]
+        super().__init__(argv, env, echo, name="the onepass server", cwd=cwd)
         try:
             match = LISTENING.search(self.wait_for(LISTENING.pattern, timeout))
         except BaseException:

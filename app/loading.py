@@ -18,12 +18,8 @@ log = logging.getLogger("onepass.loading")
 
 
 def read_context(path: Path | None) -> str:
-    """The system context file's text; a missing file means no context."""
-    if path is None or not path.is_file():
-        if path is not None:
-            log.warning("context file %s not found; serving without a system context", path)
-        return ""
-    return path.read_text(encoding="utf-8")
+    """The system context file's text (the config check made sure it exists); none without one."""
+    return "" if path is None else path.read_text(encoding="utf-8")
 
 
 def prompter_for(engine: Engine, template: str = "auto", context: str = "", layout: str = "state-first") -> Prompter:
@@ -55,26 +51,26 @@ def speed_settings_for(spec: ModelSpec) -> SpeedSettings:
     weights are never used, and flash attention only when set on: its exactness there is not
     measured. A missing model file gets plain settings: the engine then reports it."""
     if not spec.path.is_file():
-        return SpeedSettings(spec.threads, False, False)
-    threads = spec.threads or choose_threads(spec.path)
-    if spec.n_gpu_layers != 0 or spec.repack == "off":
+        return SpeedSettings(spec.settings.threads, False, False)
+    threads = spec.settings.threads or choose_threads(spec.path)
+    if spec.settings.n_gpu_layers != 0 or spec.settings.repack == "off":
         repack = False
     else:
-        repack = spec.repack == "on" or choose(spec.path, threads, "repack")
-    if spec.flash_attn != "auto" or spec.n_gpu_layers != 0:
-        return SpeedSettings(threads, repack, spec.flash_attn == "on")
+        repack = spec.settings.repack == "on" or choose(spec.path, threads, "repack")
+    if spec.settings.flash_attn != "auto" or spec.settings.n_gpu_layers != 0:
+        return SpeedSettings(threads, repack, spec.settings.flash_attn == "on")
     return SpeedSettings(threads, repack, choose(spec.path, threads, "flash_attn", {"repack": repack}))
 
 
 def disk_tier_for(spec: ModelSpec, engine: Engine) -> DiskTier | None:
     """The model's snapshot folder: named by its file and fingerprint, so servers of one model
     file share it and different models never meet."""
-    if spec.session_cache_disk_bytes <= 0:
+    if spec.settings.session_cache_disk_bytes <= 0:
         return None
     fingerprint = engine.fingerprint.hex()
     return DiskTier(
-        spec.session_cache_dir / f"{spec.path.stem}-{fingerprint[:16]}",
-        spec.session_cache_disk_bytes,
+        spec.settings.session_cache_dir / f"{spec.path.stem}-{fingerprint[:16]}",
+        spec.settings.session_cache_disk_bytes,
         SnapshotIdentity(build=engine.build, model=fingerprint, kv=engine.kv_settings),
     )
 
@@ -83,23 +79,25 @@ def load_spec(spec: ModelSpec) -> ModelService:
     speed = speed_settings_for(spec)
     engine = Engine(
         spec.path,
-        n_ctx=spec.n_ctx,
-        n_gpu_layers=spec.n_gpu_layers,
+        n_ctx=spec.settings.n_ctx,
+        n_gpu_layers=spec.settings.n_gpu_layers,
         threads=speed.threads,
-        contexts=spec.contexts,
+        contexts=spec.settings.contexts,
         repack=speed.repack,
         flash_attn=speed.flash_attn,
     )
     try:
-        prompter = prompter_for(engine, spec.template, read_context(spec.context_path), spec.layout)
-        cache = SnapshotCache(spec.session_cache_entries, spec.session_cache_tokens)
+        prompter = prompter_for(
+            engine, spec.settings.template, read_context(spec.settings.context_path), spec.settings.layout
+        )
+        cache = SnapshotCache(spec.settings.session_cache_entries, spec.settings.session_cache_tokens)
         return ModelService(
             spec.name,
             engine,
             prompter,
             cache,
-            calibration=spec.calibration,
-            calibration_temperature=spec.calibration_temperature,
+            calibration=spec.settings.calibration,
+            calibration_temperature=spec.settings.calibration_temperature,
             disk=disk_tier_for(spec, engine) if cache.enabled else None,
         )
     except BaseException:

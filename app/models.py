@@ -85,7 +85,7 @@ class ModelRegistry:
 
     def contexts_of(self, name: str) -> int:
         """How many requests the model decodes at once (its pool of llama.cpp contexts)."""
-        return self._state.specs[self.canonical(name)].contexts
+        return self._state.specs[self.canonical(name)].settings.contexts
 
     @contextmanager
     def lease(self, name: str) -> Iterator[ModelService]:
@@ -134,7 +134,14 @@ class ModelRegistry:
         with self._cond:
             state, loaded, errors = self._state, set(self._resident), dict(self._errors)
         return [
-            CatalogueEntry(name, model, state.specs[model], model in loaded, errors.get(model))
+            CatalogueEntry(
+                name,
+                model,
+                state.specs[model].path.name,
+                {**state.specs[model].describe(), "known_model": state.specs[model].known},
+                model in loaded,
+                errors.get(model),
+            )
             for name, model in state.names.items()
         ]
 

@@ -114,7 +114,8 @@ class RequestObserver:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers", []))
-        request_id = headers.get(REQUEST_ID.encode(), b"").decode("latin-1")[:128] or uuid.uuid4().hex
+        # echoed byte for byte (a header is bytes; decoding and encoding it again would change a non-ASCII id)
+        request_id = headers.get(REQUEST_ID.encode(), b"")[:128] or uuid.uuid4().hex.encode()
         observed: dict[str, Any] = {}
         scope.setdefault("state", {})["observed"] = observed
         status = 500
@@ -126,7 +127,7 @@ class RequestObserver:
                 status = message["status"]
                 message["headers"] = [
                     *message.get("headers", []),
-                    (REQUEST_ID.encode(), request_id.encode()),
+                    (REQUEST_ID.encode(), request_id),
                     *self.headers,
                 ]
             await send(message)
@@ -145,7 +146,7 @@ class RequestObserver:
                 "%s",
                 json.dumps(
                     {
-                        "request_id": request_id,
+                        "request_id": request_id.decode("utf-8", "backslashreplace"),
                         "method": scope["method"],
                         "route": route,
                         "status": status,

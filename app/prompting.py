@@ -299,10 +299,5 @@ def _numbered(line: str, k: int) -> str:
     return line.replace("Question: ", f"Question {k}: ", 1)
 
 
-def render_state(state: Text) -> str:
-    """The state as it enters the prompt: canonical JSON for structures, surrounding space trimmed."""
-    return render_text(state).strip()
-
-
 def _text_or(value: Text | None, default: str) -> str:
     return render_text(value) if value is not None else default

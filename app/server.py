@@ -10,7 +10,6 @@ import signal
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from starlette.types import Scope
 
 from app.affinity import PREFIX_KEY_HEADER, REPLICA_HEADER, affinity_key, replica_name
 from app.body import decode_content, parse_json, too_large
-from app.config import ConfigError, Settings, SettingsSource, reload_settings
+from app.config import ConfigError, Settings, SettingsSource, package_version, reload_settings
 from app.contract import SystemOneRequest, SystemOneResponse, errors_for_response, limit_errors, models_listing
 from app.errors import ApiError, Cancelled, Unprocessable
 from app.model_config import read_models_config
@@ -38,6 +37,9 @@ from app.openapi import build_openapi
 log = logging.getLogger("onepass.server")
 
 PAGE_DIRECTORY = Path(__file__).resolve().parent / "static"
+# Answered without the API key: a load balancer's health checks carry none (llama-server and vLLM
+# keep them public too), and readiness tells nothing secret.
+PUBLIC_PATHS = frozenset({"/health", "/health/live"})
 # Everything the page loads comes from this server, and no text it shows can run as code.
 PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -68,15 +70,15 @@ class Runtime:
     api_keys: tuple[bytes, ...] = ()
     in_flight: dict[str, int] = field(default_factory=dict)  # per model: requests admitted, not yet answered
 
-    def authorize(self, request: Request) -> None:
+    def accepts(self, authorization: bytes) -> bool:
+        """Whether an Authorization header's value lets a request in (any value while auth is off)."""
         if not self.api_keys:
-            return  # auth off: an Authorization header is accepted and ignored
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        offered = token.strip().encode()
+            return True  # auth off: an Authorization header is accepted and ignored
+        scheme, _, token = authorization.partition(b" ")
+        offered = token.strip()
         # compare with every key, in constant time each, so timing says nothing about which matched
         matched = [hmac.compare_digest(offered, key) for key in self.api_keys]
-        if scheme.lower() != "bearer" or not any(matched):
-            raise ApiError(401, "authentication_error", "a valid 'Authorization: Bearer <key>' header is required")
+        return scheme.lower() == b"bearer" and any(matched)
 
     @contextlib.contextmanager
     def admit(self, name: str, contexts: int) -> Any:
@@ -136,10 +138,29 @@ class Runtime:
         return {"models": models}
 
 
-def _runtime(request: Request) -> Runtime:
+def _runtime_of(request: Request) -> Runtime:
     runtime: Runtime = request.state.runtime
-    runtime.authorize(request)
     return runtime
+
+
+class _RequireApiKey:
+    """The one place auth happens: with keys configured, every path but the public ones needs one.
+
+    Public: the probes a load balancer sends without a key (readiness says nothing secret) and the
+    page's files, which can do nothing without a key."""
+
+    def __init__(self, app: Any, public: frozenset[str]) -> None:
+        self.app = app
+        self.public = public
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].removeprefix(scope.get("root_path", "")) not in self.public:
+            runtime: Runtime = scope["state"]["runtime"]
+            if not runtime.accepts(dict(scope["headers"]).get(b"authorization", b"")):
+                message = "a valid 'Authorization: Bearer <key>' header is required"
+                await _detail(401, "authentication_error", message)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -166,7 +187,7 @@ async def _until_disconnected(request: Request, cancelled: threading.Event, scop
 
 
 async def systemone(request: Request) -> Response:
-    runtime = _runtime(request)
+    runtime = _runtime_of(request)
     settings = runtime.settings
     payload = parse_json(await _read_body(request, settings.max_body_bytes))
     try:
@@ -212,11 +233,11 @@ async def systemone(request: Request) -> Response:
 
 
 async def list_models(request: Request) -> JSONResponse:
-    return JSONResponse(models_listing(_runtime(request).require_registry().catalogue()))
+    return JSONResponse(models_listing(_runtime_of(request).require_registry().catalogue()))
 
 
 async def cache_stats(request: Request) -> JSONResponse:
-    registry = _runtime(request).require_registry()
+    registry = _runtime_of(request).require_registry()
     models = {}
     for name, service in registry.loaded().items():
         tiers = service.cache_stats()
@@ -225,25 +246,25 @@ async def cache_stats(request: Request) -> JSONResponse:
 
 
 async def load_model_route(request: Request) -> JSONResponse:
-    registry = _runtime(request).require_registry()
+    registry = _runtime_of(request).require_registry()
     name = registry.canonical(request.path_params["name"])
     await anyio.to_thread.run_sync(registry.load, name)
     return JSONResponse({"name": name, "loaded": True})
 
 
 async def unload_model_route(request: Request) -> JSONResponse:
-    registry = _runtime(request).require_registry()
+    registry = _runtime_of(request).require_registry()
     name = registry.canonical(request.path_params["name"])
     return JSONResponse({"name": name, "unloaded": registry.unload(name)})
 
 
 async def reload_config(request: Request) -> JSONResponse:
-    changes = await anyio.to_thread.run_sync(_runtime(request).reload)
+    changes = await anyio.to_thread.run_sync(_runtime_of(request).reload)
     return JSONResponse({"reloaded": True, **changes})
 
 
 async def health(request: Request) -> JSONResponse:
-    runtime = _runtime(request)
+    runtime = _runtime_of(request)
     if runtime.registry is None:
         status = "loading" if runtime.load_error is None else "failed"
         return JSONResponse({"status": status, "error": runtime.load_error}, status_code=503)
@@ -337,13 +358,6 @@ class _Page(Mount):
         return Match.NONE, {}
 
 
-def _package_version() -> str:
-    try:
-        return version("onepass")
-    except PackageNotFoundError:
-        return "0"
-
-
 def _watch_sighup(loop: asyncio.AbstractEventLoop, runtime: Runtime) -> bool:
     """Reload the config on SIGHUP (only possible when the loop runs in the main thread)."""
 
@@ -380,16 +394,14 @@ def create_app(
     host name; the CLI adds the port).
     """
     replica = replica or replica_name(settings.replica_name)
-    openapi = build_openapi(_package_version())
+    openapi = build_openapi(package_version())
     holder: dict[str, Runtime] = {}
     metrics = Metrics(lambda: holder["runtime"].metric_sources() if "runtime" in holder else {})
 
     async def openapi_json(request: Request) -> JSONResponse:
-        _runtime(request)
         return JSONResponse(openapi)
 
     async def metrics_text(request: Request) -> Response:
-        _runtime(request)
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @contextlib.asynccontextmanager
@@ -437,11 +449,14 @@ def create_app(
         Route("/health", health, methods=["GET"]),
         Route("/health/live", health_live, methods=["GET"]),
     ]
+    page = None if settings.no_ui else _Page()
+    public = PUBLIC_PATHS | (page.paths if page is not None else set())
     return Starlette(
-        routes=api if settings.no_ui else [*api, _Page()],
+        routes=api if page is None else [*api, page],
         middleware=[
             Middleware(RequestObserver, metrics=metrics, headers={REPLICA_HEADER: replica}),
             Middleware(_ContainInternalErrors),
+            Middleware(_RequireApiKey, public=frozenset(public)),
         ],
         lifespan=lifespan,
         exception_handlers={

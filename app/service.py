@@ -25,12 +25,13 @@ from app.contract import (
     SystemOneResponse,
     TimingMs,
     Usage,
+    render_state,
     validation_error,
 )
 from app.disk_tier import DiskTier
 from app.engine import Engine, Job, Readout, RestoreError, Timing
 from app.errors import Cancelled, Unprocessable
-from app.prompting import Prompter, QuestionSet, RenderedQuestion, render_state
+from app.prompting import Prompter, QuestionSet, RenderedQuestion
 from app.snapshot import Snapshot
 
 log = logging.getLogger("onepass.service")

@@ -53,8 +53,10 @@ def write_tiny_gguf(
     chat_template: str | None = CHATML_TEMPLATE,
     extra_words: tuple[str, ...] = (),
     q4_0: bool = False,
+    n_ff: int = N_FF,
 ) -> Path:
-    """`q4_0`: the layers' matrices in Q4_0, the type ggml repacks for SIMD (the rest stays F32)."""
+    """`q4_0`: the layers' matrices in Q4_0, the type ggml repacks for SIMD (the rest stays F32).
+    `n_ff`: the feed-forward width (a larger one makes a file whose last tensors lie far from its header)."""
     rng = np.random.default_rng(seed)
     tokens, types = vocabulary(extra_words)
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -62,7 +64,7 @@ def write_tiny_gguf(
     writer.add_block_count(N_LAYER)
     writer.add_context_length(N_CTX_TRAIN)
     writer.add_embedding_length(N_EMBD)
-    writer.add_feed_forward_length(N_FF)
+    writer.add_feed_forward_length(n_ff)
     writer.add_head_count(N_HEAD)
     writer.add_head_count_kv(N_HEAD_KV)
     writer.add_layer_norm_rms_eps(1e-5)
@@ -103,9 +105,9 @@ def write_tiny_gguf(
         layer_weight(f"blk.{i}.attn_v.weight", N_HEAD_KV * head_dim, N_EMBD)
         layer_weight(f"blk.{i}.attn_output.weight", N_EMBD, N_EMBD)
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        layer_weight(f"blk.{i}.ffn_gate.weight", N_FF, N_EMBD)
-        layer_weight(f"blk.{i}.ffn_up.weight", N_FF, N_EMBD)
-        layer_weight(f"blk.{i}.ffn_down.weight", N_EMBD, N_FF)
+        layer_weight(f"blk.{i}.ffn_gate.weight", n_ff, N_EMBD)
+        layer_weight(f"blk.{i}.ffn_up.weight", n_ff, N_EMBD)
+        layer_weight(f"blk.{i}.ffn_down.weight", N_EMBD, n_ff)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

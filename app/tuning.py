@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from app.build_check import library_files
-from app.config import REPO_ROOT, cache_home
 from app.cpu import detect, thread_counts
 from app.engine import Engine
+from app.paths import REPO_ROOT, cache_home
 
 log = logging.getLogger("onepass.tuning")
 

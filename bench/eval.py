@@ -12,7 +12,6 @@ Writes <out>/eval-<model>.json, .md and a reliability diagram .png.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import statistics
@@ -24,10 +23,11 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from app.config import DEFAULT_CONFIG_PATH, DEFAULT_MODEL_PATH, LAYOUTS, REPO_ROOT, Settings, load_settings
+from app.config import DEFAULT_CONFIG_PATH, DEFAULT_MODEL_PATH, LAYOUTS, Settings, load_settings
 from app.loading import load_spec
-from app.model_config import ModelSpec, read_models_config
+from app.model_config import ModelSpec, read_models_config, replace_settings
 from app.models import ModelRegistry
+from app.paths import REPO_ROOT
 from app.server import create_app
 from bench.figure import figure
 from bench.output import Progress, write_atomically
@@ -125,28 +125,30 @@ def metrics(outcomes: Sequence[Outcome]) -> dict[str, Any]:
     }
 
 
-def model_spec(settings: Settings, config: Path | None) -> ModelSpec:
-    """The model as the server would configure it: its [[models]] entry in the config, if it has one,
-    with the eval's calibration and context size."""
+def model_spec(model: Path, calibration: str, config: Path | None) -> ModelSpec:
+    """The model as the server would configure it: its [[models]] entry in the config if it has one,
+    else --model alone (both with the model file's own settings), with the eval's calibration and
+    context size given as flags (which beat the entry)."""
+    flags = ["--calibration", calibration, "--n-ctx", "4096", "--session-cache-disk-bytes", "0"]
     if config is not None and config.is_file():
-        for spec in read_models_config(load_settings(["--config", str(config)], {})).models:
-            if (REPO_ROOT / spec.path).resolve() == settings.model.resolve():
-                return dataclasses.replace(spec, calibration=settings.calibration, n_ctx=settings.n_ctx)
-    return ModelSpec.from_settings(settings)
+        for spec in read_models_config(load_settings([*flags, "--config", str(config)], {})).models:
+            if spec.path.resolve() == model.resolve():
+                return spec
+    return read_models_config(load_settings([*flags, "--model", str(model)], {})).models[0]
 
 
 def run(
     model: Path, calibration: str, limit: int | None, config: Path | None = None, layout: str | None = None
 ) -> dict[str, Any]:
     items = load_items(limit=limit)
-    settings = Settings(model=model, calibration=calibration, n_ctx=4096, session_cache_disk_bytes=0)
-    spec = model_spec(settings, config)
+    spec = model_spec(model, calibration, config)
     if layout is not None:
-        spec = dataclasses.replace(spec, layout=layout)
+        spec = replace_settings(spec, layout=layout)
+    settings = Settings(model=model)
     registry = ModelRegistry.serving(load_spec(spec), spec)
     outcomes: dict[str, list[Outcome]] = {"raw": [], "calibrated": []}
     began = time.perf_counter()
-    progress = Progress(len(items), f"eval {spec.name} ({spec.layout})")
+    progress = Progress(len(items), f"eval {spec.name} ({spec.settings.layout})")
     with TestClient(create_app(settings, registry=registry)) as client:
         for item in items:
             body = {"model": "jev-latest", "state": item["state"], "questions": {"q": item["question"]}}
@@ -163,8 +165,8 @@ def run(
     return {
         "model": registry.default_name,
         "calibration": calibration,
-        "calibration_temperature": spec.calibration_temperature,
-        "layout": spec.layout,
+        "calibration_temperature": spec.settings.calibration_temperature,
+        "layout": spec.settings.layout,
         "seconds": round(time.perf_counter() - began, 1),
         "results": {name: metrics(found) for name, found in outcomes.items() if found},
         "misses": [o.item_id for o in outcomes["calibrated" if outcomes["calibrated"] else "raw"] if not o.right],

@@ -28,12 +28,13 @@ from typing import Any
 
 import httpx
 
-from app.config import DEFAULT_MODEL_PATH, REPO_ROOT, Settings
+from app.config import DEFAULT_MODEL_PATH, Settings
 from app.contract import SystemOneRequest
 from app.engine import Engine
 from app.launch import READY, ServerProcess
 from app.loading import prompter_for, speed_settings_for
 from app.model_config import ModelSpec
+from app.paths import REPO_ROOT
 from app.prompting import Prompter
 from bench import peer, pipeline, restart, shared_suffixes
 from bench.client import ask as client_ask

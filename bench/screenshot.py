@@ -13,8 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.config import REPO_ROOT
 from app.launch import READY, ServerProcess
+from app.paths import REPO_ROOT
 from bench.browser import Page, chromium, find_tools
 
 ANSWER_TIMEOUT_S = 600  # a first question on 2 CPU cores also measures its calibration prior

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MODELS_DIR = Path(__file__).resolve().parent
+# The pinned files, package data of onepass (the server identifies and configures them from there too).
+KNOWN_MODELS = MODELS_DIR.parent / "app" / "known_models.toml"
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class SlicedModel:
     member_suffix: str  # how the slice's member name inside its wheel ends
 
 
-def read_sources(path: Path = MODELS_DIR / "sources.toml") -> dict[str, SlicedModel]:
+def read_sources(path: Path = KNOWN_MODELS) -> dict[str, SlicedModel]:
     with path.open("rb") as f:
         table = tomllib.load(f)
     return {

@@ -260,8 +260,12 @@ def test_answers_carry_the_states_affinity_key_and_every_response_the_replica(
     )
     with TestClient(app) as client:
         # what a client computes to route by state: SHA-256 of the state's text, 16 hex digits
-        text = post(client, body_with(state=" Charged twice. ")).headers["x-onepass-prefix-key"]
-        assert text == hashlib.sha256(b" Charged twice. ").hexdigest()[:16]
+        # (without surrounding space: the prompt and the cache key trim it, so the routing key does too)
+        padded = post(client, body_with(state=" Charged twice.\n"))
+        assert padded.headers["x-onepass-prefix-key"] == hashlib.sha256(b"Charged twice.").hexdigest()[:16]
+        trimmed = post(client, body_with(state="Charged twice."))
+        assert trimmed.headers["x-onepass-prefix-key"] == padded.headers["x-onepass-prefix-key"]
+        assert trimmed.json()["x_cache"] == "hit"  # one snapshot, so one replica
         one_way = post(client, body_with(state={"b": [1, 2], "a": "\u00fc"}))
         other_way = post(
             client, {**TICKET, "state": {"a": "\u00fc", "b": [1, 2]}, "questions": {"x": {"type": "noul"}}}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import subprocess
@@ -16,15 +15,18 @@ from app.config import (
     DEFAULT_CONFIG_PATH,
     DEFAULT_MODEL_PATH,
     DEFAULT_SNAPSHOT_DIR,
-    REPO_ROOT,
+    OPTIONS,
     Settings,
     build_parser,
     env_var,
     load_settings,
+    package_version,
 )
+from app.known_models import read_known_models
 from app.model_config import read_models_config
+from app.paths import REPO_ROOT
 
-FIELD_NAMES = [field.name for field in dataclasses.fields(Settings)]
+FIELD_NAMES = [field.name for field in OPTIONS]
 
 
 def flag(name: str) -> str:
@@ -33,12 +35,12 @@ def flag(name: str) -> str:
 
 def test_defaults_with_no_flags_and_no_environment() -> None:
     settings = load_settings([], {})
-    assert settings == Settings()
-    assert dataclasses.asdict(settings) == {
+    assert settings == Settings() and settings.origins == {}
+    assert {field.name: getattr(settings, field.name) for field in OPTIONS} == {
         "config": None,
         "host": "127.0.0.1",
         "port": 8080,
-        "model": DEFAULT_MODEL_PATH,
+        "model": None,
         "served_model_name": None,
         "context_path": None,
         "n_ctx": 8192,
@@ -47,6 +49,7 @@ def test_defaults_with_no_flags_and_no_environment() -> None:
         "contexts": 1,
         "repack": "auto",
         "flash_attn": "auto",
+        "template": "auto",
         "session_cache_entries": 16,
         "session_cache_tokens": 32768,
         "session_cache_dir": DEFAULT_SNAPSHOT_DIR,
@@ -84,6 +87,7 @@ def test_env_var_names_are_the_prefixed_upper_case_field_names() -> None:
         "ONEPASS_CONTEXTS",
         "ONEPASS_REPACK",
         "ONEPASS_FLASH_ATTN",
+        "ONEPASS_TEMPLATE",
         "ONEPASS_SESSION_CACHE_ENTRIES",
         "ONEPASS_SESSION_CACHE_TOKENS",
         "ONEPASS_SESSION_CACHE_DIR",
@@ -140,8 +144,10 @@ def test_flag_beats_env_beats_default(
     assert getattr(load_settings(argv, {}), name) == flag_value
     assert getattr(load_settings(argv, environ), name) == flag_value
     # Only the named option moves; every other one keeps its default.
-    others = {key: value for key, value in dataclasses.asdict(load_settings(argv, environ)).items() if key != name}
-    assert others == {key: value for key, value in dataclasses.asdict(Settings()).items() if key != name}
+    loaded = load_settings(argv, environ)
+    others = {f.name: getattr(loaded, f.name) for f in OPTIONS if f.name != name}
+    assert others == {f.name: getattr(Settings(), f.name) for f in OPTIONS if f.name != name}
+    assert loaded.origins == {name: "flag"} and load_settings([], environ).origins == {name: "env"}
 
 
 def test_a_switch_is_on_alone_and_takes_a_word_from_the_environment_or_the_file(tmp_path: Path) -> None:
@@ -210,11 +216,25 @@ def test_invalid_env_value_raises_value_error() -> None:
         load_settings([], {"ONEPASS_SESSION_CACHE_TOKENS": "many"})
 
 
-def test_invalid_flag_value_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--port", "abc"], "argument --port: expected a whole number, not 'abc'"),
+        (["--port", "70000"], "argument --port: expected a whole number from 0 to 65535, not 70000"),
+        (["--repack", "x"], "argument --repack: repack must be one of auto, on, off; not 'x'"),
+        (["--log-level", "foo"], "argument --log-level: log_level must be one of debug, info, warning, error"),
+        (["--calibration-temperature", "0"], "expected a positive number, not '0'"),
+        (["--session-cache-disk-bytes", "lots"], "expected a size such as 4096, 512M or 4G, not 'lots'"),
+        (["-c", "0"], "argument -c/--ctx-size/--n-ctx: expected a whole number at least 1, not 0"),
+    ],
+)
+def test_an_invalid_flag_value_is_an_argparse_error_that_says_what_is_wrong(
+    argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as raised:
-        load_settings(["--port", "abc"], {})
+        load_settings(argv, {})
     assert raised.value.code == 2
-    assert "--port: invalid int value: 'abc'" in capsys.readouterr().err
+    assert words in capsys.readouterr().err
 
 
 def test_unknown_flag_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -224,14 +244,57 @@ def test_unknown_flag_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -
     assert "unrecognized arguments: --no-such-flag 1" in capsys.readouterr().err
 
 
+def test_a_prefix_of_a_flag_is_not_taken_for_it(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        load_settings(["--n-c", "4096"], {})
+    assert "unrecognized arguments: --n-c 4096" in capsys.readouterr().err
+
+
+def test_llama_server_short_flags_and_aliases() -> None:
+    settings = load_settings(
+        ["-m", "x.gguf", "-c", "4096", "-ngl", "-1", "-t", "3", "-a", "jev-local", "-np", "2", "-fa", "on"], {}
+    )
+    assert (settings.model, settings.n_ctx, settings.n_gpu_layers, settings.threads) == (Path("x.gguf"), 4096, -1, 3)
+    assert (settings.served_model_name, settings.contexts, settings.flash_attn) == ("jev-local", 2, "on")
+    longer = load_settings(["--ctx-size", "2048", "--gpu-layers", "5", "--parallel", "3"], {})
+    assert (longer.n_ctx, longer.n_gpu_layers, longer.contexts) == (2048, 5, 3)
+
+
+def test_sizes_take_binary_units() -> None:
+    assert load_settings(["--session-cache-disk-bytes", "4G"], {}).session_cache_disk_bytes == 4 * 1024**3
+    assert load_settings([], {"ONEPASS_MAX_BODY_BYTES": "512M"}).max_body_bytes == 512 * 1024**2
+    assert load_settings(["--max-body-bytes", "64KiB"], {}).max_body_bytes == 64 * 1024
+    assert load_settings(["--max-body-bytes", "1.5g"], {}).max_body_bytes == 3 * 1024**3 // 2
+    assert load_settings(["--max-body-bytes", "1000"], {}).max_body_bytes == 1000
+
+
+def test_paths_expand_the_home_folder() -> None:
+    settings = load_settings(["-m", "~/models/x.gguf"], {"ONEPASS_SESSION_CACHE_DIR": "~/snaps"})
+    assert settings.model == Path.home() / "models" / "x.gguf"
+    assert settings.session_cache_dir == Path.home() / "snaps"
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        load_settings(["--version"], {})
+    assert raised.value.code == 0
+    assert capsys.readouterr().out.strip() == f"onepass {package_version()}"
+
+
 def test_help_lists_every_field_flag_and_env_var(monkeypatch: pytest.MonkeyPatch) -> None:
     text = build_parser().format_help()
-    assert set(re.findall(r"--[a-z][a-z-]*", text)) == {"--help", *(flag(name) for name in FIELD_NAMES)}
+    aliases = {alias for field in OPTIONS for alias in field.metadata["aliases"] if alias.startswith("--")}
+    assert set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", text)) == {
+        "--help",
+        "--version",
+        *aliases,
+        *(flag(name) for name in FIELD_NAMES),
+    }
     assert set(re.findall(r"ONEPASS_[A-Z_]+", text)) == {env_var(name) for name in FIELD_NAMES}
     # Unwrapped, each option's entry names its own env var and its default.
     monkeypatch.setenv("COLUMNS", "1000")
     flat = " ".join(build_parser().format_help().split())
-    for field in dataclasses.fields(Settings):
+    for field in OPTIONS:
         # a switch's value is optional: `--no-ui [NO_UI]`
         metavar = rf"\[?{field.name.upper()}\]?"
         entry = re.search(rf"{flag(field.name)} {metavar} [^\[]*\[env (\w+); default ([^\]]*)\]", flat)
@@ -240,7 +303,6 @@ def test_help_lists_every_field_flag_and_env_var(monkeypatch: pytest.MonkeyPatch
 
 
 def test_model_name_is_the_gguf_file_stem() -> None:
-    assert Settings().model_name == "qwen2.5-coder-1.5b-instruct-q4_k_m"
     assert Settings(model=Path("/models/tiny-chat.gguf")).model_name == "tiny-chat"
     assert Settings(model=Path("weights/my.model.Q8_0.gguf")).model_name == "my.model.Q8_0"
     assert Settings(model=Path("/models/plain.bin")).model_name == "plain.bin"
@@ -274,9 +336,13 @@ def test_python_m_app_help_exits_zero_and_lists_the_flags() -> None:
     assert "ONEPASS_SESSION_CACHE_TOKENS" in result.stdout
 
 
-def test_the_shipped_config_serves_the_pinned_default_model() -> None:
-    # models/sources.toml names the model files once; the user-editable config must point at the same file
+def test_the_shipped_config_serves_the_pinned_default_model_from_its_own_folder() -> None:
+    # app/known_models.toml names the model files once; the user-editable config must point at the same file,
+    # written relative to the config's folder
     settings = load_settings([], {}, default_config=DEFAULT_CONFIG_PATH)
     config = read_models_config(settings)
     default = next(spec for spec in config.models if spec.name == config.default_model)
-    assert (REPO_ROOT / default.path).resolve() == DEFAULT_MODEL_PATH.resolve()
+    assert default.path == DEFAULT_MODEL_PATH.resolve()
+    assert {spec.path for spec in config.models} <= {
+        DEFAULT_CONFIG_PATH.parent.resolve() / model.filename for model in read_known_models()
+    }

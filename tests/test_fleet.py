@@ -170,22 +170,31 @@ def test_a_hot_state_spreads_over_replicas_no_further_than_the_balance_factor(fl
 class Outcome:
     state: str
     began: float
+    ended: float = 0.0
     replica: str | None = None  # None: the request failed
     error: str | None = None
+
+
+CLIENTS = 4
+AFTER_DOWN = 24  # requests each run sends after HAProxy took the victim out, at least
 
 
 @needs_haproxy
 def test_killing_a_replica_loses_only_requests_in_flight_on_it_and_moves_only_its_states(
     tiny_chat_path: Path, client: TestClient
 ) -> None:
+    """What the design promises: a request in flight on a replica that dies may fail (HAProxy has
+    sent the client its headers, so it cannot retry), and nothing else. Any state's request may be on
+    the victim, not only its own states': the bound (hash-balance-factor) spills keys onto neighbours."""
     states = [f"Customer {i} asks about invoice {i * 7}." for i in range(12)]
     with Fleet(3, replica_args(tiny_chat_path), timeout=120) as running, httpx.Client(timeout=60) as proxy:
         assert running.haproxy is not None
         home = {state: ask(proxy, running.url, request(state, QUESTION_SETS[0])).replica for state in states}
         victim = Counter(home.values()).most_common(1)[0][0]
         outcomes: list[Outcome] = []
-        halfway = threading.Event()
-        plan = [states[i % len(states)] for i in range(96)]
+        lock = threading.Condition()
+        stop = threading.Event()
+        marks: dict[str, float] = {}
 
         def send(state: str) -> None:
             outcome = Outcome(state, time.monotonic())
@@ -193,31 +202,82 @@ def test_killing_a_replica_loses_only_requests_in_flight_on_it_and_moves_only_it
                 outcome.replica = ask(proxy, running.url, request(state, QUESTION_SETS[2])).replica
             except (httpx.HTTPError, AssertionError) as error:
                 outcome.error = repr(error)
-            outcomes.append(outcome)
-            if len(outcomes) >= len(plan) // 3:
-                halfway.set()
+            outcome.ended = time.monotonic()
+            with lock:
+                outcomes.append(outcome)
+                lock.notify_all()
+
+        def keep_sending(first: int) -> None:
+            for n in range(first, 20_000, CLIENTS):  # bounded; stopped long before
+                if stop.is_set():
+                    return
+                send(states[n % len(states)])
+
+        def count(predicate: Any) -> int:
+            return sum(1 for outcome in outcomes if predicate(outcome))
 
         logged = len(running.haproxy.lines)
-        with ThreadPoolExecutor(4) as pool:
-            sent = [pool.submit(send, state) for state in plan]
-            assert halfway.wait(60)
-            killed_at = time.monotonic()
-            os.kill(running.replicas[victim].pid, signal.SIGKILL)
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            sent = [pool.submit(keep_sending, n) for n in range(CLIENTS)]
+            try:
+                with lock:
+                    assert lock.wait_for(lambda: len(outcomes) >= 32, 60)
+                marks["killed"] = time.monotonic()
+                os.kill(running.replicas[victim].pid, signal.SIGKILL)
+                running.replicas[victim].process.wait(30)  # reaped: its sockets are closed
+                marks["died"] = time.monotonic()
+                # the health check takes it out; the proxy says so in its log
+                running.haproxy.wait_for(rf"Server replicas/{victim} is DOWN", timeout=30, after=logged)
+                marks["down"] = time.monotonic()  # at or after the moment HAProxy marked it
+                with lock:
+                    assert lock.wait_for(lambda: count(lambda o: o.began > marks["down"]) >= AFTER_DOWN, 60)
+            finally:
+                stop.set()
             for future in sent:
                 future.result(timeout=120)
-        # the health check takes it out; the proxy says so in its log
-        running.haproxy.wait_for(rf"Server replicas/{victim} is DOWN", timeout=30, after=logged)
         after = {state: [ask(proxy, running.url, request(state, q)) for q in QUESTION_SETS[:2]] for state in states}
     failed = [outcome for outcome in outcomes if outcome.error is not None]
-    assert all(outcome.began < killed_at and home[outcome.state] == victim for outcome in failed), failed
-    # the victim's states were asked about after it died, and those requests were answered elsewhere
-    moved = [o for o in outcomes if o.began > killed_at and home[o.state] == victim]
-    assert moved and all(o.replica not in (None, victim) for o in moved)
+    # only requests in flight while the victim died failed, at most one per client
+    assert all(o.began < marks["died"] and o.ended > marks["killed"] for o in failed), failed
+    assert len(failed) <= CLIENTS, failed
+    # nothing sent after HAProxy marked it DOWN failed or reached it, the victim's own states included
+    late = [o for o in outcomes if o.began > marks["down"]]
+    assert len(late) >= AFTER_DOWN and all(o.error is None and o.replica != victim for o in late), late
+    assert any(home[o.state] == victim for o in late)
     for state, (one, two) in after.items():
         assert one.replica == two.replica != victim and two.body["x_cache"] == "hit"
         if home[state] != victim:
             assert one.replica == home[state]  # consistent hashing moved only the victim's states
         same_as_one_server(client, request(state, QUESTION_SETS[1]), two)
+
+
+@needs_haproxy
+def test_a_fleet_with_an_api_key_serves_keyed_requests_and_refuses_others(tiny_chat_path: Path) -> None:
+    """HAProxy's health checks carry no key: /health must answer them, or every replica is DOWN."""
+    # debug: a replica logs each health check it answers (at info, a probe answered 200 is not news)
+    args = [*replica_args(tiny_chat_path), "--api-key", "fleet-secret", "--log-level", "debug"]
+    body = json.dumps(request("A keyed customer asks about a refund.", QUESTION_SETS[0])).encode()
+    keyed = {"Authorization": "Bearer fleet-secret", "Content-Type": "application/json"}
+    with Fleet(3, args, timeout=120) as running, httpx.Client(timeout=60) as proxy:
+        assert running.haproxy is not None
+        # Three checks answered by every replica: HAProxy has acted on two (fall 2), so a replica whose
+        # check failed would be DOWN by now.
+        for replica in running.replicas.values():
+            seen = 0
+            for _ in range(3):
+                line = replica.wait_for(r'"route": "/health", "status"', timeout=30, after=seen)
+                seen = replica.lines.index(line, seen) + 1
+        answers = [proxy.post(running.url + "/v1/systemone", content=body, headers=keyed) for _ in range(3)]
+        refused = proxy.post(running.url + "/v1/systemone", content=body, headers={"Content-Type": "application/json"})
+        wrong = proxy.post(running.url + "/v1/systemone", content=body, headers={**keyed, "Authorization": "Bearer no"})
+        health = proxy.get(running.url + "/health")
+        down = [line for line in running.haproxy.lines if " is DOWN" in line]
+    assert [a.status_code for a in answers] == [200, 200, 200], answers[0].text
+    assert [a.json()["x_cache"] for a in answers] == ["miss", "hit", "hit"]
+    for response in (refused, wrong):
+        assert response.status_code == 401
+        assert response.json()["detail"]["error_type"] == "authentication_error"
+    assert health.status_code == 200 and not down
 
 
 def test_the_config_gets_one_server_line_per_replica_where_its_server_lines_stood() -> None:

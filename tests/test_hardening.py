@@ -11,11 +11,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from starlette.testclient import TestClient
 
+from app.config import Settings
 from app.contract import SystemOneRequest, SystemOneResponse
 from app.launch import READY, ServerProcess
 from app.model_config import ModelsConfig, ModelSpec
@@ -108,7 +110,7 @@ def test_too_many_questions_and_too_long_texts_are_422_before_inference(
         assert tiny_service.engine.decode_calls == before
 
 
-def test_several_keys_from_a_file_and_none_of_them_logged(
+def test_several_keys_from_a_file_guard_every_route_but_the_probes_and_none_is_logged(
     tiny_service: ModelService, tiny_chat_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     keys = tmp_path / "keys"
@@ -121,8 +123,14 @@ def test_several_keys_from_a_file_and_none_of_them_logged(
             )
         for headers in ({}, {"Authorization": "Bearer alpha"}, {"Authorization": "Bearer # team keys"}):
             assert client.post("/v1/systemone", json=BODY, headers=headers).status_code == 401
-        for route in ("/metrics", "/openapi.json", "/v1/cache", "/health"):
-            assert client.get(route).status_code == 401
+        for route in ("/metrics", "/openapi.json", "/v1/cache", "/v1/models", "/no-such-route"):
+            response = client.get(route)
+            assert response.status_code == 401, route
+            assert response.json()["detail"]["error_type"] == "authentication_error"
+        for route in ("/v1/models/tiny-chat/load", "/v1/config/reload"):
+            assert client.post(route).status_code == 401, route
+        # a load balancer's probes carry no key: readiness and liveness are public, and say nothing secret
+        assert client.get("/health").json() == {"status": "ok", "model": "tiny-chat"}
         assert client.get("/health/live").status_code == 200
     assert not any(key in caplog.text for key in ("alpha-key", "beta-key", "gamma-key"))
 
@@ -144,8 +152,8 @@ def test_admission_is_per_model_a_busy_model_does_not_turn_away_another(
     held: HeldService, tiny_service: ModelService, tiny_chat_path: Path
 ) -> None:
     specs = (
-        ModelSpec("busy", tiny_chat_path, contexts=1, session_cache_disk_bytes=0),
-        ModelSpec("idle", tiny_chat_path, contexts=1, session_cache_disk_bytes=0),
+        ModelSpec("busy", tiny_chat_path, settings=Settings(contexts=1, session_cache_disk_bytes=0)),
+        ModelSpec("idle", tiny_chat_path, settings=Settings(contexts=1, session_cache_disk_bytes=0)),
     )
     registry = ModelRegistry(
         ModelsConfig(specs, "busy", 2), loader=lambda spec: held if spec.name == "busy" else tiny_service
@@ -245,6 +253,21 @@ def test_request_ids_are_echoed_or_made_and_each_request_logs_one_line(
     assert line["route"] == "/v1/systemone" and line["status"] == 200 and line["model"] == "tiny-chat"
     assert line["questions"] == 1 and line["cache"] in ("hit", "miss") and line["input_tokens"] > 0
     assert set(line["timing_ms"]) == {"prefill", "restore", "decode", "calibrate", "total"}
+
+
+def test_a_request_id_comes_back_byte_for_byte(live_url: str) -> None:
+    sent = "ticket-é-№7".encode()  # not ASCII: a header is bytes, and an id is echoed as sent
+    connection = http.client.HTTPConnection(urlsplit(live_url).netloc, timeout=30)
+    try:
+        connection.putrequest("GET", "/health/live")
+        connection.putheader("X-Request-Id", sent)
+        connection.endheaders()
+        response = connection.getresponse()
+        response.read()
+    finally:
+        connection.close()
+    echoed = response.getheader("x-request-id")
+    assert echoed is not None and echoed.encode("latin-1") == sent  # http.client reads header bytes as latin-1
 
 
 def test_metrics_count_requests_latency_and_cache_in_prometheus_format(client: TestClient) -> None:

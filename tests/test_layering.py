@@ -9,9 +9,10 @@ APP = Path(__file__).resolve().parent.parent / "app"
 
 # Lowest first. A module may import app modules of lower layers only: no import runs back up.
 LAYERS: list[set[str]] = [
-    {"errors", "snapshot", "scoring", "contract", "config", "cpu", "tiny_gguf", "observability", "launch"},
-    {"cache", "engine", "prompting", "model_config", "body", "openapi", "doctor", "affinity", "fleet"},
-    {"calibration", "build_check", "check_gpu", "disk_tier"},
+    {"errors", "snapshot", "scoring", "contract", "paths", "cpu", "tiny_gguf", "observability"},
+    {"config", "fingerprint", "launch"},
+    {"cache", "engine", "prompting", "known_models", "body", "openapi", "doctor", "affinity", "fleet"},
+    {"model_config", "calibration", "build_check", "check_gpu", "disk_tier"},
     {"tuning"},
     {"service"},
     {"loading"},

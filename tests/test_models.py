@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import threading
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from starlette.testclient import TestClient
 from app.config import ConfigError, Settings, SettingsSource, load_settings
 from app.launch import READY, ServerProcess
 from app.loading import load_spec
-from app.model_config import ModelsConfig, ModelSpec, read_models_config
+from app.model_config import ModelsConfig, ModelSpec, read_models_config, replace_settings
 from app.models import ModelRegistry
 from app.server import create_app
 from app.service import ModelService
@@ -95,10 +96,16 @@ def test_the_config_file_sets_server_settings_below_flags_and_env(tmp_path: Path
     [
         ('[[models]]\nname = "one"\npath = "x.gguf"\n', "used twice"),
         ('[[models]]\nname = "four"\n', "needs a string 'name' and a string 'path'"),
-        ('[[models]]\nname = "four"\npath = "x.gguf"\nn_ctx = "big"\n', "n_ctx must be an integer"),
+        ('[[models]]\nname = "four"\npath = "x.gguf"\nn_ctx = "big"\n', "n_ctx: expected a whole number, not 'big'"),
         ('[[models]]\nname = "four"\npath = "x.gguf"\ncolour = "red"\n', "unknown setting"),
         ('[[models]]\nname = "four"\npath = "x.gguf"\ntemplate = "fancy"\n', "template must be one of"),
         ("this is not toml = = =\n", "not valid TOML"),
+        ('[[models]]\nname = "four"\npath = "x.gguf"\ncalibration_temperature = 0\n', "expected a positive number"),
+        ('[[models]]\nname = "four"\npath = "x.gguf"\nn_ctx = [1]\n', "expected a single value"),
+        (
+            '[[models]]\nname = "four"\npath = "x.gguf"\ncontext_path = "typo.md"\n',
+            "context_path .*typo.md is not a file",
+        ),
     ],
 )
 def test_a_config_with_errors_is_rejected_with_a_clear_message(
@@ -107,6 +114,62 @@ def test_a_config_with_errors_is_rejected_with_a_clear_message(
     config = write_config(tmp_path / "bad.toml", ggufs, extra=extra)
     with pytest.raises(ConfigError, match=message):
         read_models_config(settings_for(config))
+
+
+def test_a_models_setting_comes_from_flag_then_env_then_its_entry_then_server_then_default(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(
+        "[server]\nn_ctx = 1000\nthreads = 2\ncontexts = 3\n\n"
+        '[[models]]\nname = "m"\npath = "m.gguf"\nn_ctx = 2000\nthreads = 4\ncontexts = 5\nlayout = "question-first"\n'
+    )
+
+    def spec(argv: list[str], environ: dict[str, str]) -> ModelSpec:
+        return read_models_config(load_settings(["--config", str(config), *argv], environ)).models[0]
+
+    from_files = spec([], {})
+    assert (from_files.settings.n_ctx, from_files.settings.threads, from_files.settings.contexts) == (2000, 4, 5)
+    assert from_files.settings.calibration == "contextual"  # no source sets it: the default
+    assert from_files.origins == {
+        "n_ctx": "[[models]]",
+        "threads": "[[models]]",
+        "contexts": "[[models]]",
+        "layout": "[[models]]",
+    }
+    env = spec([], {"ONEPASS_N_CTX": "3000", "ONEPASS_THREADS": "6"})
+    assert (env.settings.n_ctx, env.settings.threads, env.settings.contexts) == (3000, 6, 5)
+    flagged = spec(["-c", "4000"], {"ONEPASS_N_CTX": "3000"})
+    assert flagged.settings.n_ctx == 4000 and flagged.origins["n_ctx"] == "flag"
+    # an entry without the key takes [server]'s
+    config.write_text(config.read_text().replace("threads = 4\n", ""))
+    assert spec([], {}).settings.threads == 2 and spec([], {}).origins["threads"] == "[server]"
+
+
+def test_relative_paths_in_a_config_are_relative_to_its_folder_from_any_working_directory(
+    tmp_path: Path, ggufs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "conf"
+    (folder / "ctx").mkdir(parents=True)
+    (folder / "ctx" / "support.md").write_text("You triage tickets.")
+    shutil.copyfile(ggufs["one"], folder / "one.gguf")
+    config = folder / "onepass.toml"
+    config.write_text(
+        '[server]\nsession_cache_dir = "snaps"\napi_key_file = "~/keys.txt"\n\n'
+        '[[models]]\nname = "one"\npath = "one.gguf"\ncontext_path = "ctx/support.md"\n'
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    settings = load_settings(["--config", "../conf/onepass.toml"], {})  # relative to the working directory
+    (spec,) = read_models_config(settings).models
+    assert spec.path == folder.resolve() / "one.gguf"
+    assert spec.settings.context_path == folder.resolve() / "ctx" / "support.md"
+    assert spec.settings.session_cache_dir == folder.resolve() / "snaps"
+    assert settings.api_key_file == Path.home() / "keys.txt"
+    service = load_spec(replace_settings(spec, threads=1, session_cache_disk_bytes=0))
+    try:
+        assert service.name == "one"
+    finally:
+        service.close()
 
 
 def test_unknown_default_and_server_keys_are_rejected(tmp_path: Path, ggufs: dict[str, Path]) -> None:
@@ -256,7 +319,8 @@ def test_a_missing_or_broken_model_file_is_503_for_that_model_only(tmp_path: Pat
 
 def test_a_model_is_never_unloaded_under_an_in_flight_request(ggufs: dict[str, Path]) -> None:
     specs = tuple(
-        ModelSpec(name, ggufs[name], n_ctx=1024, threads=1, session_cache_disk_bytes=0) for name in ("one", "two")
+        ModelSpec(name, ggufs[name], settings=Settings(n_ctx=1024, threads=1, session_cache_disk_bytes=0))
+        for name in ("one", "two")
     )
     entered, release = threading.Event(), threading.Event()
 

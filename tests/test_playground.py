@@ -23,9 +23,10 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select
 from starlette.testclient import TestClient
 
-from app.config import REPO_ROOT, Settings
+from app.config import Settings
 from app.contract import SystemOneRequest
 from app.models import ModelRegistry
+from app.paths import REPO_ROOT
 from app.server import PAGE_DIRECTORY, create_app
 from app.service import ModelService
 from bench.browser import Page, Tools, chromium, find_tools

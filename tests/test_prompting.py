@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.contract import SystemOneRequest
-from app.prompting import SYSTEM_PROMPT, Prompter, chat_format, level_labels, render_state
+from app.contract import SystemOneRequest, render_state
+from app.prompting import SYSTEM_PROMPT, Prompter, chat_format, level_labels
 from app.service import ModelService
 from app.tiny_gguf import CHATML_TEMPLATE
 

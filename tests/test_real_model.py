@@ -9,11 +9,12 @@ import pytest
 
 from app import scoring
 from app.cache import SnapshotCache
-from app.config import Settings
-from app.contract import SystemOneRequest
+from app.config import DEFAULT_CONFIG_PATH, Settings, load_settings
+from app.contract import SystemOneRequest, render_state
 from app.disk_tier import DiskTier, SnapshotIdentity
 from app.engine import Job
-from app.prompting import render_state
+from app.loading import load_spec
+from app.model_config import read_models_config
 from app.service import ModelService, batch_jobs
 from tests.loading import load_model
 
@@ -242,3 +243,23 @@ def test_questions_that_begin_alike_share_rows_and_answer_as_if_decoded_whole(re
         assert engine.answer(cached, jobs).readouts == shared
     finally:
         service.close()
+
+
+def test_model_alone_answers_as_the_shipped_config_does(real_model_path: Path) -> None:
+    """The default model's fitted temperature belongs to its file (app/known_models.toml), so `-m FILE`
+    without models/onepass.toml serves the same numbers as `make run` (which reads that config)."""
+    flags = ["--n-ctx", "2048", "--session-cache-disk-bytes", "0", "--repack", "off", "--flash-attn", "off"]
+    config = read_models_config(load_settings(flags, {}, default_config=DEFAULT_CONFIG_PATH))
+    shipped = next(spec for spec in config.models if spec.name == config.default_model)
+    (alone,) = read_models_config(load_settings([*flags, "-m", str(real_model_path)], {})).models
+    assert shipped.path == alone.path == real_model_path.resolve()
+    assert shipped.known == alone.known == "default"
+    assert shipped.settings == alone.settings and alone.settings.calibration_temperature == 0.45
+    answers = []
+    for spec in (shipped, alone):
+        service = load_spec(spec)
+        try:
+            answers.append(ask(service, TICKET, {"refund": noul("Does the customer ask for money back?")})["answers"])
+        finally:
+            service.close()
+    assert answers[0] == answers[1]  # exact floats
