@@ -31,7 +31,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?=
 PORT ?=
 
-.PHONY: setup model model-small run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet eval load check-gpu clean clean-build
+.PHONY: setup model model-small run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet bench-calibration eval load check-gpu clean clean-build
 
 setup: $(INSTALL_STAMP)
 
@@ -149,6 +149,12 @@ bench-fleet: $(BENCH_STAMP)
 LOAD_ARGS ?=
 load: model
 	$(BIN)/python -m bench.load $(LOAD_ARGS)
+
+# Fitted calibration on the pipeline workloads (bench/pipelines.py): answers them once with the default model
+# (about 20 minutes on 2 cores, bench/results/calibration-evidence.json), then fits and measures in seconds.
+bench-calibration: model $(BENCH_STAMP)
+	$(BIN)/python -m bench.evidence
+	$(BIN)/python -m bench.calibration_study
 
 # Accuracy and calibration on tests/eval/items.jsonl: make eval EVAL_ARGS="--model models/other.gguf"
 EVAL_ARGS ?=

@@ -18,8 +18,14 @@ from app.server import create_app
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["calibrate"]:
+        from app.calibrate_cli import main as calibrate  # loads a model itself: only for this command
+
+        calibrate(given[1:])
+        return
     try:
-        source = SettingsSource(tuple(sys.argv[1:] if argv is None else argv), dict(os.environ), DEFAULT_CONFIG_PATH)
+        source = SettingsSource(tuple(given), dict(os.environ), DEFAULT_CONFIG_PATH)
         settings = source.load()
         models = read_models_config(settings)  # a config with errors stops us before binding the port
     except (ValueError, ConfigError) as error:  # a malformed ONEPASS_* value or config file

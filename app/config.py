@@ -26,6 +26,7 @@ with (Path(__file__).resolve().parent / "known_models.toml").open("rb") as _know
 DEFAULT_MODEL_PATH = REPO_ROOT / "models" / DEFAULT_MODEL_FILENAME
 DEFAULT_CONFIG_PATH = REPO_ROOT / "models" / "onepass.toml"
 DEFAULT_SNAPSHOT_DIR = cache_home() / "snapshots"
+DEFAULT_FITS_DIR = cache_home() / "calibrations"
 ENV_PREFIX = "ONEPASS_"
 
 # Where a setting's value came from, for the start log and for a [[models]] entry to know what it may override.
@@ -235,6 +236,13 @@ class Settings:
         "divides calibrated log-probabilities: below 1 sharpens, above 1 softens (argmax unchanged; "
         "a known model file brings its fitted value)",
         _positive_number,
+        per_model=True,
+    )
+    calibration_dir: Path = _option(
+        DEFAULT_FITS_DIR,
+        "folder of the calibrations fitted to your examples (POST /v1/calibrations, onepass calibrate), one "
+        "subfolder per model file and prompt (may be shared by several servers)",
+        parse_path,
         per_model=True,
     )
     layout: str = _option(

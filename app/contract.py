@@ -139,11 +139,20 @@ def limit_errors(request: SystemOneRequest, max_questions: int, max_text_chars: 
 Probability = Annotated[float, Field(ge=0, le=1)]
 
 
+class CalibrationUsed(BaseModel):
+    """A fit from the user's own examples answered this question (POST /v1/calibrations)."""
+
+    id: str
+    method: str
+    examples: int
+
+
 class NoulAnswer(BaseModel):
     type: Literal["noul"] = "noul"
     noul: Probability
     x_label_mass: Probability  # the share of the next-token distribution on the answer labels
     x_raw: Probability | None = None  # before calibration (absent when calibration is off)
+    x_calibration: CalibrationUsed | None = None
 
 
 class ChoiceAnswer(BaseModel):
@@ -153,6 +162,7 @@ class ChoiceAnswer(BaseModel):
     probabilities: dict[str, Probability]
     x_label_mass: Probability
     x_raw: dict[str, Probability] | None = None
+    x_calibration: CalibrationUsed | None = None
 
 
 class ScoreAnswer(BaseModel):
@@ -163,6 +173,7 @@ class ScoreAnswer(BaseModel):
     probabilities: dict[str, Probability]
     x_label_mass: Probability
     x_raw: dict[str, Probability] | None = None
+    x_calibration: CalibrationUsed | None = None
 
 
 Answer = Annotated[NoulAnswer | ChoiceAnswer | ScoreAnswer, Field(discriminator="type")]

@@ -6,9 +6,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import blake3
+
 from app.cache import SnapshotCache
 from app.disk_tier import DiskTier, SnapshotIdentity
 from app.engine import Engine
+from app.fits import FitStore
 from app.model_config import ModelSpec
 from app.prompting import Prompter
 from app.service import ModelService
@@ -75,6 +78,15 @@ def disk_tier_for(spec: ModelSpec, engine: Engine) -> DiskTier | None:
     )
 
 
+def fits_for(spec: ModelSpec, engine: Engine, prompter: Prompter) -> FitStore:
+    """The model's fitted calibrations: named by its file and fingerprint, and valid only for the
+    prompt they were fitted under (its text around the state, and the layout)."""
+    fingerprint = engine.fingerprint.hex()
+    fmt = prompter.format
+    identity = blake3.blake3("\0".join([fingerprint, fmt.head, fmt.between, prompter.layout]).encode()).hexdigest()
+    return FitStore(spec.settings.calibration_dir / f"{spec.path.stem}-{fingerprint[:16]}", identity[:32])
+
+
 def load_spec(spec: ModelSpec) -> ModelService:
     speed = speed_settings_for(spec)
     engine = Engine(
@@ -99,6 +111,7 @@ def load_spec(spec: ModelSpec) -> ModelService:
             calibration=spec.settings.calibration,
             calibration_temperature=spec.settings.calibration_temperature,
             disk=disk_tier_for(spec, engine) if cache.enabled else None,
+            fits=fits_for(spec, engine, prompter),
         )
     except BaseException:
         engine.close()

@@ -27,12 +27,23 @@ from starlette.types import Scope
 from app.affinity import PREFIX_KEY_HEADER, REPLICA_HEADER, affinity_key, replica_name
 from app.body import decode_content, parse_json, too_large
 from app.config import ConfigError, Settings, SettingsSource, package_version, reload_settings
-from app.contract import SystemOneRequest, SystemOneResponse, errors_for_response, limit_errors, models_listing
+from app.contract import (
+    SystemOneRequest,
+    SystemOneResponse,
+    errors_for_response,
+    limit_errors,
+    models_listing,
+    validation_error,
+)
 from app.errors import ApiError, Cancelled, Unprocessable
-from app.model_config import read_models_config
+from app.fit_jobs import FitJobs
+from app.fit_runner import ExampleError, parse_examples
+from app.fits import FitStore
+from app.model_config import DEFAULT_ALIAS, read_models_config
 from app.models import ModelNotFound, ModelRegistry, ModelUnavailable
 from app.observability import Metrics, RequestObserver
 from app.openapi import build_openapi
+from app.service import ModelService
 
 log = logging.getLogger("onepass.server")
 
@@ -69,6 +80,7 @@ class Runtime:
     loaded: threading.Event = field(default_factory=threading.Event)
     api_keys: tuple[bytes, ...] = ()
     in_flight: dict[str, int] = field(default_factory=dict)  # per model: requests admitted, not yet answered
+    fit_jobs: FitJobs = field(default_factory=FitJobs)
 
     def accepts(self, authorization: bytes) -> bool:
         """Whether an Authorization header's value lets a request in (any value while auth is off)."""
@@ -243,6 +255,58 @@ async def cache_stats(request: Request) -> JSONResponse:
         tiers = service.cache_stats()
         models[name] = {**tiers["state"], "question_sets": tiers["question_set"], "disk": tiers["disk"]}
     return JSONResponse(models)
+
+
+async def start_fitting(request: Request) -> JSONResponse:
+    """POST /v1/calibrations: fit calibrations to the examples in the body, as a background job."""
+    runtime = _runtime_of(request)
+    payload = parse_json(await _read_body(request, runtime.settings.max_body_bytes))
+    if not isinstance(payload, dict) or not isinstance(payload.get("examples"), list):
+        raise Unprocessable(validation_error(("examples",), "a list of examples is required", "missing", None))
+    question_set = payload.get("question_set", False)
+    if not isinstance(question_set, bool):
+        raise Unprocessable(validation_error(("question_set",), "true or false", "bool_type", question_set))
+    registry = runtime.require_registry()
+    name = registry.canonical(str(payload.get("model", DEFAULT_ALIAS)))
+    try:
+        examples = parse_examples(payload["examples"])
+    except ExampleError as error:
+        raise Unprocessable(validation_error(("examples",), str(error), "value_error", None)) from error
+
+    def lease() -> contextlib.AbstractContextManager[ModelService]:
+        return registry.lease(name)
+
+    job = runtime.fit_jobs.start(name, lease, examples, question_set)
+    return JSONResponse(job.to_json(), status_code=202, headers={"Location": f"/v1/calibrations/jobs/{job.id}"})
+
+
+async def fitting_job(request: Request) -> JSONResponse:
+    job = _runtime_of(request).fit_jobs.get(request.path_params["id"])
+    if job is None:
+        raise ApiError(404, "not_found", f"no fitting job {request.path_params['id']!r}")
+    return JSONResponse(job.to_json())
+
+
+def _fits_of(request: Request) -> tuple[str, FitStore]:
+    registry = _runtime_of(request).require_registry()
+    name = registry.canonical(request.query_params.get("model", DEFAULT_ALIAS))
+    with registry.lease(name) as service:
+        if service.fits is None:
+            raise ApiError(404, "not_found", f"{name} keeps no fits")
+        return name, service.fits
+
+
+async def list_fits(request: Request) -> JSONResponse:
+    name, fits = await anyio.to_thread.run_sync(_fits_of, request)
+    shown = [{k: v for k, v in record.items() if k != "parsed"} for record in fits.records()]
+    return JSONResponse({"model": name, "fits": shown})
+
+
+async def delete_fit(request: Request) -> JSONResponse:
+    name, fits = await anyio.to_thread.run_sync(_fits_of, request)
+    if not fits.delete(request.path_params["id"]):
+        raise ApiError(404, "not_found", f"{name} has no fit {request.path_params['id']!r}")
+    return JSONResponse({"model": name, "deleted": request.path_params["id"]})
 
 
 async def load_model_route(request: Request) -> JSONResponse:
@@ -432,6 +496,7 @@ def create_app(
         finally:
             if hangup:
                 loop.remove_signal_handler(signal.SIGHUP)
+            runtime.fit_jobs.cancel_all(settings.shutdown_timeout)
             if thread is not None:
                 thread.join()
                 if runtime.registry is not None:
@@ -444,6 +509,10 @@ def create_app(
         Route("/v1/models/{name:path}/unload", unload_model_route, methods=["POST"]),
         Route("/v1/config/reload", reload_config, methods=["POST"]),
         Route("/v1/cache", cache_stats, methods=["GET"]),
+        Route("/v1/calibrations", start_fitting, methods=["POST"]),
+        Route("/v1/calibrations", list_fits, methods=["GET"]),
+        Route("/v1/calibrations/jobs/{id}", fitting_job, methods=["GET"]),
+        Route("/v1/calibrations/{id}", delete_fit, methods=["DELETE"]),
         Route("/metrics", metrics_text, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

@@ -10,11 +10,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from app import scoring
+from app import fitting, scoring
 from app.cache import CacheKey, SnapshotCache, cache_key
 from app.calibration import CONTENT_FREE_STATES, ContextualCalibrator
 from app.contract import (
     Answer,
+    CalibrationUsed,
     ChoiceAnswer,
     ChoiceQuestion,
     NoulAnswer,
@@ -31,6 +32,7 @@ from app.contract import (
 from app.disk_tier import DiskTier
 from app.engine import Engine, Job, Readout, RestoreError, Timing
 from app.errors import Cancelled, Unprocessable
+from app.fits import FitStore, question_key
 from app.prompting import Prompter, QuestionSet, RenderedQuestion
 from app.snapshot import Snapshot
 
@@ -47,6 +49,41 @@ class Plan:
     questions: list[tuple[str, Question, RenderedQuestion]]
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """One question's readout as calibration sees it, in the answer's label order."""
+
+    labels: list[str]  # "true"/"false", the option names, or the level indices
+    raw: list[float]  # the model's probabilities over the labels
+    prior: list[float]  # the same question's about content-free states (contextual calibration)
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    probabilities: list[float]
+    used: CalibrationUsed
+
+
+@dataclass(frozen=True)
+class _Decoded:
+    plan: Plan
+    base: Snapshot  # what the question suffixes follow (and their priors are measured after)
+    jobs: list[Job]
+    readouts: list[Readout]  # in plan.questions order
+    cache_state: Literal["hit", "disk", "miss", "off"]
+    timing: Timing
+    n_decodes: int
+
+
+def label_keys(question: Question) -> list[str]:
+    """A question's labels by name, in the order its probabilities come: what a fit's biases are keyed by."""
+    if isinstance(question, NoulQuestion):
+        return ["true", "false"]
+    if isinstance(question, ChoiceQuestion):
+        return list(question.criteria)
+    return [str(i) for i in range(len(question.criteria))]
+
+
 class ModelService:
     """One model ready to answer: engine, prompter, the system-prompt base snapshot, its cache."""
 
@@ -61,7 +98,9 @@ class ModelService:
         calibration_temperature: float = 1.0,
         question_sets: SnapshotCache | None = None,
         disk: DiskTier | None = None,
+        fits: FitStore | None = None,
     ) -> None:
+        """`fits`: calibrations fitted to the user's examples, applied to the questions they match."""
         self.name = name
         self.engine = engine
         self.prompter = prompter
@@ -71,6 +110,8 @@ class ModelService:
         self.disk = disk  # the state tier's second level: snapshots that outlive the process
         self._key_fn = key_fn  # a test hook: a constant key forces hash collisions
         self.calibration = calibration
+        self.calibration_temperature = calibration_temperature
+        self.fits = fits
         self.prefilled_tokens = 0  # state tokens prefilled so far (for /metrics)
         self._counter_lock = threading.Lock()
         started = time.perf_counter()
@@ -101,12 +142,46 @@ class ModelService:
             "disk": self.disk.stats() if self.disk is not None else {"enabled": False},
         }
 
-    def _render(self, question: Question, rendered: RenderedQuestion, readout: Readout, base: Snapshot) -> Answer:
+    def _render(
+        self, question: Question, rendered: RenderedQuestion, readout: Readout, base: Snapshot, fit: _Fitted | None
+    ) -> Answer:
         raw = scoring.softmax(readout.label_logits)
+        if fit is not None:
+            return render_answer(question, fit.probabilities, readout.label_mass, raw, fit.used)
         if self.calibration == "none":
             return render_answer(question, raw, readout.label_mass)
         calibrated = self.calibrator.calibrate(base, rendered.tokens, rendered.label_ids, raw)
         return render_answer(question, calibrated, readout.label_mass, raw)
+
+    def _fits_for(self, decoded: _Decoded) -> dict[str, _Fitted]:
+        """The user's fits that answer this request's questions (app/fits.py), by question id. A
+        question-set fit applies only when the request asks its whole set."""
+        if self.fits is None:
+            return {}
+        questions = decoded.plan.questions
+        keys = {qid: question_key(question) for qid, question, _ in questions}
+        set_fits = {record["key"]: record for record in self.fits.for_set(set(keys.values()))}
+        found: dict[str, _Fitted] = {}
+        readouts: dict[str, tuple[list[str], Any]] = {}
+        if set_fits:
+            for (_, question, rendered), readout in zip(questions, decoded.readouts, strict=True):
+                prior = self.calibrator.prior(decoded.base, rendered.tokens, rendered.label_ids)
+                raw = scoring.softmax(readout.label_logits)
+                readouts[question_key(question)] = (label_keys(question), fitting.log_ratio(raw, prior))
+        for (qid, question, rendered), readout in zip(questions, decoded.readouts, strict=True):
+            record = set_fits.get(keys[qid]) or self.fits.single(keys[qid])
+            if record is None:
+                continue
+            fit: fitting.Fit = record["parsed"]
+            labels = label_keys(question)
+            if fit.method == "question_set":
+                probabilities = fitting.apply_set(fit, labels, readouts)
+            else:
+                prior = self.calibrator.prior(decoded.base, rendered.tokens, rendered.label_ids)
+                probabilities = fitting.apply(fit, labels, scoring.softmax(readout.label_logits), prior)
+            used = CalibrationUsed(id=record["id"], method=record["method"], examples=record["examples"])
+            found[qid] = _Fitted(probabilities, used)
+        return found
 
     def prefix_key(self, state: str, question_set: QuestionSet | None = None) -> CacheKey:
         """The state tier's key: everything that shapes the prefix snapshot's bytes."""
@@ -159,6 +234,54 @@ class ModelService:
     def answer(self, request: SystemOneRequest, cancelled: threading.Event | None = None) -> SystemOneResponse:
         """The response. `cancelled` (a timeout, a client gone) stops it before the next llama.cpp step."""
         started = time.perf_counter()
+        decoded = self._decode(request, cancelled)
+        scored = time.perf_counter()
+        fits = self._fits_for(decoded)
+        answers = {  # a question seen for the first time has its calibration prior measured here
+            qid: self._render(question, rendered, readout, decoded.base, fits.get(qid))
+            for (qid, question, rendered), readout in zip(decoded.plan.questions, decoded.readouts, strict=True)
+        }
+        calibrate_ms = (time.perf_counter() - scored) * 1000
+        total_ms = (time.perf_counter() - started) * 1000
+        plan, jobs = decoded.plan, decoded.jobs
+        log.info(
+            "%s: cache %s, %d prefix tokens, %d questions in %d decode(s), %.0f ms",
+            self.name,
+            decoded.cache_state,
+            len(plan.prefix_tokens),
+            len(plan.questions),
+            decoded.n_decodes,
+            total_ms,
+        )
+        return SystemOneResponse(
+            model=self.name,
+            answers=answers,
+            usage=Usage(
+                input_tokens=len(plan.prefix_tokens) + sum(len(job.tokens) for job in jobs),
+                output_tokens=len(plan.questions),
+            ),
+            x_cache=decoded.cache_state,
+            x_timing_ms=TimingMs(
+                prefill=round(decoded.timing.prefill_ms, 3),
+                restore=round(decoded.timing.restore_ms, 3),
+                decode=round(decoded.timing.decode_ms, 3),
+                calibrate=round(calibrate_ms, 3),
+                total=round(total_ms, 3),
+            ),
+        )
+
+    def evidence(self, request: SystemOneRequest) -> dict[str, Evidence]:
+        """What calibration reads for each question, through the same path as `answer` (and its
+        cache): the raw label probabilities and the content-free prior, in the answer's label order."""
+        decoded = self._decode(request, None)
+        found = {}
+        for (qid, question, rendered), readout in zip(decoded.plan.questions, decoded.readouts, strict=True):
+            prior = self.calibrator.prior(decoded.base, rendered.tokens, rendered.label_ids)
+            found[qid] = Evidence(label_keys(question), scoring.softmax(readout.label_logits), prior)
+        return found
+
+    def _decode(self, request: SystemOneRequest, cancelled: threading.Event | None) -> _Decoded:
+        """Plan, find or build the prefix through the cache tiers, and decode every question once."""
         plan = self.plan(request)
         check = cancelled.is_set if cancelled is not None else (lambda: False)
         built = Timing()
@@ -221,41 +344,15 @@ class ModelService:
             answered = self.engine.answer(snapshot, jobs)
         readout_of = {(job.tokens, job.labels): r for job, r in zip(jobs, answered.readouts, strict=True)}
         readouts = [readout_of[(rendered.tokens, rendered.label_ids)] for _, _, rendered in plan.questions]
-        scored = time.perf_counter()
-        answers = {  # a question seen for the first time has its calibration prior measured here
-            qid: self._render(question, rendered, readout, base)
-            for (qid, question, rendered), readout in zip(plan.questions, readouts, strict=True)
-        }
-        calibrate_ms = (time.perf_counter() - scored) * 1000
         cache_state: Literal["hit", "disk", "miss", "off"] = (
             "off" if not self.cache.enabled else "hit" if hit else "disk" if key in disk_hits else "miss"
         )
-        total_ms = (time.perf_counter() - started) * 1000
-        log.info(
-            "%s: cache %s, %d prefix tokens, %d questions in %d decode(s), %.0f ms",
-            self.name,
-            cache_state,
-            len(plan.prefix_tokens),
-            len(plan.questions),
-            answered.n_decodes,
-            total_ms,
+        timing = Timing(
+            prefill_ms=built.prefill_ms,
+            restore_ms=built.restore_ms + answered.timing.restore_ms,
+            decode_ms=answered.timing.decode_ms,
         )
-        return SystemOneResponse(
-            model=self.name,
-            answers=answers,
-            usage=Usage(
-                input_tokens=len(plan.prefix_tokens) + sum(len(job.tokens) for job in jobs),
-                output_tokens=len(plan.questions),
-            ),
-            x_cache=cache_state,
-            x_timing_ms=TimingMs(
-                prefill=round(built.prefill_ms, 3),
-                restore=round(built.restore_ms + answered.timing.restore_ms, 3),
-                decode=round(answered.timing.decode_ms, 3),
-                calibrate=round(calibrate_ms, 3),
-                total=round(total_ms, 3),
-            ),
-        )
+        return _Decoded(plan, base, jobs, readouts, cache_state, timing, answered.n_decodes)
 
 
 def batch_jobs(questions: Iterable[RenderedQuestion]) -> list[Job]:
@@ -285,11 +382,18 @@ class _DiskPriors:
 
 
 def render_answer(
-    question: Question, probabilities: list[float], mass: float, raw: list[float] | None = None
+    question: Question,
+    probabilities: list[float],
+    mass: float,
+    raw: list[float] | None = None,
+    fit: CalibrationUsed | None = None,
 ) -> Answer:
-    """The contract's answer for one question; `raw` (uncalibrated) is reported as x_raw when given."""
+    """The contract's answer for one question; `raw` (uncalibrated) is reported as x_raw when given,
+    `fit` (the user's fit that calibrated it) as x_calibration."""
     if isinstance(question, NoulQuestion):
-        return NoulAnswer(noul=probabilities[0], x_label_mass=mass, x_raw=raw[0] if raw is not None else None)
+        return NoulAnswer(
+            noul=probabilities[0], x_label_mass=mass, x_raw=raw[0] if raw is not None else None, x_calibration=fit
+        )
     if isinstance(question, ChoiceQuestion):
         by_name = dict(zip(question.criteria, probabilities, strict=True))
         # Ties go to the first name in sorted order, so option order never changes the choice.
@@ -300,6 +404,7 @@ def render_answer(
             probabilities=by_name,
             x_label_mass=mass,
             x_raw=dict(zip(question.criteria, raw, strict=True)) if raw is not None else None,
+            x_calibration=fit,
         )
     return ScoreAnswer(
         score=scoring.expected_score(probabilities),
@@ -308,4 +413,5 @@ def render_answer(
         probabilities={str(i): p for i, p in enumerate(probabilities)},
         x_label_mass=mass,
         x_raw={str(i): p for i, p in enumerate(raw)} if raw is not None else None,
+        x_calibration=fit,
     )

@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import statistics
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -129,7 +130,9 @@ def model_spec(model: Path, calibration: str, config: Path | None) -> ModelSpec:
     """The model as the server would configure it: its [[models]] entry in the config if it has one,
     else --model alone (both with the model file's own settings), with the eval's calibration and
     context size given as flags (which beat the entry)."""
+    # no fits from the user's examples (a folder of its own): the eval measures what a question gets without one
     flags = ["--calibration", calibration, "--n-ctx", "4096", "--session-cache-disk-bytes", "0"]
+    flags += ["--calibration-dir", str(Path(tempfile.gettempdir()) / "onepass-eval-no-fits")]
     if config is not None and config.is_file():
         for spec in read_models_config(load_settings([*flags, "--config", str(config)], {})).models:
             if spec.path.resolve() == model.resolve():

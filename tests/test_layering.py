@@ -9,14 +9,25 @@ APP = Path(__file__).resolve().parent.parent / "app"
 
 # Lowest first. A module may import app modules of lower layers only: no import runs back up.
 LAYERS: list[set[str]] = [
-    {"errors", "snapshot", "scoring", "contract", "paths", "cpu", "tiny_gguf", "observability"},
+    {
+        "errors",
+        "snapshot",
+        "scoring",
+        "contract",
+        "paths",
+        "cpu",
+        "tiny_gguf",
+        "observability",
+        "fitting",
+        "fit_report",
+    },
     {"config", "fingerprint", "launch"},
-    {"cache", "engine", "prompting", "known_models", "body", "openapi", "doctor", "affinity", "fleet"},
+    {"cache", "engine", "prompting", "known_models", "body", "openapi", "doctor", "affinity", "fleet", "fits"},
     {"model_config", "calibration", "build_check", "check_gpu", "disk_tier"},
     {"tuning"},
     {"service"},
-    {"loading"},
-    {"models"},
+    {"loading", "fit_runner"},
+    {"models", "fit_jobs", "calibrate_cli"},
     {"server"},
     {"__main__"},
 ]

@@ -1,0 +1,86 @@
+"""`onepass calibrate EXAMPLES.jsonl [server flags]`: fit calibrations to your examples and store them
+where the server finds them (its calibration_dir); writes a Markdown report and a reliability PNG."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from app.config import DEFAULT_CONFIG_PATH, ConfigError, load_settings
+from app.fit_report import markdown, reliability_png
+from app.fit_runner import ExampleError, Progress, answer_all, fit_all, parse_examples, read_jsonl
+from app.loading import load_spec
+from app.model_config import read_models_config
+
+
+def _show(progress: Progress) -> None:
+    eta = progress.eta_s()
+    width = 24
+    filled = width * progress.done // max(progress.total, 1)
+    clock = "--:--" if eta is None else f"{int(eta) // 60}:{int(eta) % 60:02d}"
+    sys.stderr.write(
+        f"\ranswering [{'#' * filled}{'.' * (width - filled)}] {progress.done}/{progress.total}, ETA {clock}".ljust(80)
+    )
+    sys.stderr.flush()
+
+
+def main(argv: Sequence[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog="onepass calibrate",
+        description="Fit calibrations to your examples (JSON lines: state, questions, answers) and store them "
+        "for the server. Any server flag after the file chooses the model and its settings.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("examples", type=Path, help="JSON lines: {state, questions, answers?} per line")
+    parser.add_argument("--report", type=Path, help="the Markdown report (default: EXAMPLES.report.md)")
+    parser.add_argument(
+        "--question-set",
+        action="store_true",
+        help="also try fits that read every question's answer about the same state (opt-in: such an answer then "
+        "depends on the other questions, and the fit applies only when a request asks the whole set)",
+    )
+    parser.add_argument("--serve-model", help="which configured model to fit (default: the default model)")
+    ours, server_flags = parser.parse_known_args(argv)
+    try:
+        settings = load_settings(server_flags, dict(os.environ), DEFAULT_CONFIG_PATH)
+        config = read_models_config(settings)
+        examples = parse_examples(read_jsonl(ours.examples.read_text(encoding="utf-8")))
+    except (ConfigError, ExampleError, ValueError, OSError) as error:
+        sys.exit(f"onepass calibrate: {error}")
+    wanted = ours.serve_model or config.default_model
+    spec = next((s for s in config.models if wanted in (s.name, *s.aliases)), None)
+    if spec is None:
+        sys.exit(f"onepass calibrate: no model {wanted!r} (known: {[s.name for s in config.models]})")
+    began = time.monotonic()
+    service = load_spec(spec)
+    try:
+        progress = Progress(len(examples))
+        _show(progress)
+        evidence = answer_all(service, examples, progress, on_step=_show)
+        sys.stderr.write("\n")
+        reports, records = fit_all(examples, evidence, service.calibration_temperature, ours.question_set)
+        fits = service.fits
+        assert fits is not None
+        stored = [fits.put(record) for record in records]
+    finally:
+        service.close()
+    shown = [r.to_json() for r in reports]
+    report = ours.report or ours.examples.with_suffix(".report.md")
+    report.write_text(markdown(shown, spec.name, len(examples), time.monotonic() - began), encoding="utf-8")
+    picture = report.with_suffix(".png")
+    drawn = reliability_png(shown, picture)
+    for r in shown:
+        verdict = f"adopted {r['method']}" if r["adopted"] else "kept contextual calibration"
+        after = r["after"] or r["before"]
+        accuracy = "" if after is None else f", accuracy {r['before']['accuracy']:.3f} -> {after['accuracy']:.3f}"
+        print(f"{', '.join(r['ids'])}: {r['labelled']} labelled, {verdict}{accuracy}")
+        if r["warning"]:
+            print(f"  warning: {r['warning']}", file=sys.stderr)
+    print(f"{len(stored)} fits stored in {fits.folder}")
+    print(f"report: {report}" + (f", diagram: {picture}" if drawn else " (no diagram: matplotlib is not installed)"))
+    print(json.dumps({"fits": [{k: s[k] for k in ("id", "key", "method", "examples")} for s in stored]}))

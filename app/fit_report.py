@@ -1,0 +1,98 @@
+"""A fitting run's report: Markdown per question (examples, the choice, before and after, reliability),
+and a reliability diagram PNG where matplotlib is installed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _cell(scores: dict[str, Any] | None, name: str) -> str:
+    return "-" if scores is None else f"{scores[name]:.3f}"
+
+
+def markdown(reports: list[dict[str, Any]], model: str, examples: int, seconds: float) -> str:
+    lines = [
+        f"# Calibration fitted to your examples: {model}",
+        "",
+        f"{examples} examples answered in {seconds:.0f} s. Scores are cross-validated (5 folds): each example is "
+        "scored by a fit that never saw it. 'before' is the calibration each question gets without a fit.",
+        "",
+        "| question | ids | labelled | method | adopted | accuracy before -> after | Brier before -> after "
+        "| ECE before -> after |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in reports:
+        text = str(r["question"].get("instructions") or r["question"]["type"])[:60].replace("|", "/")
+        before, after = r["before"], r["after"]
+        lines.append(
+            f"| {text} ({r['question']['type']}) | {', '.join(r['ids'])} | {r['labelled']} | {r['method']} "
+            f"| {'yes' if r['adopted'] else 'no'} | {_cell(before, 'accuracy')} -> {_cell(after, 'accuracy')} "
+            f"| {_cell(before, 'brier')} -> {_cell(after, 'brier')} | {_cell(before, 'ece')} -> {_cell(after, 'ece')} |"
+        )
+    warnings = [f"- {', '.join(r['ids'])}: {r['warning']}" for r in reports if r["warning"]]
+    if warnings:
+        lines += ["", "## Warnings", "", *warnings]
+    for r in reports:
+        if r["before"] is None:
+            continue
+        lines += ["", f"## {', '.join(r['ids'])}: reliability (confidence bins)", ""]
+        lines += [
+            "| bin | n before | confidence | accuracy | n after | confidence | accuracy |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        after = {(b["from"], b["to"]): b for b in r["after"]["reliability"]}
+        before = {(b["from"], b["to"]): b for b in r["before"]["reliability"]}
+        for edge in sorted(set(before) | set(after)):
+            b, a = before.get(edge), after.get(edge)
+            row = [f"{edge[0]:.1f}-{edge[1]:.1f}"]
+            for found in (b, a):
+                row += (
+                    ["0", "-", "-"]
+                    if found is None
+                    else [str(found["n"]), f"{found['confidence']:.2f}", f"{found['accuracy']:.2f}"]
+                )
+            lines.append("| " + " | ".join(row) + " |")
+        candidates = ", ".join(f"{name} {loss:.3f}" for name, loss in sorted(r["candidates"].items()))
+        lines += ["", f"Cross-validated log loss: contextual {r['before']['log_loss']:.3f}; {candidates}."]
+    return "\n".join(lines) + "\n"
+
+
+def reliability_png(reports: list[dict[str, Any]], path: Path) -> bool:
+    """The diagram, one panel per question; False where matplotlib is missing (pip install matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    shown = [r for r in reports if r["before"] is not None]
+    if not shown:
+        return False
+    columns = min(3, len(shown))
+    rows = (len(shown) + columns - 1) // columns
+    figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 4 * rows), squeeze=False)
+    for ax, r in zip(axes.flat, shown, strict=False):
+        ax.plot([0, 1], [0, 1], color="grey", linewidth=0.8)
+        for name, colour in (("before", "tab:red"), ("after", "tab:blue")):
+            bins = r[name]["reliability"]
+            ax.plot(
+                [b["confidence"] for b in bins],
+                [b["accuracy"] for b in bins],
+                "o-",
+                color=colour,
+                label=f"{name}: ECE {r[name]['ece']:.3f}",
+            )
+        ax.set_title(", ".join(r["ids"])[:40], fontsize=9)
+        ax.set_xlabel("confidence")
+        ax.set_ylabel("accuracy")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=8, loc="upper left")
+    for ax in list(axes.flat)[len(shown) :]:
+        ax.axis("off")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return True

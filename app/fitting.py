@@ -1,0 +1,400 @@
+"""Calibration fitted to a user's own examples: candidates, cross-validated choice, and the metrics.
+
+Every candidate maps a question's readout to logits over its labels; the answer is their softmax.
+With r = log p_raw - log q (q: a label prior to divide out, as in contextual calibration):
+
+- contextual (what a question gets without a fit): r / T0, q the content-free prior, T0 the model's
+  calibration temperature;
+- batch (label-free, Zhou et al. 2023, "Batch Calibration"): r / T0 with q the mean of the raw
+  probabilities over a sample of real states, which needs no labels;
+- temperature: a * r (q content-free), a fitted;
+- vector: a * r + b, a bias per label, both regularised towards contextual (a = 1/T0, b = 0);
+- question set (opt-in only): W x + c, where x holds the contextual r of every question asked about
+  the same state, so an answer depends on the other questions (CONTRACT.md forbids that by default).
+
+Fitted by Newton's method on the cross-entropy (convex in each candidate's parameters), chosen by
+5-fold cross-validated log loss, and adopted only when that beats contextual calibration on the
+same examples. Parameters are kept by label name, so a fit applies whatever the options' order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+Array = NDArray[np.float64]
+FOLDS = 5
+BINS = 10
+TINY = 1e-300
+VECTOR_PENALTIES = (0.003, 0.03, 0.3)
+SET_PENALTIES = (0.01, 0.1, 1.0)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One question's readout about one state, as ModelService.evidence gives it, and the right label."""
+
+    labels: tuple[str, ...]
+    raw: tuple[float, ...]
+    prior: tuple[float, ...]
+    right: int | None  # index into labels; None: unlabelled
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A question's fitted calibration. `prior` None: the content-free prior measured at answer time.
+    For a question-set fit, `features` names the (question, label) each weight column reads."""
+
+    method: str
+    labels: tuple[str, ...]
+    scale: float = 1.0
+    bias: tuple[float, ...] = ()
+    prior: tuple[float, ...] | None = None
+    features: tuple[tuple[str, str], ...] = ()
+    centre: tuple[float, ...] = ()
+    spread: tuple[float, ...] = ()
+    weights: tuple[tuple[float, ...], ...] = ()  # one row per label, one column per feature
+    penalty: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "labels": list(self.labels),
+            "scale": self.scale,
+            "bias": list(self.bias),
+            "prior": None if self.prior is None else list(self.prior),
+            "features": [list(f) for f in self.features],
+            "centre": list(self.centre),
+            "spread": list(self.spread),
+            "weights": [list(row) for row in self.weights],
+            "penalty": self.penalty,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Fit:
+        return cls(
+            method=str(data["method"]),
+            labels=tuple(str(x) for x in data["labels"]),
+            scale=float(data["scale"]),
+            bias=tuple(float(x) for x in data["bias"]),
+            prior=None if data["prior"] is None else tuple(float(x) for x in data["prior"]),
+            features=tuple((str(q), str(label)) for q, label in data["features"]),
+            centre=tuple(float(x) for x in data["centre"]),
+            spread=tuple(float(x) for x in data["spread"]),
+            weights=tuple(tuple(float(x) for x in row) for row in data["weights"]),
+            penalty=float(data["penalty"]),
+        )
+
+
+def log_ratio(raw: Sequence[float] | Array, prior: Sequence[float] | Array) -> Array:
+    return np.log(np.maximum(np.asarray(raw, dtype=np.float64), TINY)) - np.log(
+        np.maximum(np.asarray(prior, dtype=np.float64), TINY)
+    )
+
+
+def softmax(logits: Array) -> Array:
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    result: Array = shifted / shifted.sum(axis=-1, keepdims=True)
+    return result
+
+
+def apply(fit: Fit, labels: Sequence[str], raw: Sequence[float], prior: Sequence[float]) -> list[float]:
+    """A single-question fit's probabilities, in `labels` order (the request's)."""
+    order = [fit.labels.index(label) for label in labels]
+    q = prior if fit.prior is None else [fit.prior[i] for i in order]
+    logits = fit.scale * log_ratio(raw, q)
+    if fit.bias:
+        logits = logits + np.asarray([fit.bias[i] for i in order])
+    return [float(p) for p in softmax(logits)]
+
+
+def apply_set(fit: Fit, labels: Sequence[str], readouts: Mapping[str, tuple[Sequence[str], Array]]) -> list[float]:
+    """A question-set fit's probabilities in `labels` order; `readouts`: per question key, its labels and r."""
+    x = np.asarray([_feature(readouts, question, label) for question, label in fit.features])
+    x = (x - np.asarray(fit.centre)) / np.asarray(fit.spread)
+    logits = np.asarray(fit.weights) @ np.append(x, 1.0)
+    order = [fit.labels.index(label) for label in labels]
+    return [float(p) for p in softmax(logits)[order]]
+
+
+def _feature(readouts: Mapping[str, tuple[Sequence[str], Array]], question: str, label: str) -> float:
+    names, ratio = readouts[question]
+    return float(ratio[list(names).index(label)])
+
+
+# Fitting ---------------------------------------------------------------------------------------
+
+
+def _newton(
+    design: Array, right: NDArray[np.int64], start: Array, penalty: Array, target: Array, steps: int = 50
+) -> Array:
+    """Minimise mean cross-entropy of softmax(design @ theta) + sum(penalty * (theta - target)^2).
+
+    `design`: (examples, labels, parameters). Convex: Newton steps with a backtracking line search."""
+    n, k, _ = design.shape
+    onehot = np.zeros((n, k))
+    onehot[np.arange(n), right] = 1.0
+
+    def loss(theta: Array) -> float:
+        z = design @ theta
+        z = z - z.max(axis=1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        return float(-(logp[np.arange(n), right]).mean() + (penalty * (theta - target) ** 2).sum())
+
+    theta = start.copy()
+    current = loss(theta)
+    for _ in range(steps):
+        p = softmax(design @ theta)
+        gradient = np.einsum("nkp,nk->p", design, p - onehot) / n + 2 * penalty * (theta - target)
+        weighted = design * p[:, :, None]  # diag(p) J
+        hessian = np.einsum("nkp,nkq->pq", design, weighted) - np.einsum("nkp,nq->pq", weighted, weighted.sum(1))
+        hessian = hessian / n + np.diag(2 * penalty + 1e-9)
+        step = np.linalg.solve(hessian, gradient)
+        size = 1.0
+        while size > 1e-6:
+            trial = theta - size * step
+            found = loss(trial)
+            if found <= current:
+                break
+            size /= 2
+        else:
+            break
+        if current - found < 1e-12:
+            theta = trial
+            break
+        theta, current = trial, found
+    return theta
+
+
+def _ratios(examples: Sequence[Example]) -> Array:
+    return np.stack([log_ratio(e.raw, e.prior) for e in examples])
+
+
+def _rights(examples: Sequence[Example]) -> NDArray[np.int64]:
+    return np.asarray([e.right for e in examples], dtype=np.int64)
+
+
+def contextual(temperature: float, labels: Sequence[str]) -> Fit:
+    return Fit("contextual", tuple(labels), scale=1.0 / temperature)
+
+
+def fit_batch(unlabelled: Sequence[Example], temperature: float) -> Fit:
+    """The label prior as the mean of the raw probabilities over real states (no labels needed)."""
+    raw = np.asarray([e.raw for e in unlabelled])
+    return Fit("batch", unlabelled[0].labels, scale=1.0 / temperature, prior=tuple(float(q) for q in raw.mean(0)))
+
+
+def fit_temperature(examples: Sequence[Example], temperature: float) -> Fit:
+    r = _ratios(examples)
+    theta = _newton(
+        r[:, :, None],
+        _rights(examples),
+        np.asarray([1.0 / temperature]),
+        np.asarray([1e-6]),
+        np.asarray([1.0 / temperature]),
+    )
+    return Fit("temperature", examples[0].labels, scale=float(theta[0]))
+
+
+def fit_vector(examples: Sequence[Example], temperature: float, penalty: float) -> Fit:
+    r = _ratios(examples)
+    n, k = r.shape
+    design = np.concatenate([r[:, :, None], np.broadcast_to(np.eye(k), (n, k, k))], axis=2)
+    target = np.concatenate([[1.0 / temperature], np.zeros(k)])
+    theta = _newton(design, _rights(examples), target, np.full(k + 1, penalty), target)
+    return Fit(
+        "vector", examples[0].labels, scale=float(theta[0]), bias=tuple(float(b) for b in theta[1:]), penalty=penalty
+    )
+
+
+@dataclass(frozen=True)
+class SetRow:
+    """Every question's readout about one state, for a question-set fit: key -> (labels, r)."""
+
+    readouts: dict[str, tuple[tuple[str, ...], Array]]
+
+
+def fit_set(rows: Sequence[SetRow], target: str, rights: Sequence[int], penalty: float) -> Fit:
+    features = tuple((q, label) for q in sorted(rows[0].readouts) for label in rows[0].readouts[q][0])
+    x = np.asarray([[_feature(row.readouts, q, label) for q, label in features] for row in rows])
+    centre, spread = x.mean(0), x.std(0) + 1e-6
+    x = np.concatenate([(x - centre) / spread, np.ones((len(rows), 1))], axis=1)
+    labels = rows[0].readouts[target][0]
+    k, d = len(labels), x.shape[1]
+    design = np.einsum("kl,nd->nkld", np.eye(k), x).reshape(len(rows), k, k * d)
+    start = np.zeros(k * d)
+    theta = _newton(design, np.asarray(rights, dtype=np.int64), start, np.full(k * d, penalty), start)
+    return Fit(
+        "question_set",
+        labels,
+        features=features,
+        centre=tuple(float(c) for c in centre),
+        spread=tuple(float(s) for s in spread),
+        weights=tuple(tuple(float(w) for w in row) for row in theta.reshape(k, d)),
+        penalty=penalty,
+    )
+
+
+# Metrics ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scores:
+    n: int
+    accuracy: float
+    log_loss: float
+    brier: float
+    ece: float
+    reliability: list[dict[str, float]] = field(default_factory=list)  # per bin: from, to, n, confidence, accuracy
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "accuracy": self.accuracy,
+            "log_loss": self.log_loss,
+            "brier": self.brier,
+            "ece": self.ece,
+            "reliability": self.reliability,
+        }
+
+
+def scores(probabilities: Array, right: NDArray[np.int64]) -> Scores:
+    n, k = probabilities.shape
+    onehot = np.zeros((n, k))
+    onehot[np.arange(n), right] = 1.0
+    confidence = probabilities.max(1)
+    correct = probabilities.argmax(1) == right
+    bins = []
+    ece = 0.0
+    for b in range(BINS):
+        low, high = b / BINS, (b + 1) / BINS
+        inside = (confidence > low) & (confidence <= high) if b else (confidence <= high)
+        if inside.any():
+            gap = abs(float(correct[inside].mean()) - float(confidence[inside].mean()))
+            ece += gap * inside.sum() / n
+            bins.append(
+                {
+                    "from": low,
+                    "to": high,
+                    "n": int(inside.sum()),
+                    "confidence": float(confidence[inside].mean()),
+                    "accuracy": float(correct[inside].mean()),
+                }
+            )
+    return Scores(
+        n=n,
+        accuracy=float(correct.mean()),
+        log_loss=float(-np.log(np.maximum(probabilities[np.arange(n), right], TINY)).mean()),
+        brier=float(((probabilities - onehot) ** 2).sum(1).mean()),
+        ece=float(ece),
+        reliability=bins,
+    )
+
+
+# Choosing --------------------------------------------------------------------------------------
+
+Trainer = Callable[[Sequence[int]], Callable[[Sequence[int]], Array]]  # train indices -> (indices -> probabilities)
+
+
+def folds(n: int, count: int = FOLDS) -> list[list[int]]:
+    order = np.random.default_rng(n).permutation(n)
+    return [sorted(int(i) for i in order[f::count]) for f in range(count)]
+
+
+def cross_validated(trainer: Trainer, n: int) -> Array:
+    """Each example's probabilities from a fit on the other folds."""
+    found: Array | None = None
+    for held in folds(n):
+        train = [i for i in range(n) if i not in set(held)]
+        predicted = trainer(train)(held)
+        if found is None:
+            found = np.zeros((n, predicted.shape[1]))
+        found[held] = predicted
+    assert found is not None
+    return found
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What fitting one question decided: the fit to store (None: keep contextual) and its report."""
+
+    fit: Fit | None
+    method: str
+    adopted: bool
+    before: Scores  # contextual calibration, on every example
+    after: Scores  # the chosen candidate, cross-validated
+    candidates: dict[str, float]  # cross-validated log loss of each candidate
+
+
+def choose(
+    examples: Sequence[Example],
+    temperature: float,
+    unlabelled: Sequence[Example] = (),
+    set_rows: Sequence[SetRow] | None = None,
+    key: str = "",
+) -> Choice:
+    """Fit every candidate, keep the one with the lowest cross-validated log loss if it beats the
+    contextual calibration's log loss on the same examples. `set_rows` (the opt-in question-set
+    fit): every question's readout about each example's state, `key` this question's key in them."""
+    right = _rights(examples)
+    r = _ratios(examples)
+    n = len(examples)
+    shipped = softmax(r / temperature)
+    before = scores(shipped, right)
+    sample = list(unlabelled) or [Example(e.labels, e.raw, e.prior, None) for e in examples]
+
+    def single(make: Callable[[Sequence[Example]], Fit]) -> Trainer:
+        def train(indices: Sequence[int]) -> Callable[[Sequence[int]], Array]:
+            fit = make([examples[i] for i in indices])
+            return lambda held: np.asarray(
+                [apply(fit, examples[i].labels, examples[i].raw, examples[i].prior) for i in held]
+            )
+
+        return train
+
+    def vector(penalty: float) -> Callable[[Sequence[Example]], Fit]:
+        return lambda chosen: fit_vector(chosen, temperature, penalty)
+
+    makers: dict[str, Callable[[Sequence[Example]], Fit]] = {
+        "temperature": lambda chosen: fit_temperature(chosen, temperature),
+        **{f"vector/{p:g}": vector(p) for p in VECTOR_PENALTIES},
+    }
+    batch = fit_batch(sample, temperature)  # label-free: the same fit whatever the fold
+    predicted: dict[str, Array] = {
+        "batch": np.asarray([apply(batch, e.labels, e.raw, e.prior) for e in examples]),
+    }
+    for name, make in makers.items():
+        predicted[name] = cross_validated(single(make), n)
+    set_makers: dict[str, Callable[[Sequence[int]], Fit]] = {}
+    if set_rows is not None:
+        rows = set_rows
+
+        def on_set(penalty: float) -> Callable[[Sequence[int]], Fit]:
+            return lambda indices: fit_set([rows[i] for i in indices], key, [int(right[i]) for i in indices], penalty)
+
+        def set_trainer(make_set: Callable[[Sequence[int]], Fit]) -> Trainer:
+            def train(indices: Sequence[int]) -> Callable[[Sequence[int]], Array]:
+                fit = make_set(indices)
+                return lambda held: np.asarray([apply_set(fit, examples[0].labels, rows[i].readouts) for i in held])
+
+            return train
+
+        for p in SET_PENALTIES:
+            set_makers[f"question_set/{p:g}"] = on_set(p)
+            predicted[f"question_set/{p:g}"] = cross_validated(set_trainer(set_makers[f"question_set/{p:g}"]), n)
+    losses = {name: scores(p, right).log_loss for name, p in predicted.items()}
+    best = min(losses, key=lambda name: (losses[name], name))
+    adopted = losses[best] < before.log_loss
+    if not adopted:
+        return Choice(None, "contextual", False, before, before, losses)
+    if best == "batch":
+        fit = batch
+    elif best in set_makers:
+        fit = set_makers[best](range(n))
+    else:
+        fit = makers[best](examples)
+    return Choice(fit, best, True, before, scores(predicted[best], right), losses)

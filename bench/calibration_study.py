@@ -1,0 +1,212 @@
+"""How much fitted calibration helps, and how much data it needs, on pipeline data no fit saw.
+
+Reads bench/results/calibration-evidence.json (python -m bench.evidence: every workload's examples
+answered once by the served default model) and, per workload, splits it by item: the first
+`--train` examples to fit on, the rest held out. On the held-out items it compares what a question
+gets today (contextual calibration) with the fits `onepass calibrate` would adopt (app/fit_runner.py),
+per question and with the opt-in question-set fit, and with batch calibration (label-free) on
+unlabelled samples of several sizes. Writes bench/results/calibration-study.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app import fitting
+from app.fit_runner import Parsed, fit_all, parse_examples
+from app.fits import question_key
+from app.fitting import Example, apply, apply_set, fit_batch, log_ratio, scores, softmax
+from app.paths import REPO_ROOT
+from app.service import Evidence
+from bench.evidence import OUT as EVIDENCE
+from bench.output import table, write_atomically
+
+RESULTS = REPO_ROOT / "bench" / "results"
+SIZES = (10, 20, 50, 100)
+
+
+def load(path: Path) -> dict[str, Any]:
+    return dict(json.loads(path.read_text()))
+
+
+def parsed(workload: dict[str, Any]) -> tuple[list[Parsed], list[dict[str, Evidence]]]:
+    items = workload["items"]
+    examples = parse_examples(
+        [{"state": i["state"], "questions": workload["questions"], "answers": i["answers"]} for i in items]
+    )
+    evidence = [{q: Evidence(e["labels"], e["raw"], e["prior"]) for q, e in item["evidence"].items()} for item in items]
+    return examples, evidence
+
+
+def predict(
+    record: dict[str, Any] | None, examples: list[Parsed], evidence: list[dict[str, Evidence]], qid: str, t0: float
+) -> np.ndarray:
+    """Each held-out example's probabilities for `qid` in its label order, with `record`'s fit or today's."""
+    found = []
+    for example, readouts in zip(examples, evidence, strict=True):
+        e = readouts[qid]
+        if record is None:
+            found.append(softmax(log_ratio(e.raw, e.prior) / t0))
+            continue
+        fit = fitting.Fit.from_json(record["fit"])
+        if fit.method == "question_set":
+            by_key = {
+                question_key(q): (readouts[i].labels, log_ratio(readouts[i].raw, readouts[i].prior))
+                for i, q in example.request.questions.items()
+            }
+            found.append(np.asarray(apply_set(fit, e.labels, by_key)))
+        else:
+            found.append(np.asarray(apply(fit, e.labels, e.raw, e.prior)))
+    return np.asarray(found)
+
+
+def measure(
+    train: tuple[list[Parsed], list[dict[str, Evidence]]],
+    test: tuple[list[Parsed], list[dict[str, Evidence]]],
+    t0: float,
+    question_set: bool,
+) -> dict[str, Any]:
+    _, records = fit_all(train[0], train[1], t0, question_set)
+    by_key = {r["key"]: r for r in records}
+    per_question = {}
+    for qid, question in test[0][0].request.questions.items():
+        right = np.asarray([example.answers[qid] for example in test[0]])
+        record = by_key.get(question_key(question))
+        before = scores(predict(None, *test, qid, t0), right)
+        after = scores(predict(record, *test, qid, t0), right)
+        per_question[qid] = {
+            "type": question.type,
+            "method": record["method"] if record else "contextual",
+            "before": {k: v for k, v in before.to_json().items() if k != "reliability"},
+            "after": {k: v for k, v in after.to_json().items() if k != "reliability"},
+        }
+    return per_question
+
+
+def label_free(
+    train: tuple[list[Parsed], list[dict[str, Evidence]]],
+    test: tuple[list[Parsed], list[dict[str, Evidence]]],
+    t0: float,
+    size: int,
+) -> dict[str, Any]:
+    found = {}
+    for qid in test[0][0].request.questions:
+        sample = [Example(tuple(e[qid].labels), tuple(e[qid].raw), tuple(e[qid].prior), None) for e in train[1][:size]]
+        fit = fit_batch(sample, t0)
+        right = np.asarray([example.answers[qid] for example in test[0]])
+        p = np.asarray([apply(fit, e[qid].labels, e[qid].raw, e[qid].prior) for e in test[1]])
+        found[qid] = {k: v for k, v in scores(p, right).to_json().items() if k != "reliability"}
+    return found
+
+
+def mean(rows: dict[str, dict[str, Any]], which: str, metric: str) -> float:
+    return float(np.mean([row[which][metric] for row in rows.values()]))
+
+
+def run(path: Path, n_train: int) -> dict[str, Any]:
+    data = load(path)
+    t0 = float(data["calibration_temperature"])
+    found: dict[str, Any] = {"model": data["model"], "train": n_train, "workloads": {}}
+    for name, workload in data["workloads"].items():
+        examples, evidence = parsed(workload)
+        train, test = (examples[:n_train], evidence[:n_train]), (examples[n_train:], evidence[n_train:])
+        curve = {}
+        for size in SIZES:
+            if size <= n_train:
+                small = (train[0][:size], train[1][:size])
+                curve[size] = {
+                    "per_question": measure(small, test, t0, question_set=False),
+                    "question_set": measure(small, test, t0, question_set=True),
+                    "batch": label_free(train, test, t0, size),
+                }
+        found["workloads"][name] = {"held_out": len(test[0]), "curve": curve}
+    return found
+
+
+def markdown(found: dict[str, Any]) -> list[str]:
+    n = found["train"]
+    lines = [f"Held-out items per workload: the last of each workload's items; fits on the first {n}.", ""]
+    rows = []
+    for name, w in found["workloads"].items():
+        top = w["curve"][max(w["curve"], key=int)]
+        for qid, row in top["per_question"].items():
+            both = top["question_set"][qid]
+            rows.append(
+                [
+                    f"{name} / {qid}",
+                    row["type"],
+                    f"{row['before']['accuracy']:.3f}, {row['before']['ece']:.3f}",
+                    f"{row['after']['accuracy']:.3f}, {row['after']['ece']:.3f} ({row['method']})",
+                    f"{both['after']['accuracy']:.3f}, {both['after']['ece']:.3f} ({both['method']})",
+                    f"{top['batch'][qid]['accuracy']:.3f}, {top['batch'][qid]['ece']:.3f}",
+                ]
+            )
+    lines += table(
+        [
+            "workload / question",
+            "type",
+            "today: accuracy, ECE",
+            f"per-question fit ({n} examples)",
+            "with the question-set opt-in",
+            f"batch calibration ({n} unlabelled)",
+        ],
+        rows,
+    )
+    lines += ["", "Mean over every question, against the number of examples per question set:", ""]
+    curve_rows = []
+    sizes = sorted({int(s) for w in found["workloads"].values() for s in w["curve"]})
+    for size in sizes:
+        cells: dict[str, list[float]] = {k: [] for k in ("today", "pq", "qs", "bc")}
+        eces: dict[str, list[float]] = {k: [] for k in ("today", "pq", "qs", "bc")}
+        for w in found["workloads"].values():
+            point = w["curve"].get(size) or w["curve"].get(str(size))
+            for qid, row in point["per_question"].items():
+                cells["today"].append(row["before"]["accuracy"])
+                eces["today"].append(row["before"]["ece"])
+                cells["pq"].append(row["after"]["accuracy"])
+                eces["pq"].append(row["after"]["ece"])
+                cells["qs"].append(point["question_set"][qid]["after"]["accuracy"])
+                eces["qs"].append(point["question_set"][qid]["after"]["ece"])
+                cells["bc"].append(point["batch"][qid]["accuracy"])
+                eces["bc"].append(point["batch"][qid]["ece"])
+        curve_rows.append(
+            [
+                size,
+                *(
+                    f"{np.mean(cells[k]):.3f}, {np.mean(eces[k]):.3f} (max {np.max(eces[k]):.3f})"
+                    for k in ("today", "pq", "qs", "bc")
+                ),
+            ]
+        )
+    lines += table(
+        [
+            "examples",
+            "today: accuracy, ECE",
+            "per-question fit",
+            "with the question-set opt-in",
+            "batch calibration (unlabelled)",
+        ],
+        curve_rows,
+    )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--evidence", type=Path, default=EVIDENCE)
+    parser.add_argument("--train", type=int, default=100)
+    args = parser.parse_args()
+    found = run(args.evidence, args.train)
+    text = "\n".join(markdown(found)) + "\n"
+    write_atomically(RESULTS / "calibration-study.json", json.dumps(found, indent=1))
+    write_atomically(RESULTS / "calibration-study.md", text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

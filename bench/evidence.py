@@ -1,0 +1,79 @@
+"""Run labelled examples through a served model once and keep what calibration reads of each answer.
+
+`python -m bench.evidence` answers the pipeline workloads (bench/pipelines.py) with the default model
+as `make run` configures it and writes bench/results/calibration-evidence.json: per example and
+question the raw label probabilities and the content-free prior, in the answer's label order, and
+the right label. bench/calibration_study.py fits and measures on that file in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from app.config import DEFAULT_CONFIG_PATH, DEFAULT_MODEL_PATH, load_settings
+from app.contract import SystemOneRequest
+from app.loading import load_spec
+from app.model_config import read_models_config
+from app.paths import REPO_ROOT
+from bench.output import Progress, write_atomically
+from bench.pipelines import WORKLOADS
+
+OUT = REPO_ROOT / "bench" / "results" / "calibration-evidence.json"
+
+
+def collect(model: Path, per_workload: int, seed: int) -> dict[str, Any]:
+    flags = ["--n-ctx", "4096", "--session-cache-disk-bytes", "0", "--session-cache-entries", "4"]
+    config = read_models_config(load_settings(flags, {}, default_config=DEFAULT_CONFIG_PATH))
+    spec = next(s for s in config.models if s.path.resolve() == model.resolve() and s.settings.layout == "state-first")
+    service = load_spec(spec)
+    found: dict[str, Any] = {
+        "model": spec.name,
+        "fingerprint": service.engine.fingerprint.hex(),
+        "calibration_temperature": spec.settings.calibration_temperature,
+        "seed": seed,
+        "workloads": {},
+    }
+    examples = [(w, e) for w in WORKLOADS for e in w.examples(per_workload, seed)]
+    progress = Progress(len(examples), f"evidence {spec.name}")
+    began = time.perf_counter()
+    try:
+        for workload, example in examples:
+            request = SystemOneRequest.model_validate(
+                {"model": "jev-latest", "state": example["state"], "questions": example["questions"]}
+            )
+            evidence = service.evidence(request)
+            rows = found["workloads"].setdefault(workload.name, {"questions": workload.questions, "items": []})
+            rows["items"].append(
+                {
+                    "state": example["state"],
+                    "answers": example["answers"],
+                    "evidence": {
+                        qid: {"labels": e.labels, "raw": e.raw, "prior": e.prior} for qid, e in evidence.items()
+                    },
+                }
+            )
+            progress.step(workload.name)
+    finally:
+        service.close()
+    found["seconds"] = round(time.perf_counter() - began, 1)
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)
+    parser.add_argument("--per-workload", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    found = collect(args.model, args.per_workload, args.seed)
+    write_atomically(args.out, json.dumps(found, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""Fits from a user's examples in a served model (tiny model, real llama.cpp): stored as verified files,
+matched by question content, applied bit-identically hit or miss, reported in x_calibration; the
+HTTP job and the `onepass calibrate` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from starlette.testclient import TestClient
+
+from app.contract import SystemOneRequest
+from app.fit_runner import ExampleError, fit_all, parse_examples
+from app.fits import SUFFIX, FitStore, question_key
+from app.fitting import Fit
+from app.models import ModelRegistry
+from app.paths import REPO_ROOT
+from app.server import create_app
+from app.service import ModelService
+from tests.conftest import tiny_settings
+from tests.loading import load_model
+
+TEAM = {"type": "choice", "instructions": "Which team?", "criteria": {"Alpha": None, "Beta": None, "Gamma": None}}
+URGENT = {"type": "noul", "instructions": "Is it urgent?"}
+OTHER = {"type": "score", "instructions": "How long is it?", "criteria": ["short", "medium", "long"]}
+
+
+def examples(n: int, answer: str = "Alpha") -> list[dict[str, Any]]:
+    """The right team is always `answer` and nothing is urgent: a bias any fit can learn."""
+    return [
+        {
+            "state": f"Ticket {i}: " + " ".join(f"word{(i * 13 + j) % 89}" for j in range(20)),
+            "questions": {"team": TEAM, "urgent": URGENT},
+            "answers": {"team": answer, "urgent": False},
+        }
+        for i in range(n)
+    ]
+
+
+def body(state: str, questions: dict[str, Any]) -> dict[str, Any]:
+    return {"model": "jev-latest", "state": state, "questions": questions}
+
+
+def served(path: Path, folder: Path, **overrides: Any) -> ModelService:
+    return load_model(tiny_settings(path, calibration="contextual", calibration_dir=folder, **overrides))
+
+
+@pytest.fixture(scope="module")
+def fitted(tiny_chat_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[Any]]]:
+    folder = tmp_path_factory.mktemp("fits")
+    service = served(tiny_chat_path, folder)
+    try:
+        parsed = parse_examples(examples(60))
+        evidence = [service.evidence(example.request) for example in parsed]
+        reports, records = fit_all(parsed, evidence, service.calibration_temperature, question_set=False)
+        assert service.fits is not None
+        for record in records:
+            service.fits.put(record)
+    finally:
+        service.close()
+    yield folder, [r.to_json() for r in reports]
+
+
+def test_examples_are_checked_and_a_bad_one_is_named() -> None:
+    with pytest.raises(ExampleError, match=r"example 2: 'Delta' is not one of the options"):
+        parse_examples([examples(1)[0], {**examples(1)[0], "answers": {"team": "Delta"}}])
+    with pytest.raises(ExampleError, match="example 1: a noul's answer is true or false"):
+        parse_examples([{**examples(1)[0], "answers": {"urgent": "no"}}])
+    with pytest.raises(ExampleError, match="keyed by the example's question ids"):
+        parse_examples([{**examples(1)[0], "answers": {"nope": True}}])
+
+
+def test_a_learnable_bias_is_adopted_and_reported(fitted: tuple[Path, list[Any]]) -> None:
+    _, reports = fitted
+    by_id = {report["ids"][0]: report for report in reports}
+    team = by_id["team"]
+    assert team["adopted"] and team["labelled"] == 60 and team["method"] != "contextual"
+    assert team["after"]["accuracy"] == 1.0 and team["after"]["log_loss"] < team["before"]["log_loss"]
+    assert {"accuracy", "brier", "ece", "reliability", "n"} <= set(team["after"])
+
+
+def test_a_fit_answers_its_question_by_content_and_says_so(
+    fitted: tuple[Path, list[Any]], tiny_chat_path: Path
+) -> None:
+    folder, _ = fitted
+    service = served(tiny_chat_path, folder)
+    plain = served(tiny_chat_path, folder / "elsewhere")  # no fits there
+    try:
+        # another id, the options in another order, a new state: the same question
+        renamed = {"queue": {**TEAM, "criteria": {"Gamma": None, "Alpha": None, "Beta": None}}, "other": OTHER}
+        request = SystemOneRequest.model_validate(body("A brand new ticket about nothing in particular.", renamed))
+        with_fit = service.answer(request).wire()["answers"]
+        without = plain.answer(request).wire()["answers"]
+        assert with_fit["queue"]["choice"] == "Alpha" and with_fit["queue"]["probabilities"]["Alpha"] > 0.9
+        used = with_fit["queue"]["x_calibration"]
+        assert used["examples"] == 60 and used["method"] != "contextual" and len(used["id"]) == 16
+        assert with_fit["queue"]["x_raw"] == without["queue"]["x_raw"]  # the model's own answer, unchanged
+        assert with_fit["other"] == without["other"]  # no fit for it: exactly as without fits
+        assert "x_calibration" not in without["queue"]
+    finally:
+        service.close()
+        plain.close()
+
+
+def test_the_same_request_and_fits_give_the_same_numbers_hit_miss_or_cache_off(
+    fitted: tuple[Path, list[Any]], tiny_chat_path: Path
+) -> None:
+    folder, _ = fitted
+    request = SystemOneRequest.model_validate(body("Hit or miss, the fitted numbers agree.", {"t": TEAM, "u": URGENT}))
+    on = served(tiny_chat_path, folder)
+    off = served(tiny_chat_path, folder, session_cache_entries=0)
+    try:
+        miss, hit, uncached = on.answer(request), on.answer(request), off.answer(request)
+        assert (miss.x_cache, hit.x_cache, uncached.x_cache) == ("miss", "hit", "off")
+        numbers = {json.dumps(r.wire()["answers"], sort_keys=True) for r in (miss, hit, uncached)}
+        assert len(numbers) == 1
+    finally:
+        on.close()
+        off.close()
+
+
+def test_a_damaged_or_foreign_fit_file_is_skipped(fitted: tuple[Path, list[Any]], tmp_path: Path) -> None:
+    folder, _ = fitted
+    (model_folder,) = [p for p in folder.iterdir() if p.is_dir()]
+    files = sorted(model_folder.glob(f"*{SUFFIX}"))
+    identity = json.loads(files[0].read_text())["identity"]
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    damaged = json.loads(files[0].read_text())
+    damaged["examples"] = 9999  # its digest no longer matches
+    (copy / files[0].name).write_text(json.dumps(damaged))
+    foreign = FitStore(copy, "another-model-or-prompt")
+    foreign.put({k: v for k, v in json.loads(files[-1].read_text()).items() if k not in ("id", "digest", "identity")})
+    store = FitStore(copy, identity)
+    assert store.records() == []
+    assert len(FitStore(model_folder, identity).records()) == len(files)
+
+
+def test_fitting_over_http_is_a_job_with_progress_and_fits_can_be_listed_and_deleted(
+    tiny_chat_path: Path, tmp_path: Path
+) -> None:
+    service = served(tiny_chat_path, tmp_path)
+    settings = tiny_settings(tiny_chat_path, calibration_dir=tmp_path)
+    with TestClient(create_app(settings, registry=ModelRegistry.serving(service))) as client:
+        bad = client.post("/v1/calibrations", json={"examples": [{"state": "x", "questions": {}}]})
+        assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "examples"]
+        started = client.post("/v1/calibrations", json={"model": "jev-latest", "examples": examples(40)})
+        assert started.status_code == 202 and started.json()["total"] == 40
+        job_id = started.json()["id"]
+        assert started.headers["location"] == f"/v1/calibrations/jobs/{job_id}"
+        job = client.app.state.runtime.fit_jobs.get(job_id)  # type: ignore[attr-defined]
+        job.thread.join(120)
+        done = client.get(f"/v1/calibrations/jobs/{job_id}").json()
+        assert done["status"] == "done" and done["done"] == 40 and done["eta_s"] is None
+        assert {fit["method"] for fit in done["fits"]} and {r["ids"][0] for r in done["report"]} == {"team", "urgent"}
+        listed = client.get("/v1/calibrations").json()
+        assert {fit["id"] for fit in listed["fits"]} == {fit["id"] for fit in done["fits"]}
+        answered = client.post("/v1/systemone", json=body("After fitting.", {"team": TEAM})).json()
+        fit_id = answered["answers"]["team"]["x_calibration"]["id"]
+        assert client.delete(f"/v1/calibrations/{fit_id}").json() == {"model": "tiny-chat", "deleted": fit_id}
+        assert client.delete(f"/v1/calibrations/{fit_id}").status_code == 404
+        again = client.post("/v1/systemone", json=body("After deleting.", {"team": TEAM})).json()
+        assert "x_calibration" not in again["answers"]["team"]
+        assert client.get("/v1/calibrations/jobs/nope").status_code == 404
+    service.close()
+
+
+def test_onepass_calibrate_writes_fits_a_report_and_warns_on_few_examples(tiny_chat_path: Path, tmp_path: Path) -> None:
+    data = tmp_path / "examples.jsonl"
+    data.write_text("\n".join(json.dumps(e) for e in examples(20)) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPASS_")}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "calibrate",
+            str(data),
+            "-m",
+            str(tiny_chat_path),
+            "-t",
+            "1",
+            "--repack",
+            "off",
+            "--flash-attn",
+            "off",
+            "--session-cache-disk-bytes",
+            "0",
+            "--calibration-dir",
+            str(tmp_path / "fits"),
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "20/20" in done.stderr and "ETA" in done.stderr  # the progress line
+    assert "warning: only 20 labelled examples" in done.stderr
+    report = (tmp_path / "examples.report.md").read_text()
+    assert report.startswith("# Calibration fitted to your examples: tiny-chat") and "reliability" in report
+    assert (tmp_path / "examples.report.png").stat().st_size > 1000
+    stored = json.loads(done.stdout.strip().splitlines()[-1])["fits"]
+    assert stored and all(fit["examples"] == 20 for fit in stored)
+    assert len(list((tmp_path / "fits").rglob(f"*{SUFFIX}"))) == len(stored)
+
+
+def test_a_question_set_fit_applies_only_when_the_request_asks_its_whole_set(
+    tiny_chat_path: Path, tmp_path: Path
+) -> None:
+    team, urgent = (SystemOneRequest.model_validate(body("s", {"q": q})).questions["q"] for q in (TEAM, URGENT))
+    keys = {"team": question_key(team), "urgent": question_key(urgent)}
+    features = tuple(
+        (keys[name], label)
+        for name, labels in (("team", ("Alpha", "Beta", "Gamma")), ("urgent", ("false", "true")))
+        for label in labels
+    )
+    weights = tuple(tuple(0.0 for _ in range(len(features) + 1)) for _ in range(3))
+    fit = Fit(
+        "question_set",
+        ("Alpha", "Beta", "Gamma"),
+        features=features,
+        centre=(0.0,) * 5,
+        spread=(1.0,) * 5,
+        weights=(weights[0][:-1] + (2.0,), *weights[1:]),
+    )
+    service = served(tiny_chat_path, tmp_path)
+    try:
+        assert service.fits is not None
+        service.fits.put(
+            {
+                "key": keys["team"],
+                "method": "question_set/0.1",
+                "fit": fit.to_json(),
+                "examples": 7,
+                "set": sorted(keys.values()),
+            }
+        )
+        both = service.answer(SystemOneRequest.model_validate(body("Both asked.", {"a": TEAM, "b": URGENT}))).wire()
+        alone = service.answer(SystemOneRequest.model_validate(body("Both asked.", {"a": TEAM}))).wire()
+    finally:
+        service.close()
+    assert both["answers"]["a"]["x_calibration"]["method"] == "question_set/0.1"
+    assert both["answers"]["a"]["probabilities"]["Alpha"] == pytest.approx(np.exp(2) / (np.exp(2) + 2))
+    assert "x_calibration" not in both["answers"]["b"] and "x_calibration" not in alone["answers"]["a"]
+
+
+def test_servers_sharing_a_folder_share_their_fits(
+    fitted: tuple[Path, list[Any]], tiny_chat_path: Path, tmp_path: Path
+) -> None:
+    source, _ = fitted
+    (model_folder,) = [p for p in source.iterdir() if p.is_dir()]
+    one, two = served(tiny_chat_path, tmp_path), served(tiny_chat_path, tmp_path)
+    try:
+        request = SystemOneRequest.model_validate(body("Shared folder.", {"team": TEAM}))
+        assert "x_calibration" not in two.answer(request).wire()["answers"]["team"]  # read: no fits yet
+        assert one.fits is not None and two.fits is not None and one.fits.folder == two.fits.folder
+        for record in FitStore(model_folder, one.fits.identity).records():
+            one.fits.put({k: v for k, v in record.items() if k not in ("id", "identity", "parsed")})
+        assert two.answer(request).wire()["answers"]["team"]["x_calibration"]["examples"] == 60
+    finally:
+        one.close()
+        two.close()

@@ -1,0 +1,118 @@
+"""Fitting calibration to labelled examples (app/fitting.py): each candidate learns what it can, the
+choice is cross-validated, and a fit that does not beat contextual calibration is not adopted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.fitting import (
+    Example,
+    SetRow,
+    apply,
+    apply_set,
+    choose,
+    fit_batch,
+    fit_set,
+    fit_vector,
+    log_ratio,
+    scores,
+    softmax,
+)
+
+LABELS = ("A", "B", "C")
+
+
+def biased(n: int, seed: int, bias: tuple[float, ...], scale: float) -> list[Example]:
+    """A model that ranks the right label up but prefers some labels and is over- or under-confident."""
+    rng = np.random.default_rng(seed)
+    found = []
+    for _ in range(n):
+        right = int(rng.integers(3))
+        evidence = rng.normal(0, 1, 3)
+        evidence[right] += 1.5
+        raw = softmax(scale * evidence + np.asarray(bias))
+        found.append(Example(LABELS, tuple(float(p) for p in raw), (1 / 3, 1 / 3, 1 / 3), right))
+    return found
+
+
+def test_a_label_bias_is_learned_and_adopted_and_it_helps_on_new_examples() -> None:
+    train, test = biased(100, 1, (2.0, 0.0, -1.0), 0.3), biased(400, 2, (2.0, 0.0, -1.0), 0.3)
+    choice = choose(train, temperature=1.0)
+    assert choice.adopted and choice.method.startswith("vector") and choice.fit is not None
+    assert choice.after.log_loss < choice.before.log_loss and choice.after.accuracy > choice.before.accuracy + 0.2
+    shipped = scores(softmax(np.stack([log_ratio(e.raw, e.prior) for e in test])), np.asarray([e.right for e in test]))
+    fit = choice.fit
+    fitted = scores(
+        np.asarray([apply(fit, e.labels, e.raw, e.prior) for e in test]), np.asarray([e.right for e in test])
+    )
+    assert fitted.log_loss < shipped.log_loss and fitted.accuracy > shipped.accuracy + 0.2
+
+
+def test_what_is_already_calibrated_keeps_contextual_calibration() -> None:
+    rng = np.random.default_rng(3)
+    examples = []
+    for _ in range(120):  # the right label drawn from exactly the distribution contextual calibration gives
+        raw = softmax(rng.normal(0, 1.5, 3))
+        examples.append(Example(LABELS, tuple(float(p) for p in raw), (1 / 3,) * 3, int(rng.choice(3, p=raw))))
+    choice = choose(examples, temperature=1.0)
+    assert not choice.adopted and choice.fit is None and choice.method == "contextual"
+    assert choice.after == choice.before
+    assert all(loss >= choice.before.log_loss for loss in choice.candidates.values())
+
+
+def test_a_fit_applies_by_label_name_whatever_the_order_of_the_options() -> None:
+    fit = fit_vector(biased(80, 4, (1.0, 0.0, -0.5), 0.5), temperature=1.0, penalty=0.03)
+    raw, prior = (0.5, 0.3, 0.2), (0.4, 0.35, 0.25)
+    forward = dict(zip(LABELS, apply(fit, LABELS, raw, prior), strict=True))
+    order = [2, 0, 1]
+    shuffled = [LABELS[i] for i in order]
+    backward = dict(
+        zip(shuffled, apply(fit, shuffled, [raw[i] for i in order], [prior[i] for i in order]), strict=True)
+    )
+    assert forward == pytest.approx(backward, rel=1e-12, abs=0)
+
+
+def test_batch_calibration_divides_out_the_mean_answer_over_real_states() -> None:
+    examples = biased(200, 5, (1.5, 0.0, 0.0), 1.0)
+    fit = fit_batch(examples, temperature=1.0)
+    assert fit.prior is not None
+    assert fit.prior == pytest.approx(tuple(np.mean([e.raw for e in examples], axis=0)))
+    assert fit.prior[0] > 0.5  # the preferred label's share, learned without a single label
+    corrected = np.asarray([apply(fit, e.labels, e.raw, e.prior) for e in examples]).mean(0)
+    assert max(corrected) - min(corrected) < max(fit.prior) - min(fit.prior)
+
+
+def test_a_question_set_fit_reads_the_other_questions_answers() -> None:
+    """The right answer to B is A's: alone B's readout says nothing, with A's readout it is easy."""
+    rng = np.random.default_rng(6)
+    rows, rights = [], []
+    for _ in range(120):
+        a = int(rng.integers(2))
+        a_raw = softmax(np.asarray([1.0, -1.0]) * (1 if a == 0 else -1) + rng.normal(0, 0.3, 2))
+        b_raw = softmax(rng.normal(0, 1, 2))
+        rows.append(
+            SetRow({"a": (("x", "y"), log_ratio(a_raw, (0.5, 0.5))), "b": (("u", "v"), log_ratio(b_raw, (0.5, 0.5)))})
+        )
+        rights.append(a)
+    fit = fit_set(rows[:100], "b", rights[:100], penalty=0.1)
+    p = np.asarray([apply_set(fit, ("u", "v"), row.readouts) for row in rows[100:]])
+    assert scores(p, np.asarray(rights[100:])).accuracy >= 0.9
+    examples = [
+        Example(("u", "v"), tuple(np.exp(row.readouts["b"][1]) / 2), (0.5, 0.5), right)
+        for row, right in zip(rows, rights, strict=True)
+    ]
+    alone = choose(examples, temperature=1.0)
+    together = choose(examples, temperature=1.0, set_rows=rows, key="b")
+    assert together.method.startswith("question_set") and together.after.accuracy > alone.after.accuracy + 0.3
+
+
+def test_scores_match_their_definitions() -> None:
+    p = np.asarray([[0.9, 0.1], [0.6, 0.4], [0.2, 0.8], [0.55, 0.45]])
+    right = np.asarray([0, 1, 1, 0])
+    found = scores(p, right)
+    assert found.accuracy == 0.75
+    assert found.brier == pytest.approx(np.mean([0.02, 0.72, 0.08, 0.405]))
+    # bins (0.5, 0.6]: answers at 0.6 and 0.55, one right; (0.7, 0.8]: 0.8, right; (0.8, 0.9]: 0.9, right
+    assert found.ece == pytest.approx((2 * abs(0.5 - 0.575) + abs(1.0 - 0.8) + abs(1.0 - 0.9)) / 4)
+    assert [b["n"] for b in found.reliability] == [2, 1, 1]
