@@ -231,7 +231,7 @@ def test_a_question_set_fit_applies_only_when_the_request_asks_its_whole_set(
         features=features,
         centre=(0.0,) * 5,
         spread=(1.0,) * 5,
-        weights=(weights[0][:-1] + (2.0,), *weights[1:]),
+        weights=((*weights[0][:-1], 2.0), *weights[1:]),
     )
     service = served(tiny_chat_path, tmp_path)
     try:
