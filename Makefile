@@ -14,7 +14,16 @@ CMAKE_ARGS ?=
 ONEPASS_CPUINFO ?=
 export ONEPASS_CPUINFO
 CPU_CMAKE_ARGS := $(shell ONEPASS_CPUINFO='$(ONEPASS_CPUINFO)' $(PYTHON) -m app.cpu cmake-args)
-BUILD_ARGS := $(strip $(CPU_CMAKE_ARGS) $(CMAKE_ARGS))
+# A Vulkan build (AMD and Intel GPUs; Mesa's lavapipe runs it on any CPU): make setup CMAKE_ARGS="-DGGML_VULKAN=on".
+# On Debian 12 its headers are too old for ggml-vulkan.cpp: models/vulkan_headers.py unpacks Debian 13's.
+VULKAN_HEADERS := $(HOME)/.cache/onepass/vulkan-headers-trixie
+ifneq ($(findstring GGML_VULKAN=on,$(CMAKE_ARGS)),)
+VULKAN_DEPS := vulkan-deps
+ifneq ($(wildcard /usr/bin/apt-get),)
+VULKAN_ARGS := -DVulkan_INCLUDE_DIR=$(VULKAN_HEADERS)/usr/include
+endif
+endif
+BUILD_ARGS := $(strip $(CPU_CMAKE_ARGS) $(CMAKE_ARGS) $(VULKAN_ARGS))
 
 # pip's own wheel cache ignores CMAKE_ARGS, so we keep our wheel in a folder named by the
 # version, the flags and this CPU's features: a shared or copied cache never hands a wheel
@@ -31,7 +40,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?=
 PORT ?=
 
-.PHONY: setup model model-small run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet bench-calibration eval load check-gpu clean clean-build
+.PHONY: setup vulkan-deps test-gpu model model-small run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet bench-calibration eval load check-gpu clean clean-build
 
 setup: $(INSTALL_STAMP)
 
@@ -39,7 +48,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(WHEEL_STAMP): | $(BIN)/python
+$(WHEEL_STAMP): | $(BIN)/python $(VULKAN_DEPS)
 	@echo "building llama-cpp-python $(LLAMA_CPP_VERSION) into $(WHEEL_DIR) (a few minutes, once)"
 	@echo "  CMAKE_ARGS=$(BUILD_ARGS)"
 	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)
@@ -55,6 +64,20 @@ $(INSTALL_STAMP): $(WHEEL_STAMP) pyproject.toml | $(BIN)/python
 	cp $(WHEEL_DIR)/built-for.json $(VENV)/llama-build.json
 	rm -f $(VENV)/.installed-*
 	touch $@
+
+# What the Vulkan build needs from Debian (glslc, headers, SPIR-V headers) and what it runs on (lavapipe).
+VULKAN_PACKAGES := glslc libvulkan-dev spirv-headers mesa-vulkan-drivers
+vulkan-deps:
+	@missing=""; for p in $(VULKAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing$$missing (apt-get) for the Vulkan build"; \
+			apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; \
+		else \
+			echo "the Vulkan build needs$$missing (as root: apt-get install$$missing)"; exit 1; \
+		fi; \
+	fi
+	@if command -v apt-get >/dev/null; then $(PYTHON) models/vulkan_headers.py $(VULKAN_HEADERS); fi
 
 model: $(INSTALL_STAMP)
 	$(PYTHON) models/fetch.py default --dest $(DEFAULT_MODEL)
@@ -151,9 +174,11 @@ load: model
 	$(BIN)/python -m bench.load $(LOAD_ARGS)
 
 # Fitted calibration on the pipeline workloads (bench/pipelines.py): answers them once with the default model
-# (about 20 minutes on 2 cores, bench/results/calibration-evidence.json), then fits and measures in seconds.
+# (200 items each to fit on, 100 more from another seed to hold out: about 35 minutes on 2 cores), then fits and
+# measures in seconds: bench/results/calibration-study.{json,md}.
 bench-calibration: model $(BENCH_STAMP)
 	$(BIN)/python -m bench.evidence
+	$(BIN)/python -m bench.evidence --seed 1 --per-workload 100 --out bench/results/calibration-evidence-test.json
 	$(BIN)/python -m bench.calibration_study
 
 # Accuracy and calibration on tests/eval/items.jsonl: make eval EVAL_ARGS="--model models/other.gguf"
@@ -161,9 +186,22 @@ EVAL_ARGS ?=
 eval: model
 	$(BIN)/python -m bench.eval $(EVAL_ARGS)
 
-# Load the default model with every layer offloaded and print where llama.cpp put the layers.
-check-gpu: model
-	$(BIN)/python -m app.check_gpu $(DEFAULT_MODEL)
+# The GPU path on Mesa's lavapipe (a Vulkan device that runs on the CPU), in a venv of its own with the
+# Vulkan build: the engine, cache, disk-tier, layout and property tests with every layer on the device,
+# the device tests (tests/test_gpu.py) and a small-model smoke test. .ci/run runs it after make test.
+GPU_VENV := .venv-vulkan
+GPU_TESTS := tests/test_gpu.py tests/test_engine.py tests/test_cache.py tests/test_disk_tier.py tests/test_layouts.py \
+	tests/test_properties.py
+test-gpu: model-small
+	$(MAKE) setup VENV=$(GPU_VENV) CMAKE_ARGS="-DGGML_VULKAN=on"
+	GGML_VK_VISIBLE_DEVICES=0 ONEPASS_TEST_GPU_LAYERS=-1 ONEPASS_SKIP_REAL_MODEL=1 ONEPASS_TEST_SMALL_MODEL=$(SMALL_MODEL) \
+		$(GPU_VENV)/bin/python -m pytest -q $(GPU_TESTS)
+
+# Load a model with every layer offloaded, step by step, each step under its own timeout: the step that
+# fails or hangs is named. make check-gpu GPU_CHECK_MODEL=models/x.gguf
+GPU_CHECK_MODEL ?= $(SMALL_MODEL)
+check-gpu: model-small
+	$(BIN)/python -m app.check_gpu $(GPU_CHECK_MODEL)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

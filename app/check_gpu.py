@@ -1,22 +1,37 @@
-"""make check-gpu: load a model with every layer offloaded and print where llama.cpp put them.
+"""make check-gpu: the GPU path step by step, each step under its own timeout, so that a failure or a
+hang names its step instead of ending a run with no word.
 
-python -m app.check_gpu [MODEL.gguf]
+python -m app.check_gpu [MODEL.gguf] [--timeout SECONDS]
+
+Steps: the backends this build has, the model load with every layer offloaded (and where llama.cpp
+put them), the context, one decode, a state save, its restore, the batched decode of several
+suffixes, and bit-identity (a restored prefix answers as the freshly prefilled one). Each line is
+printed and flushed as the step starts and ends. A step that raises exits 1 and one that outlives its
+timeout exits 2, both naming it (with the Python stack of a hung step).
 """
 
 from __future__ import annotations
 
+import argparse
+import faulthandler
 import logging
+import os
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from app.config import DEFAULT_MODEL_PATH
-from app.engine import Engine, llama_log
+from app.engine import Engine, Job, llama_log
 
 # Lines of llama.cpp's load log that say which device holds what.
 PLACEMENT_MARKERS = ("offload", "model buffer size", "KV buffer size", "compute buffer size", "using device")
 
 
-class _Placement(logging.Handler):
+class Placement(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.lines: list[str] = []
@@ -24,24 +39,115 @@ class _Placement(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
         if any(marker in message for marker in PLACEMENT_MARKERS):
-            self.lines.append(message)
+            self.lines.append(message.strip())
 
 
-def main() -> None:
-    model = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_MODEL_PATH
-    placement = _Placement()
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+class Steps:
+    """Runs steps in order; a watchdog ends the process when one outlives its timeout."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.current: str | None = None
+        self._changed = threading.Condition()
+        self._deadline = 0.0
+        threading.Thread(target=self._watch, name="check-gpu-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        with self._changed:
+            while True:
+                if self.current is None:
+                    self._changed.wait()
+                    continue
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    say(f"FAILED: step '{self.current}' did not finish in {self.timeout:g} s (it hangs); its stack:")
+                    faulthandler.dump_traceback(sys.stdout, all_threads=True)
+                    sys.stdout.flush()
+                    os._exit(2)
+                self._changed.wait(left)
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        say(f"[start] {name}")
+        began = time.monotonic()
+        with self._changed:
+            self.current, self._deadline = name, began + self.timeout
+            self._changed.notify_all()
+        try:
+            yield
+        except Exception as error:
+            say(f"FAILED: step '{name}': {type(error).__name__}: {error}")
+            os._exit(1)
+        with self._changed:
+            self.current = None
+        say(f"[done]  {name} ({time.monotonic() - began:.1f} s)")
+
+
+def check(model: Path, timeout: float, layers: int = -1) -> dict[str, Any]:
+    steps = Steps(timeout)
+    found: dict[str, Any] = {}
+    placement = Placement()
     llama_log.addHandler(placement)
     llama_log.setLevel(logging.DEBUG)
-    engine = Engine(model, n_ctx=512, n_gpu_layers=-1)
+    with steps.step("backends and devices"):
+        found["gpu_offload"] = Engine.gpu_offload_supported()
+        say(f"  GPU offload in this build: {'yes' if found['gpu_offload'] else 'no (a CPU build)'}")
+        say(f"  {Engine.system_info()}")
+    with steps.step(f"load {model.name} with n_gpu_layers={layers}"):
+        engine = Engine(model, n_ctx=512, n_gpu_layers=layers, threads=1, contexts=0)
+        found["placement"] = list(placement.lines)
+        for line in placement.lines:
+            say(f"  {line}")
+        offloaded = [line for line in placement.lines if "offloaded" in line]
+        found["offloaded"] = offloaded[0] if offloaded else None
+    with steps.step("context creation"):
+        engine.open_contexts(1)
+        for line in placement.lines[len(found["placement"]) :]:
+            say(f"  {line}")
+    tokens = engine.tokenize("The customer was charged twice and asks for a refund.", add_bos=True)
+    labels = [engine.tokenize(word)[0] for word in ("Yes", "No")]
+    jobs = [Job(tuple(engine.tokenize(text)), labels) for text in (" Refund?", " Angry?", " Billing question?")]
+    with steps.step(f"one decode (prefill of {len(tokens)} tokens)"):
+        prefix, timing = engine.prefill(tokens)
+        say(f"  {timing.prefill_ms:.0f} ms")
+    with steps.step("state save"):
+        say(f"  snapshot of {prefix.n_tokens} tokens: {len(prefix.data)} bytes")
+    with steps.step("restore into a cleared context and decode one suffix"):
+        engine.prefill(engine.tokenize("Something else entirely.", add_bos=True))  # the context now holds another
+        single = engine.answer(prefix, jobs[:1])
+        say(f"  restore {single.timing.restore_ms:.1f} ms, decode {single.timing.decode_ms:.1f} ms")
+    with steps.step(f"batched decode of {len(jobs)} suffixes"):
+        first = engine.answer(prefix, jobs)
+        say(f"  {first.n_decodes} decode(s), {first.timing.decode_ms:.1f} ms")
+    with steps.step("bit-identity: a restored prefix answers as before"):
+        engine.prefill(engine.tokenize("Yet another state.", add_bos=True))
+        again = engine.answer(prefix, jobs)
+        if [r.label_logits for r in again.readouts] != [r.label_logits for r in first.readouts]:
+            raise AssertionError("the same prefix and suffixes gave other logits after a restore")
+        say("  identical")
     engine.close()
-    print(f"{model.name} with n_gpu_layers=-1:")
-    print("\n".join(f"  {line}" for line in placement.lines) or "  (llama.cpp reported no placement)")
-    offloaded = [line for line in placement.lines if "offloaded" in line]
-    if not offloaded or " 0/" in offloaded[0]:
-        print(
-            "No layer went to a GPU: this llama-cpp-python is a CPU build "
-            '(rebuild with make setup CMAKE_ARGS="-DGGML_CUDA=on" or "-DGGML_METAL=on").'
+    found["ok"] = True
+    return found
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m app.check_gpu", description=__doc__.splitlines()[0])
+    parser.add_argument("model", type=Path, nargs="?", default=DEFAULT_MODEL_PATH)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds each step may take (default 300)")
+    parser.add_argument("--layers", type=int, default=-1, help="layers to offload (default -1: all)")
+    args = parser.parse_args(argv)
+    found = check(args.model, args.timeout, args.layers)
+    offloaded = found["offloaded"]
+    if not found["gpu_offload"] or offloaded is None or " 0/" in offloaded:
+        say(
+            'No layer went to a GPU: this llama-cpp-python is a CPU build (make setup CMAKE_ARGS="-DGGML_CUDA=on", '
+            '"-DGGML_METAL=on" or "-DGGML_VULKAN=on"; for Vulkan on a CPU-type device set GGML_VK_VISIBLE_DEVICES=0).'
         )
+    say("check-gpu: every step passed")
 
 
 if __name__ == "__main__":

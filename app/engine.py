@@ -205,9 +205,11 @@ class Engine:
         )
         self.restores = 0  # snapshots copied into a context (the rest were still held there)
         self._counter_lock = threading.Lock()
-        self._contexts = [_Context(self.model, kv, threads or os.cpu_count() or 1) for _ in range(contexts)]
-        self._idle = list(self._contexts)  # least recently used first
+        self._kv, self._threads = kv, threads or os.cpu_count() or 1
+        self._contexts: list[_Context] = []
+        self._idle: list[_Context] = []  # least recently used first
         self._idle_changed = threading.Condition()
+        self.open_contexts(contexts)
         log.info(
             "loaded %s in %.2fs (%d contexts of %d tokens; repacked weights %s, flash attention %s)",
             model_path.name,
@@ -217,6 +219,21 @@ class Engine:
             "on" if repack else "off",
             "on" if flash_attn else "off",
         )
+
+    def open_contexts(self, count: int) -> None:
+        """Add `count` contexts to the pool (the constructor opens its `contexts`; make check-gpu opens them
+        as a step of its own)."""
+        for _ in range(count):
+            ctx = _Context(self.model, self._kv, self._threads)
+            with self._idle_changed:
+                self._contexts.append(ctx)
+                self._idle.append(ctx)
+                self._idle_changed.notify_all()
+
+    @staticmethod
+    def gpu_offload_supported() -> bool:
+        """Whether this llama.cpp build has a GPU backend (CUDA, Metal, Vulkan, ...)."""
+        return bool(llama.llama_supports_gpu_offload())
 
     @property
     def kv_bytes_per_token(self) -> int:

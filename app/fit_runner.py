@@ -18,12 +18,16 @@ import numpy as np
 
 from app.contract import ChoiceQuestion, NoulQuestion, Question, SystemOneRequest, canonical_json
 from app.fits import question_key
-from app.fitting import Choice, Example, SetRow, choose, log_ratio
+from app.fitting import Choice, Example, SetRow, choose, fit_batch, log_ratio
 from app.service import Evidence, ModelService
 
 # Below this many labelled examples a question's fit is reported as not to be trusted
 # (docs/calibration.md: the held-out curve against the number of examples).
 FEW_EXAMPLES = 50
+# A question with states but no labels gets batch calibration where it measured better than contextual
+# calibration on held-out pipeline data (docs/calibration.md), from this many states on.
+LABEL_FREE_TYPES = ("noul", "score")
+FEW_STATES = 20
 
 
 class ExampleError(ValueError):
@@ -102,6 +106,7 @@ class QuestionReport:
     unlabelled: int
     choice: Choice | None  # None: no labelled example
     warning: str | None
+    label_free: str | None = None  # the label-free method adopted for a question without labels
 
     def to_json(self) -> dict[str, Any]:
         choice = self.choice
@@ -111,8 +116,8 @@ class QuestionReport:
             "question": self.question,
             "labelled": self.labelled,
             "unlabelled": self.unlabelled,
-            "method": choice.method if choice else "contextual",
-            "adopted": bool(choice and choice.adopted),
+            "method": choice.method if choice else self.label_free or "contextual",
+            "adopted": bool(choice and choice.adopted) or self.label_free is not None,
             "before": choice.before.to_json() if choice else None,
             "after": choice.after.to_json() if choice else None,
             "candidates": choice.candidates if choice else {},
@@ -153,10 +158,30 @@ def fit_all(
         rows = [(i, qid, evidence[i][qid]) for i, qid in members]
         labelled = [(i, e, examples[i].answers[qid]) for i, qid, e in rows if qid in examples[i].answers]
         choice, warning = None, None
+        if not labelled and question.type in LABEL_FREE_TYPES and len(rows) >= FEW_STATES:
+            canonical = sorted(tuple(rows[0][2].labels))
+            fit = fit_batch([_canonical(e, None, canonical) for _, _, e in rows], temperature)
+            records.append(
+                {
+                    "key": key,
+                    "question": json.loads(canonical_json(question.model_dump(mode="json"))),
+                    "method": "batch (label-free)",
+                    "fit": fit.to_json(),
+                    "examples": 0,
+                    "states": len(rows),
+                }
+            )
+        elif not labelled:
+            warning = (
+                f"no labels: label-free calibration applies to {' and '.join(LABEL_FREE_TYPES)} questions with at "
+                f"least {FEW_STATES} states"
+            )
         if labelled:
             canonical = sorted(tuple(labelled[0][1].labels))
             train = [_canonical(e, right, canonical) for _, e, right in labelled]
             sets = _set_rows(examples, evidence, [i for i, _, _ in labelled]) if question_set else None
+            if sets is not None and len({frozenset(row.readouts) for row in sets}) > 1:
+                sets = None  # a question-set fit needs every example to ask the same set
             sample = [_canonical(e, None, canonical) for _, _, e in rows]  # every state, labelled or not
             choice = choose(train, temperature, sample, sets, key)
             if len(labelled) < FEW_EXAMPLES:
@@ -183,6 +208,7 @@ def fit_all(
                 len(rows) - len(labelled),
                 choice,
                 warning,
+                "batch (label-free)" if records and records[-1]["key"] == key and not labelled else None,
             )
         )
     return reports, records

@@ -20,7 +20,7 @@ same examples. Parameters are kept by label name, so a fit applies whatever the 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -30,8 +30,8 @@ Array = NDArray[np.float64]
 FOLDS = 5
 BINS = 10
 TINY = 1e-300
-VECTOR_PENALTIES = (0.003, 0.03, 0.3)
-SET_PENALTIES = (0.01, 0.1, 1.0)
+VECTOR_PENALTIES = (0.0003, 0.003, 0.03, 0.3)
+SET_PENALTIES = (0.001, 0.01, 0.1, 1.0)
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,9 @@ class Fit:
     spread: tuple[float, ...] = ()
     weights: tuple[tuple[float, ...], ...] = ()  # one row per label, one column per feature
     penalty: float = 0.0
+    sharpen: float = (
+        1.0  # a last temperature, fitted on the cross-validated answers (the fit's own over- or under-confidence)
+    )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -72,6 +75,7 @@ class Fit:
             "spread": list(self.spread),
             "weights": [list(row) for row in self.weights],
             "penalty": self.penalty,
+            "sharpen": self.sharpen,
         }
 
     @classmethod
@@ -87,6 +91,7 @@ class Fit:
             spread=tuple(float(x) for x in data["spread"]),
             weights=tuple(tuple(float(x) for x in row) for row in data["weights"]),
             penalty=float(data["penalty"]),
+            sharpen=float(data.get("sharpen", 1.0)),
         )
 
 
@@ -109,7 +114,7 @@ def apply(fit: Fit, labels: Sequence[str], raw: Sequence[float], prior: Sequence
     logits = fit.scale * log_ratio(raw, q)
     if fit.bias:
         logits = logits + np.asarray([fit.bias[i] for i in order])
-    return [float(p) for p in softmax(logits)]
+    return [float(p) for p in _sharpened(softmax(logits), fit.sharpen)]
 
 
 def apply_set(fit: Fit, labels: Sequence[str], readouts: Mapping[str, tuple[Sequence[str], Array]]) -> list[float]:
@@ -118,7 +123,11 @@ def apply_set(fit: Fit, labels: Sequence[str], readouts: Mapping[str, tuple[Sequ
     x = (x - np.asarray(fit.centre)) / np.asarray(fit.spread)
     logits = np.asarray(fit.weights) @ np.append(x, 1.0)
     order = [fit.labels.index(label) for label in labels]
-    return [float(p) for p in softmax(logits)[order]]
+    return [float(p) for p in _sharpened(softmax(logits), fit.sharpen)[order]]
+
+
+def _sharpened(probabilities: Array, sharpen: float) -> Array:
+    return probabilities if sharpen == 1.0 else softmax(sharpen * np.log(np.maximum(probabilities, TINY)))
 
 
 def _feature(readouts: Mapping[str, tuple[Sequence[str], Array]], question: str, label: str) -> float:
@@ -397,4 +406,8 @@ def choose(
         fit = set_makers[best](range(n))
     else:
         fit = makers[best](examples)
-    return Choice(fit, best, True, before, scores(predicted[best], right), losses)
+    # The chosen fit's own confidence, corrected by one temperature on its held-out-fold answers.
+    held_out = np.log(np.maximum(predicted[best], TINY))
+    sharpen = float(_newton(held_out[:, :, None], right, np.ones(1), np.full(1, 1e-6), np.ones(1))[0])
+    fit = replace(fit, sharpen=sharpen)
+    return Choice(fit, best, True, before, scores(_sharpened(predicted[best], sharpen), right), losses)

@@ -27,6 +27,10 @@ from bench.evidence import OUT as EVIDENCE
 from bench.output import table, write_atomically
 
 RESULTS = REPO_ROOT / "bench" / "results"
+GUARDRAIL = (
+    RESULTS / "calibration-evidence-guardrail.json"
+)  # the guardrail workload, answered again with more varied states
+TEST = RESULTS / "calibration-evidence-test.json"
 SIZES = (10, 20, 50, 100)
 
 
@@ -108,13 +112,25 @@ def mean(rows: dict[str, dict[str, Any]], which: str, metric: str) -> float:
     return float(np.mean([row[which][metric] for row in rows.values()]))
 
 
-def run(path: Path, n_train: int) -> dict[str, Any]:
-    data = load(path)
+def run(pool: list[Path], test_path: Path | None, n_train: int) -> dict[str, Any]:
+    """Fits on the first `n_train` items of each workload in `pool` (later files replace a workload);
+    held out: `test_path`'s items (another seed) without the states seen in training, or else the
+    rest of the pool."""
+    data = load(pool[0])
+    for extra in pool[1:]:
+        data["workloads"].update(load(extra)["workloads"])
+    tests = load(test_path)["workloads"] if test_path is not None else {}
     t0 = float(data["calibration_temperature"])
     found: dict[str, Any] = {"model": data["model"], "train": n_train, "workloads": {}}
     for name, workload in data["workloads"].items():
         examples, evidence = parsed(workload)
-        train, test = (examples[:n_train], evidence[:n_train]), (examples[n_train:], evidence[n_train:])
+        train = (examples[:n_train], evidence[:n_train])
+        if name in tests:
+            seen = {item["state"] for item in workload["items"][:n_train]}
+            fresh = {**tests[name], "items": [i for i in tests[name]["items"] if i["state"] not in seen]}
+            test = parsed(fresh)
+        else:
+            test = (examples[n_train:], evidence[n_train:])
         curve = {}
         for size in SIZES:
             if size <= n_train:
@@ -130,7 +146,8 @@ def run(path: Path, n_train: int) -> dict[str, Any]:
 
 def markdown(found: dict[str, Any]) -> list[str]:
     n = found["train"]
-    lines = [f"Held-out items per workload: the last of each workload's items; fits on the first {n}.", ""]
+    held = ", ".join(f"{name} {w['held_out']}" for name, w in found["workloads"].items())
+    lines = [f"Fits on the first {n} items of each workload; held-out items: {held}.", ""]
     rows = []
     for name, w in found["workloads"].items():
         top = w["curve"][max(w["curve"], key=int)]
@@ -198,10 +215,13 @@ def markdown(found: dict[str, Any]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--evidence", type=Path, default=EVIDENCE)
+    parser.add_argument("--evidence", type=Path, nargs="+", default=[EVIDENCE])
+    parser.add_argument(
+        "--test", type=Path, default=TEST, help="held-out items (another seed); 'none': the pool's rest"
+    )
     parser.add_argument("--train", type=int, default=100)
     args = parser.parse_args()
-    found = run(args.evidence, args.train)
+    found = run(args.evidence, None if str(args.test) == "none" else args.test, args.train)
     text = "\n".join(markdown(found)) + "\n"
     write_atomically(RESULTS / "calibration-study.json", json.dumps(found, indent=1))
     write_atomically(RESULTS / "calibration-study.md", text)

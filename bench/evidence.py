@@ -25,7 +25,7 @@ from bench.pipelines import WORKLOADS
 OUT = REPO_ROOT / "bench" / "results" / "calibration-evidence.json"
 
 
-def collect(model: Path, per_workload: int, seed: int) -> dict[str, Any]:
+def collect(model: Path, per_workload: int, seed: int, names: list[str] | None = None) -> dict[str, Any]:
     flags = ["--n-ctx", "4096", "--session-cache-disk-bytes", "0", "--session-cache-entries", "4"]
     config = read_models_config(load_settings(flags, {}, default_config=DEFAULT_CONFIG_PATH))
     spec = next(s for s in config.models if s.path.resolve() == model.resolve() and s.settings.layout == "state-first")
@@ -37,7 +37,8 @@ def collect(model: Path, per_workload: int, seed: int) -> dict[str, Any]:
         "seed": seed,
         "workloads": {},
     }
-    examples = [(w, e) for w in WORKLOADS for e in w.examples(per_workload, seed)]
+    chosen = [w for w in WORKLOADS if names is None or w.name in names]
+    examples = [(w, e) for w in chosen for e in w.examples(per_workload, seed)]
     progress = Progress(len(examples), f"evidence {spec.name}")
     began = time.perf_counter()
     try:
@@ -68,9 +69,10 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)
     parser.add_argument("--per-workload", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workloads", nargs="*", help="only these (default: every workload)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    found = collect(args.model, args.per_workload, args.seed)
+    found = collect(args.model, args.per_workload, args.seed, args.workloads)
     write_atomically(args.out, json.dumps(found, indent=1))
     print(f"wrote {args.out}")
 

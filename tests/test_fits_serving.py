@@ -270,3 +270,27 @@ def test_servers_sharing_a_folder_share_their_fits(
     finally:
         one.close()
         two.close()
+
+
+def test_states_without_labels_get_batch_calibration_where_it_measured_better(
+    tiny_chat_path: Path, tmp_path: Path
+) -> None:
+    unlabelled = [{k: v for k, v in e.items() if k != "answers"} for e in examples(24)]
+    service = served(tiny_chat_path, tmp_path)
+    try:
+        parsed = parse_examples(unlabelled)
+        evidence = [service.evidence(example.request) for example in parsed]
+        reports, records = fit_all(parsed, evidence, service.calibration_temperature, question_set=False)
+        by_id = {r.ids[0]: r.to_json() for r in reports}
+        assert by_id["urgent"]["method"] == "batch (label-free)" and by_id["urgent"]["adopted"]
+        assert by_id["team"]["method"] == "contextual" and "no labels" in by_id["team"]["warning"]
+        (record,) = records
+        mean_raw = np.mean([e["urgent"].raw for e in evidence], axis=0)
+        assert tuple(record["fit"]["prior"]) == pytest.approx(tuple(mean_raw[[1, 0]]))  # labels kept sorted
+        assert service.fits is not None
+        service.fits.put(record)
+        answered = service.answer(SystemOneRequest.model_validate(body("New.", {"u": URGENT}))).wire()["answers"]
+        assert answered["u"]["x_calibration"]["method"] == "batch (label-free)"
+        assert answered["u"]["x_calibration"]["examples"] == 0
+    finally:
+        service.close()

@@ -1,0 +1,48 @@
+"""make check-gpu names the step that failed or hung: a run can never again end with no word."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from app.paths import REPO_ROOT
+
+
+def run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_a_step_that_outlives_its_timeout_is_named_with_its_stack() -> None:
+    done = run(
+        "import threading\nfrom app.check_gpu import Steps\nsteps = Steps(0.5)\n"
+        "with steps.step('context creation'):\n    threading.Event().wait(60)  # a call that never returns\n"
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "[start] context creation" in done.stdout
+    assert "FAILED: step 'context creation' did not finish in 0.5 s (it hangs)" in done.stdout
+    assert "File " in done.stdout  # the Python stack of the hung step
+
+
+def test_a_step_that_raises_is_named_with_its_error() -> None:
+    done = run(
+        "from app.check_gpu import Steps\nwith Steps(30).step('one decode'):\n    raise RuntimeError('no device')\n"
+    )
+    assert done.returncode == 1
+    assert "FAILED: step 'one decode': RuntimeError: no device" in done.stdout
+
+
+def test_every_step_runs_and_reports_on_the_tiny_model(tiny_chat_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "app.check_gpu", str(tiny_chat_path), "--timeout", "120"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    started = [line for line in done.stdout.splitlines() if line.startswith("[start]")]
+    finished = [line for line in done.stdout.splitlines() if line.startswith("[done]")]
+    assert len(started) == len(finished) == 8
+    assert "bit-identity" in started[-1] and "identical" in done.stdout
+    assert "KV buffer size" in done.stdout  # where llama.cpp put the KV cache
