@@ -298,6 +298,11 @@ def test_suffix_rows_decode_the_tokens_suffixes_begin_with_once() -> None:
     assert whole_outputs == [2, 5, 7, 9, 10]
 
 
+@pytest.mark.skipif(
+    Engine.gpu_offload_supported(),
+    reason="a property of ggml's CPU flash-attention kernel; a GPU build routes ops to its device, where a shared "
+    "row rounds differently from its own copy (measured on lavapipe: logits differ in the 4th digit)",
+)
 def test_suffixes_that_begin_alike_share_rows_and_answer_exactly_as_decoded_whole(tiny_plain_path: Path) -> None:
     # With flash attention under 64 rows ggml reads each query row through the cells in order,
     # so a row's result does not depend on what else is in the batch: a shared row must then give
