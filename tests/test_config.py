@@ -13,6 +13,7 @@ import pytest
 
 from app.config import (
     DEFAULT_CONFIG_PATH,
+    DEFAULT_FITS_DIR,
     DEFAULT_MODEL_PATH,
     DEFAULT_SNAPSHOT_DIR,
     OPTIONS,
@@ -56,6 +57,7 @@ def test_defaults_with_no_flags_and_no_environment() -> None:
         "session_cache_disk_bytes": 4 * 1024**3,
         "calibration": "contextual",
         "calibration_temperature": 1.0,
+        "calibration_dir": DEFAULT_FITS_DIR,
         "layout": "state-first",
         "default_model": None,
         "models_max": 2,
@@ -94,6 +96,7 @@ def test_env_var_names_are_the_prefixed_upper_case_field_names() -> None:
         "ONEPASS_SESSION_CACHE_DISK_BYTES",
         "ONEPASS_CALIBRATION",
         "ONEPASS_CALIBRATION_TEMPERATURE",
+        "ONEPASS_CALIBRATION_DIR",
         "ONEPASS_LAYOUT",
         "ONEPASS_DEFAULT_MODEL",
         "ONEPASS_MODELS_MAX",
