@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from app.contract import SystemOneRequest
 from app.service import ModelService
+from tests.conftest import GPU_LAYERS
 
 POOL: list[dict[str, Any]] = [
     {"type": "noul", "instructions": "Is the customer upset?"},
@@ -28,7 +29,10 @@ NEARBY_STATE = STATE + " Thanks."
 # the tiny model), so no fixed tolerance: an answer may move by at most 1% of what one added
 # sentence of state moves that same question, measured in the same run (0.13 to 0.28 on the tiny
 # model). A question that really read another question's suffix would move like a changed state.
-NOISE_SHARE = 0.01
+# A device backend sums in other orders again, and more so: on Mesa's lavapipe (make test-gpu) an
+# answer moved by up to 1.0% of what the added sentence moved it (0.0029 of 0.286). 5% there still
+# sits twenty times below what reading another question's suffix would do.
+NOISE_SHARE = 0.05 if GPU_LAYERS != 0 else 0.01
 
 ids = st.text(min_size=1, max_size=12)
 subsets = st.lists(st.integers(0, len(POOL) - 1), min_size=1, max_size=len(POOL), unique=True)
