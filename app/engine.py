@@ -195,7 +195,10 @@ class Engine:
         self.kv_settings = kv.describe()  # besides the tokens, what shapes a snapshot's bytes: in every cache key
         # What else shapes them across processes (the disk tier): the kernels built in and where
         # the layers run. The thread count does not (measured: bit-identical KV with 1, 2 and 3).
-        self.build = f"llama-cpp-python {llama.__version__}; n_gpu_layers={n_gpu_layers}; {self.system_info()}"
+        self.build = (
+            f"llama-cpp-python {llama.__version__}; ggml backends {'+'.join(self.backends())}; "
+            f"n_gpu_layers={n_gpu_layers}; {self.system_info()}"
+        )
         self.decode_calls = 0  # llama_decode calls made, for tests and stats
         self.decoded_tokens = 0  # batch rows those calls computed
         # A recurrent memory keeps one state per sequence, which a token in several cannot update:
@@ -229,6 +232,14 @@ class Engine:
                 self._contexts.append(ctx)
                 self._idle.append(ctx)
                 self._idle_changed.notify_all()
+
+    @staticmethod
+    def backends() -> list[str]:
+        """The ggml backends this build ships (cpu, vulkan, cuda, metal, ...), from its libraries' names:
+        a build with a device backend may route ops to it even with no layer offloaded."""
+        folder = Path(llama.__file__).resolve().parent / "lib"
+        names = {path.name.split(".")[0].removeprefix("libggml-") for path in folder.glob("libggml-*")}
+        return sorted(names - {"base"}) or ["unknown"]
 
     @staticmethod
     def gpu_offload_supported() -> bool:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from app.engine import Engine
 from app.paths import REPO_ROOT
 
 
@@ -46,3 +47,12 @@ def test_every_step_runs_and_reports_on_the_tiny_model(tiny_chat_path: Path) -> 
     assert len(started) == len(finished) == 8
     assert "bit-identity" in started[-1] and "identical" in done.stdout
     assert "KV buffer size" in done.stdout  # where llama.cpp put the KV cache
+
+
+def test_the_build_identity_names_the_ggml_backends_it_ships(tiny_chat_path: Path) -> None:
+    engine = Engine(tiny_chat_path, n_ctx=256, threads=1)
+    try:
+        assert "cpu" in Engine.backends()
+        assert f"ggml backends {'+'.join(Engine.backends())}; n_gpu_layers=0;" in engine.build
+    finally:
+        engine.close()

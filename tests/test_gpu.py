@@ -88,6 +88,7 @@ def test_device_and_cpu_snapshots_on_disk_refuse_each_other(tiny_chat_path: Path
         service = load_model(tiny_settings(tiny_chat_path, n_gpu_layers=layers, **disk))
         try:
             assert ("n_gpu_layers=0;" in service.engine.build) == (layers == 0)
+            assert "ggml backends cpu+vulkan;" in service.engine.build  # the build names its device backend
             return service.answer(REQUEST).x_cache, dict(service.cache_stats()["disk"]["rejected"])
         finally:
             service.close()  # finishes the background writes
