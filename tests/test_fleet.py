@@ -154,12 +154,22 @@ def test_the_header_the_body_and_compressed_bodies_agree_on_the_replica(fleet: F
 @needs_haproxy
 def test_a_hot_state_spreads_over_replicas_no_further_than_the_balance_factor(fleet: Fleet, client: TestClient) -> None:
     questions = {f"q{i}": {"type": "noul", "instructions": f"Is it about topic {i}?"} for i in range(10)}
-    body = request("The hot ticket. " * 200, questions)  # slow enough that the burst is all in flight at once
+    body = request("The hot ticket. " * 200, questions)  # slow enough that the burst is all in flight at once (checked)
+    spans: list[tuple[float, float]] = []
+
+    def timed(_: int) -> Answered:
+        began = time.monotonic()
+        answered = ask(proxy, fleet.url, body)
+        spans.append((began, time.monotonic()))
+        return answered
+
     with (
         httpx.Client(timeout=60, limits=httpx.Limits(max_connections=BURST)) as proxy,
         ThreadPoolExecutor(BURST) as pool,
     ):
-        burst = list(pool.map(lambda _: ask(proxy, fleet.url, body), range(BURST)))
+        burst = list(pool.map(timed, range(BURST)))
+    # the bound is about requests in flight together: every one began before any ended
+    assert max(began for began, _ in spans) < min(ended for _, ended in spans), "the burst did not overlap"
     served = Counter(answered.replica for answered in burst)
     assert len(served) > 1 and max(served.values()) <= MOST_PER_REPLICA, served
     assert all(answered.body["answers"] == burst[0].body["answers"] for answered in burst)

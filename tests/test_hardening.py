@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import pytest
 from starlette.testclient import TestClient
 
@@ -305,21 +304,37 @@ def test_openapi_describes_the_contract(client: TestClient) -> None:
 
 
 def test_sigterm_finishes_in_flight_requests_then_exits(tiny_chat_path: Path) -> None:
+    """The request is in flight when the signal comes, by construction: the server has started it (it
+    answered `Expect: 100-continue`, which the app's first read of the body sends) and cannot finish it
+    before the client sends the body, which the client does only once the server logged its shutdown."""
     server = ServerProcess(
         ["--model", str(tiny_chat_path), "--n-ctx", "8192", "--threads", "1", "--log-level", "debug", "--config", ""]
     )
     try:
         server.wait_for(READY)  # the model loads after the port opens
-        heavy = BODY | {
-            "state": "word " * 1000,
-            "questions": {f"q{i}": {"type": "noul", "instructions": f"Q{i}?"} for i in range(40)},
-        }
-        with ThreadPoolExecutor(1) as pool:
-            in_flight = pool.submit(httpx.post, server.url + "/v1/systemone", json=heavy, timeout=120)
-            server.wait_for("admitted")  # the server logs each request it starts working on
+        body = json.dumps(BODY).encode()
+        address = urlsplit(server.url)
+        with socket.create_connection((address.hostname, address.port), timeout=60) as connection:
+            connection.sendall(
+                b"POST /v1/systemone HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
+            )
+            interim = b""
+            while b"\r\n\r\n" not in interim:
+                interim += connection.recv(64)
+            assert interim.startswith(b"HTTP/1.1 100")  # the app is reading the body
+            logged = len(server.lines)
             server.process.send_signal(signal.SIGTERM)
-            assert in_flight.result(timeout=120).status_code == 200
+            server.wait_for("Shutting down", timeout=60, after=logged)
+            connection.sendall(body)
+            reply = b""
+            while b"\r\n\r\n" not in reply:
+                reply += connection.recv(65536)
+            assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
         # uvicorn re-raises the signal once it has shut down, so the exit status reports SIGTERM
         assert server.process.wait(60) in (0, -signal.SIGTERM)
+        shutdown = next(i for i, line in enumerate(server.lines) if "Shutting down" in line)
+        answered = next(i for i, line in enumerate(server.lines) if '"route": "/v1/systemone", "status": 200' in line)
+        assert shutdown < answered  # the request was answered after the shutdown began
     finally:
         server.stop()
