@@ -14,11 +14,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from app.contract import ChoiceQuestion, NoulQuestion, Question, SystemOneRequest, canonical_json
 from app.fits import question_key
-from app.fitting import Choice, Example, SetRow, choose, fit_batch, log_ratio
+from app.fitting import Choice, Example, SetRow, choose, fit_batch, readout_ratios
 from app.service import Evidence, ModelService
 
 # Below this many labelled examples a question's fit is reported as not to be trusted
@@ -157,15 +155,17 @@ def fit_all(
         question = examples[first_i].request.questions[first_q]
         rows = [(i, qid, evidence[i][qid]) for i, qid in members]
         labelled = [(i, e, examples[i].answers[qid]) for i, qid, e in rows if qid in examples[i].answers]
-        choice, warning = None, None
+        shown = json.loads(canonical_json(question.model_dump(mode="json")))
+        choice, warning, label_free = None, None, None
         if not labelled and question.type in LABEL_FREE_TYPES and len(rows) >= FEW_STATES:
             canonical = sorted(tuple(rows[0][2].labels))
             fit = fit_batch([_canonical(e, None, canonical) for _, _, e in rows], temperature)
+            label_free = "batch (label-free)"
             records.append(
                 {
                     "key": key,
-                    "question": json.loads(canonical_json(question.model_dump(mode="json"))),
-                    "method": "batch (label-free)",
+                    "question": shown,
+                    "method": label_free,
                     "fit": fit.to_json(),
                     "examples": 0,
                     "states": len(rows),
@@ -189,7 +189,7 @@ def fit_all(
             if choice.adopted and choice.fit is not None:
                 record = {
                     "key": key,
-                    "question": json.loads(canonical_json(question.model_dump(mode="json"))),
+                    "question": shown,
                     "method": choice.method,
                     "fit": choice.fit.to_json(),
                     "examples": len(labelled),
@@ -203,12 +203,12 @@ def fit_all(
             QuestionReport(
                 key,
                 sorted({qid for _, qid in members}),
-                json.loads(canonical_json(question.model_dump(mode="json"))),
+                shown,
                 len(labelled),
                 len(rows) - len(labelled),
                 choice,
                 warning,
-                "batch (label-free)" if records and records[-1]["key"] == key and not labelled else None,
+                label_free,
             )
         )
     return reports, records
@@ -231,16 +231,6 @@ def _set_rows(examples: Sequence[Parsed], evidence: Sequence[dict[str, Evidence]
         readouts = {}
         for qid, question in examples[i].request.questions.items():
             e = evidence[i][qid]
-            names = tuple(sorted(e.labels))
-            order = [list(e.labels).index(n) for n in names]
-            readouts[question_key(question)] = (
-                names,
-                log_ratio([e.raw[j] for j in order], [e.prior[j] for j in order]),
-            )
+            readouts[question_key(question)] = readout_ratios(e.labels, e.raw, e.prior)
         rows.append(SetRow(readouts))
     return rows
-
-
-def set_readouts(evidence: dict[str, tuple[Question, Evidence]]) -> dict[str, tuple[Sequence[str], np.ndarray]]:
-    """What a question-set fit reads at answer time: per question key, its labels and contextual r."""
-    return {question_key(q): (e.labels, log_ratio(e.raw, e.prior)) for q, e in evidence.values()}

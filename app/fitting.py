@@ -117,7 +117,28 @@ def apply(fit: Fit, labels: Sequence[str], raw: Sequence[float], prior: Sequence
     return [float(p) for p in _sharpened(softmax(logits), fit.sharpen)]
 
 
-def apply_set(fit: Fit, labels: Sequence[str], readouts: Mapping[str, tuple[Sequence[str], Array]]) -> list[float]:
+Readouts = Mapping[str, tuple[Sequence[str], Array]]  # every question's about one state, by question key
+
+
+def readout_ratios(
+    labels: Sequence[str], raw: Sequence[float], prior: Sequence[float]
+) -> tuple[tuple[str, ...], Array]:
+    """A readout as a question-set fit reads it: its labels sorted by name, and their contextual r."""
+    names = tuple(sorted(labels))
+    order = [list(labels).index(name) for name in names]
+    return names, log_ratio([raw[i] for i in order], [prior[i] for i in order])
+
+
+def apply_fit(
+    fit: Fit, labels: Sequence[str], raw: Sequence[float], prior: Sequence[float], readouts: Readouts
+) -> list[float]:
+    """Any fit's probabilities in `labels` order; only a question-set fit reads `readouts`."""
+    if fit.method == "question_set":
+        return apply_set(fit, labels, readouts)
+    return apply(fit, labels, raw, prior)
+
+
+def apply_set(fit: Fit, labels: Sequence[str], readouts: Readouts) -> list[float]:
     """A question-set fit's probabilities in `labels` order; `readouts`: per question key, its labels and r."""
     x = np.asarray([_feature(readouts, question, label) for question, label in fit.features])
     x = (x - np.asarray(fit.centre)) / np.asarray(fit.spread)
@@ -130,7 +151,7 @@ def _sharpened(probabilities: Array, sharpen: float) -> Array:
     return probabilities if sharpen == 1.0 else softmax(sharpen * np.log(np.maximum(probabilities, TINY)))
 
 
-def _feature(readouts: Mapping[str, tuple[Sequence[str], Array]], question: str, label: str) -> float:
+def _feature(readouts: Readouts, question: str, label: str) -> float:
     names, ratio = readouts[question]
     return float(ratio[list(names).index(label)])
 

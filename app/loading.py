@@ -65,26 +65,31 @@ def speed_settings_for(spec: ModelSpec) -> SpeedSettings:
     return SpeedSettings(threads, repack, choose(spec.path, threads, "flash_attn", {"repack": repack}))
 
 
-def disk_tier_for(spec: ModelSpec, engine: Engine) -> DiskTier | None:
-    """The model's snapshot folder: named by its file and fingerprint, so servers of one model
+def model_folder(spec: ModelSpec, engine: Engine) -> str:
+    """A model's subfolder name (snapshots, fits): its file and fingerprint, so servers of one model
     file share it and different models never meet."""
+    return f"{spec.path.stem}-{engine.fingerprint.hex()[:16]}"
+
+
+def disk_tier_for(spec: ModelSpec, engine: Engine) -> DiskTier | None:
+    """The model's snapshot folder (model_folder)."""
     if spec.settings.session_cache_disk_bytes <= 0:
         return None
     fingerprint = engine.fingerprint.hex()
     return DiskTier(
-        spec.settings.session_cache_dir / f"{spec.path.stem}-{fingerprint[:16]}",
+        spec.settings.session_cache_dir / model_folder(spec, engine),
         spec.settings.session_cache_disk_bytes,
         SnapshotIdentity(build=engine.build, model=fingerprint, kv=engine.kv_settings),
     )
 
 
 def fits_for(spec: ModelSpec, engine: Engine, prompter: Prompter) -> FitStore:
-    """The model's fitted calibrations: named by its file and fingerprint, and valid only for the
-    prompt they were fitted under (its text around the state, and the layout)."""
-    fingerprint = engine.fingerprint.hex()
+    """The model's fitted calibrations (model_folder), valid only for the prompt they were fitted
+    under (its text around the state, and the layout)."""
     fmt = prompter.format
-    identity = blake3.blake3("\0".join([fingerprint, fmt.head, fmt.between, prompter.layout]).encode()).hexdigest()
-    return FitStore(spec.settings.calibration_dir / f"{spec.path.stem}-{fingerprint[:16]}", identity[:32])
+    parts = [engine.fingerprint.hex(), fmt.head, fmt.between, prompter.layout]
+    identity = blake3.blake3("\0".join(parts).encode()).hexdigest()
+    return FitStore(spec.settings.calibration_dir / model_folder(spec, engine), identity[:32])
 
 
 def load_spec(spec: ModelSpec) -> ModelService:

@@ -158,29 +158,31 @@ class ModelService:
         question-set fit applies only when the request asks its whole set."""
         if self.fits is None:
             return {}
-        questions = decoded.plan.questions
-        keys = {qid: question_key(question) for qid, question, _ in questions}
+        keys = {qid: question_key(question) for qid, question, _ in decoded.plan.questions}
         set_fits = {record["key"]: record for record in self.fits.for_set(set(keys.values()))}
+        records = {qid: set_fits.get(key) or self.fits.single(key) for qid, key in keys.items()}
+        wanted = {qid for qid, record in records.items() if record is not None}
+        if not wanted:
+            return {}
+        # a question-set fit reads every question's readout, other fits their own
+        evidence = self._evidence_of(decoded, set(keys) if set_fits else wanted)
+        readouts = {keys[qid]: fitting.readout_ratios(e.labels, e.raw, e.prior) for qid, e in evidence.items()}
         found: dict[str, _Fitted] = {}
-        readouts: dict[str, tuple[list[str], Any]] = {}
-        if set_fits:
-            for (_, question, rendered), readout in zip(questions, decoded.readouts, strict=True):
-                prior = self.calibrator.prior(decoded.base, rendered.tokens, rendered.label_ids)
-                raw = scoring.softmax(readout.label_logits)
-                readouts[question_key(question)] = (label_keys(question), fitting.log_ratio(raw, prior))
-        for (qid, question, rendered), readout in zip(questions, decoded.readouts, strict=True):
-            record = set_fits.get(keys[qid]) or self.fits.single(keys[qid])
-            if record is None:
-                continue
-            fit: fitting.Fit = record["parsed"]
-            labels = label_keys(question)
-            if fit.method == "question_set":
-                probabilities = fitting.apply_set(fit, labels, readouts)
-            else:
-                prior = self.calibrator.prior(decoded.base, rendered.tokens, rendered.label_ids)
-                probabilities = fitting.apply(fit, labels, scoring.softmax(readout.label_logits), prior)
+        for qid in wanted:
+            record, e = records[qid], evidence[qid]
+            assert record is not None
+            probabilities = fitting.apply_fit(record["parsed"], e.labels, e.raw, e.prior, readouts)
             used = CalibrationUsed(id=record["id"], method=record["method"], examples=record["examples"])
             found[qid] = _Fitted(probabilities, used)
+        return found
+
+    def _evidence_of(self, decoded: _Decoded, wanted: set[str]) -> dict[str, Evidence]:
+        """The `wanted` questions' raw label probabilities and content-free priors, in label order."""
+        found = {}
+        for (qid, question, rendered), readout in zip(decoded.plan.questions, decoded.readouts, strict=True):
+            if qid in wanted:
+                prior = self.calibrator.prior(decoded.base, rendered.tokens, rendered.label_ids)
+                found[qid] = Evidence(label_keys(question), scoring.softmax(readout.label_logits), prior)
         return found
 
     def prefix_key(self, state: str, question_set: QuestionSet | None = None) -> CacheKey:
@@ -274,11 +276,7 @@ class ModelService:
         """What calibration reads for each question, through the same path as `answer` (and its
         cache): the raw label probabilities and the content-free prior, in the answer's label order."""
         decoded = self._decode(request, None)
-        found = {}
-        for (qid, question, rendered), readout in zip(decoded.plan.questions, decoded.readouts, strict=True):
-            prior = self.calibrator.prior(decoded.base, rendered.tokens, rendered.label_ids)
-            found[qid] = Evidence(label_keys(question), scoring.softmax(readout.label_logits), prior)
-        return found
+        return self._evidence_of(decoded, set(request.questions))
 
     def _decode(self, request: SystemOneRequest, cancelled: threading.Event | None) -> _Decoded:
         """Plan, find or build the prefix through the cache tiers, and decode every question once."""

@@ -20,7 +20,7 @@ import numpy as np
 from app import fitting
 from app.fit_runner import Parsed, fit_all, parse_examples
 from app.fits import question_key
-from app.fitting import Example, apply, apply_set, fit_batch, log_ratio, scores, softmax
+from app.fitting import Example, apply, apply_fit, fit_batch, log_ratio, readout_ratios, scores, softmax
 from app.paths import REPO_ROOT
 from app.service import Evidence
 from bench.evidence import OUT as EVIDENCE
@@ -57,15 +57,11 @@ def predict(
         if record is None:
             found.append(softmax(log_ratio(e.raw, e.prior) / t0))
             continue
-        fit = fitting.Fit.from_json(record["fit"])
-        if fit.method == "question_set":
-            by_key = {
-                question_key(q): (readouts[i].labels, log_ratio(readouts[i].raw, readouts[i].prior))
-                for i, q in example.request.questions.items()
-            }
-            found.append(np.asarray(apply_set(fit, e.labels, by_key)))
-        else:
-            found.append(np.asarray(apply(fit, e.labels, e.raw, e.prior)))
+        by_key = {
+            question_key(q): readout_ratios(readouts[i].labels, readouts[i].raw, readouts[i].prior)
+            for i, q in example.request.questions.items()
+        }
+        found.append(np.asarray(apply_fit(fitting.Fit.from_json(record["fit"]), e.labels, e.raw, e.prior, by_key)))
     return np.asarray(found)
 
 
