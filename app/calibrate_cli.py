@@ -13,20 +13,10 @@ from pathlib import Path
 
 from app.config import DEFAULT_CONFIG_PATH, ConfigError, load_settings
 from app.fit_report import markdown, reliability_png
-from app.fit_runner import ExampleError, Progress, answer_all, fit_all, parse_examples, read_jsonl
+from app.fit_runner import ExampleError, answer_all, fit_all, parse_examples, read_jsonl
 from app.loading import load_spec
 from app.model_config import read_models_config
-
-
-def _show(progress: Progress) -> None:
-    eta = progress.eta_s()
-    width = 24
-    filled = width * progress.done // max(progress.total, 1)
-    clock = "--:--" if eta is None else f"{int(eta) // 60}:{int(eta) % 60:02d}"
-    sys.stderr.write(
-        f"\ranswering [{'#' * filled}{'.' * (width - filled)}] {progress.done}/{progress.total}, ETA {clock}".ljust(80)
-    )
-    sys.stderr.flush()
+from app.progress import Progress
 
 
 def main(argv: Sequence[str]) -> None:
@@ -59,10 +49,7 @@ def main(argv: Sequence[str]) -> None:
     began = time.monotonic()
     service = load_spec(spec)
     try:
-        progress = Progress(len(examples))
-        _show(progress)
-        evidence = answer_all(service, examples, progress, on_step=_show)
-        sys.stderr.write("\n")
+        evidence = answer_all(service, examples, Progress(len(examples), "answering"))
         reports, records = fit_all(examples, evidence, service.calibration_temperature, ours.question_set)
         fits = service.fits
         assert fits is not None

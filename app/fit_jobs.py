@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.fit_runner import Parsed, Progress, answer_all, fit_all
+from app.fit_runner import Parsed, answer_all, fit_all
+from app.progress import Progress
 from app.service import ModelService
 
 log = logging.getLogger("onepass.fit_jobs")
@@ -53,7 +54,7 @@ class FitJobs:
         self._lock = threading.Lock()
 
     def start(self, model: str, lease: Lease, examples: list[Parsed], question_set: bool) -> FitJob:
-        job = FitJob(uuid.uuid4().hex[:16], model, Progress(len(examples)))
+        job = FitJob(uuid.uuid4().hex[:16], model, Progress(len(examples), show=False))
         with self._lock:
             self._jobs[job.id] = job
             finished = [j for j in self._jobs.values() if j.status != "running"]

@@ -9,14 +9,14 @@ answers are unlabelled: they feed the label-free batch calibration only.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from app.contract import ChoiceQuestion, NoulQuestion, Question, SystemOneRequest, canonical_json
 from app.fits import question_key
 from app.fitting import Choice, Example, SetRow, choose, fit_batch, readout_ratios
+from app.progress import Progress
 from app.service import Evidence, ModelService
 
 # Below this many labelled examples a question's fit is reported as not to be trusted
@@ -81,20 +81,6 @@ def read_jsonl(text: str) -> list[Any]:
     return items
 
 
-@dataclass
-class Progress:
-    """How far a fitting run is: examples answered of how many, and an estimate of the time left."""
-
-    total: int
-    done: int = 0
-    began: float = field(default_factory=time.monotonic)
-
-    def eta_s(self) -> float | None:
-        if not self.done:
-            return None
-        return (time.monotonic() - self.began) / self.done * (self.total - self.done)
-
-
 @dataclass(frozen=True)
 class QuestionReport:
     key: str
@@ -128,7 +114,6 @@ def answer_all(
     examples: Sequence[Parsed],
     progress: Progress,
     stop: Callable[[], bool] = lambda: False,
-    on_step: Callable[[Progress], None] = lambda _: None,
 ) -> list[dict[str, Evidence]]:
     """Each example's evidence, through the answering path and its cache, counted in `progress`."""
     found = []
@@ -136,8 +121,7 @@ def answer_all(
         if stop():
             raise InterruptedError("the fitting run was cancelled")
         found.append(service.evidence(example.request))
-        progress.done += 1
-        on_step(progress)
+        progress.step()
     return found
 
 

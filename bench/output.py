@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
-import time
 from pathlib import Path
+
+from app.progress import Progress
+
+__all__ = ["Progress", "median", "table", "write_atomically"]
 
 
 def write_atomically(path: Path, data: str | bytes) -> None:
@@ -17,38 +19,6 @@ def write_atomically(path: Path, data: str | bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     partial.replace(path)
-
-
-class Progress:
-    """One line on stderr, rewritten in place: what is done of how many, elapsed time and an ETA."""
-
-    def __init__(self, total: int, label: str) -> None:
-        self.total, self.label, self.done = total, label, 0
-        self.began = time.monotonic()
-        self._show()
-
-    def step(self, note: str = "") -> None:
-        self.done += 1
-        self._show(note)
-        if self.done == self.total:
-            sys.stderr.write("\n")
-
-    def _show(self, note: str = "") -> None:
-        elapsed = time.monotonic() - self.began
-        eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
-        width = 24
-        filled = width * self.done // max(self.total, 1)
-        bar = "#" * filled + "." * (width - filled)
-        line = f"\r{self.label} [{bar}] {self.done}/{self.total} {_clock(elapsed)} elapsed, ETA {_clock(eta)} {note}"
-        sys.stderr.write(line[:160].ljust(100))
-        sys.stderr.flush()
-
-
-def _clock(seconds: float) -> str:
-    if seconds != seconds:  # NaN: nothing measured yet
-        return "--:--"
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}:{secs:02d}"
 
 
 def table(headers: list[str], rows: list[list[object]]) -> list[str]:

@@ -11,6 +11,7 @@ APP = Path(__file__).resolve().parent.parent / "app"
 LAYERS: list[set[str]] = [
     {
         "errors",
+        "progress",
         "snapshot",
         "scoring",
         "contract",
