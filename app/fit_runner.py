@@ -163,11 +163,11 @@ def fit_all(
         if labelled:
             canonical = sorted(tuple(labelled[0][1].labels))
             train = [_canonical(e, right, canonical) for _, e, right in labelled]
-            sets = _set_rows(examples, evidence, [i for i, _, _ in labelled]) if question_set else None
+            sets = set_rows(examples, evidence, [i for i, _, _ in labelled]) if question_set else None
             if sets is not None and len({frozenset(row.readouts) for row in sets}) > 1:
                 sets = None  # a question-set fit needs every example to ask the same set
             sample = [_canonical(e, None, canonical) for _, _, e in rows]  # every state, labelled or not
-            choice = choose(train, temperature, sample, sets, key)
+            choice = choose(train, temperature, sample, sets, key, ordered=question.type == "score")
             if len(labelled) < FEW_EXAMPLES:
                 warning = f"only {len(labelled)} labelled examples: a fit needs about {FEW_EXAMPLES} to be trusted"
             if choice.adopted and choice.fit is not None:
@@ -209,7 +209,7 @@ def _canonical(evidence: Evidence, right: int | None, labels: list[str]) -> Exam
     )
 
 
-def _set_rows(examples: Sequence[Parsed], evidence: Sequence[dict[str, Evidence]], indices: list[int]) -> list[SetRow]:
+def set_rows(examples: Sequence[Parsed], evidence: Sequence[dict[str, Evidence]], indices: list[int]) -> list[SetRow]:
     rows = []
     for i in indices:
         readouts = {}

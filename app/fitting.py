@@ -248,23 +248,35 @@ class SetRow:
     readouts: dict[str, tuple[tuple[str, ...], Array]]
 
 
-def fit_set(rows: Sequence[SetRow], target: str, rights: Sequence[int], penalty: float) -> Fit:
+def fit_set(rows: Sequence[SetRow], target: str, rights: Sequence[int], penalty: float, ordinal: bool = False) -> Fit:
+    """`ordinal` (score questions): one weight vector scaled by the level, logit_k = k * (w . x) + c_k
+    (the adjacent-category model), so the levels share what the features say instead of each level
+    learning its own weights: far fewer parameters for the same examples. Stored as the full
+    weight matrix it implies, so applying it is the same as for any question-set fit."""
     features = tuple((q, label) for q in sorted(rows[0].readouts) for label in rows[0].readouts[q][0])
     x = np.asarray([[_feature(row.readouts, q, label) for q, label in features] for row in rows])
     centre, spread = x.mean(0), x.std(0) + 1e-6
-    x = np.concatenate([(x - centre) / spread, np.ones((len(rows), 1))], axis=1)
+    x = (x - centre) / spread
     labels = rows[0].readouts[target][0]
-    k, d = len(labels), x.shape[1]
-    design = np.einsum("kl,nd->nkld", np.eye(k), x).reshape(len(rows), k, k * d)
-    start = np.zeros(k * d)
-    theta = _newton(design, np.asarray(rights, dtype=np.int64), start, np.full(k * d, penalty), start)
+    k, d, n = len(labels), x.shape[1] + 1, len(rows)
+    if ordinal:
+        levels = np.asarray([float(label) for label in labels])
+        design = np.concatenate([np.einsum("k,nd->nkd", levels, x), np.broadcast_to(np.eye(k), (n, k, k))], axis=2)
+    else:
+        design = np.einsum("kl,nd->nkld", np.eye(k), np.concatenate([x, np.ones((n, 1))], axis=1)).reshape(n, k, k * d)
+    start = np.zeros(design.shape[2])
+    theta = _newton(design, np.asarray(rights, dtype=np.int64), start, np.full(start.size, penalty), start)
+    if ordinal:
+        weights = np.concatenate([np.outer(levels, theta[: d - 1]), theta[d - 1 :, None]], axis=1)
+    else:
+        weights = theta.reshape(k, d)
     return Fit(
         "question_set",
         labels,
         features=features,
         centre=tuple(float(c) for c in centre),
         spread=tuple(float(s) for s in spread),
-        weights=tuple(tuple(float(w) for w in row) for row in theta.reshape(k, d)),
+        weights=tuple(tuple(float(w) for w in row) for row in weights),
         penalty=penalty,
     )
 
@@ -366,10 +378,12 @@ def choose(
     unlabelled: Sequence[Example] = (),
     set_rows: Sequence[SetRow] | None = None,
     key: str = "",
+    ordered: bool = False,
 ) -> Choice:
     """Fit every candidate, keep the one with the lowest cross-validated log loss if it beats the
     contextual calibration's log loss on the same examples. `set_rows` (the opt-in question-set
-    fit): every question's readout about each example's state, `key` this question's key in them."""
+    fit): every question's readout about each example's state, `key` this question's key in them;
+    `ordered`: the labels are a score's levels, which adds the ordinal question-set candidate."""
     right = _rights(examples)
     r = _ratios(examples)
     n = len(examples)
@@ -403,8 +417,10 @@ def choose(
     if set_rows is not None:
         rows = set_rows
 
-        def on_set(penalty: float) -> Callable[[Sequence[int]], Fit]:
-            return lambda indices: fit_set([rows[i] for i in indices], key, [int(right[i]) for i in indices], penalty)
+        def on_set(penalty: float, ordinal: bool) -> Callable[[Sequence[int]], Fit]:
+            return lambda indices: fit_set(
+                [rows[i] for i in indices], key, [int(right[i]) for i in indices], penalty, ordinal
+            )
 
         def set_trainer(make_set: Callable[[Sequence[int]], Fit]) -> Trainer:
             def train(indices: Sequence[int]) -> Callable[[Sequence[int]], Array]:
@@ -413,9 +429,11 @@ def choose(
 
             return train
 
-        for p in SET_PENALTIES:
-            set_makers[f"question_set/{p:g}"] = on_set(p)
-            predicted[f"question_set/{p:g}"] = cross_validated(set_trainer(set_makers[f"question_set/{p:g}"]), n)
+        variants = [("question_set", False)] + ([("question_set/ordinal", True)] if ordered else [])
+        for prefix, ordinal in variants:
+            for p in SET_PENALTIES:
+                set_makers[f"{prefix}/{p:g}"] = on_set(p, ordinal)
+                predicted[f"{prefix}/{p:g}"] = cross_validated(set_trainer(set_makers[f"{prefix}/{p:g}"]), n)
     losses = {name: scores(p, right).log_loss for name, p in predicted.items()}
     best = min(losses, key=lambda name: (losses[name], name))
     adopted = losses[best] < before.log_loss

@@ -107,6 +107,42 @@ def test_a_question_set_fit_reads_the_other_questions_answers() -> None:
     assert together.method.startswith("question_set") and together.after.accuracy > alone.after.accuracy + 0.3
 
 
+def test_an_ordinal_question_set_fit_shares_one_signal_across_a_scores_levels() -> None:
+    """A 5-level score set by a noul's evidence: with few examples the ordinal fit (one weight vector
+    scaled by the level) learns it better than a weight vector per level, and is the one chosen."""
+    rng = np.random.default_rng(7)
+    levels = tuple(str(k) for k in range(5))
+    rows, rights = [], []
+    for _ in range(400):
+        signal = rng.normal(0, 1.5)
+        level = int(np.clip(np.round(signal + 2 + rng.normal(0, 0.4)), 0, 4))
+        a_raw = softmax(np.asarray([signal, -signal]) / 2)
+        s_raw = softmax(rng.normal(0, 1, 5))
+        rows.append(
+            SetRow(
+                {"a": (("false", "true"), log_ratio(a_raw, (0.5, 0.5))), "s": (levels, log_ratio(s_raw, (0.2,) * 5))}
+            )
+        )
+        rights.append(level)
+    ordinal = fit_set(rows[:30], "s", rights[:30], penalty=0.01, ordinal=True)
+    free = fit_set(rows[:30], "s", rights[:30], penalty=0.01)
+    weights = np.asarray(ordinal.weights)[:, :-1]
+    assert weights == pytest.approx(np.outer(range(5), weights[1]), abs=1e-12)  # level k reads k times one vector
+    held = np.asarray(rights[30:])
+    found = {
+        name: scores(np.asarray([apply_set(fit, levels, row.readouts) for row in rows[30:]]), held)
+        for name, fit in (("ordinal", ordinal), ("free", free))
+    }
+    assert found["ordinal"].log_loss < found["free"].log_loss
+    examples = [
+        Example(levels, tuple(float(p) for p in softmax(row.readouts["s"][1])), (0.2,) * 5, right)
+        for row, right in zip(rows[:30], rights[:30], strict=True)
+    ]
+    choice = choose(examples, temperature=1.0, set_rows=rows[:30], key="s", ordered=True)
+    assert choice.method.startswith("question_set/ordinal") and choice.fit is not None
+    assert choice.fit.method == "question_set"  # applied like any question-set fit
+
+
 def test_scores_match_their_definitions() -> None:
     p = np.asarray([[0.9, 0.1], [0.6, 0.4], [0.2, 0.8], [0.55, 0.45]])
     right = np.asarray([0, 1, 1, 0])
