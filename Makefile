@@ -40,7 +40,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?=
 PORT ?=
 
-.PHONY: setup vulkan-deps test-gpu model model-small run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet bench-calibration eval load check-gpu clean clean-build
+.PHONY: setup vulkan-deps test-gpu model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet bench-calibration eval load check-gpu clean clean-build
 
 setup: $(INSTALL_STAMP)
 
@@ -85,6 +85,14 @@ model: $(INSTALL_STAMP)
 model-small: $(INSTALL_STAMP)
 	$(PYTHON) models/fetch.py small --dest $(SMALL_MODEL)
 
+# The default model as a decision GGUF (openjev metadata, a systemone template of onepass's prompt,
+# its fitted temperature): served through the decision path, and by llama.cpp's /v1/systemone too.
+DECISION_MODEL := $(DEFAULT_MODEL:.gguf=-decision.gguf)
+model-decision: $(DECISION_MODEL)
+
+$(DECISION_MODEL): models/decision_model.py app/prompting.py | model
+	$(BIN)/python models/decision_model.py $(DEFAULT_MODEL) $@
+
 # Extra server flags: make run ARGS="--n-gpu-layers -1 --context-path ctx.md"
 ARGS ?=
 
@@ -98,7 +106,7 @@ fleet: model
 	$(BIN)/python -m app.fleet --replicas $(N) $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) -- $(ARGS)
 
 # tests/test_install.py installs the package into a fresh venv with the wheel built here.
-test: model lint check-build test-tools
+test: model model-decision lint check-build test-tools
 	ONEPASS_TEST_WHEEL_DIR=$(WHEEL_DIR) $(BIN)/python -m pytest -q
 
 # tests/test_cpu_emulated.py runs the build on an emulated AVX2-only CPU with qemu's user mode;
@@ -185,6 +193,10 @@ bench-calibration: model $(BENCH_STAMP)
 EVAL_ARGS ?=
 eval: model
 	$(BIN)/python -m bench.eval $(EVAL_ARGS)
+
+# The same items through the decision path: the converted default model (make model-decision).
+eval-decision: model-decision
+	$(BIN)/python -m bench.eval --model $(DECISION_MODEL) $(EVAL_ARGS)
 
 # The GPU path on Mesa's lavapipe (a Vulkan device that runs on the CPU), in a venv of its own with the
 # Vulkan build: the engine, cache, disk-tier, layout and property tests with every layer on the device,

@@ -103,13 +103,20 @@ class ContextualCalibrator:
         return known
 
     def calibrate(
-        self, base: Snapshot, suffix: tuple[int, ...], labels: Sequence[int], probabilities: Sequence[float]
+        self,
+        base: Snapshot,
+        suffix: tuple[int, ...],
+        labels: Sequence[int],
+        probabilities: Sequence[float],
+        temperature: float | None = None,
     ) -> list[float]:
+        """`temperature`: this question's own (a decision model's file gives one per question type)."""
         prior = self.prior(base, suffix, labels)
+        t = self._temperature if temperature is None else temperature
         # Dividing in log space keeps tiny priors finite; softmax renormalises.
         return softmax(
             [
-                (math.log(max(p, 1e-300)) - math.log(max(q, 1e-300))) / self._temperature
+                (math.log(max(p, 1e-300)) - math.log(max(q, 1e-300))) / t
                 for p, q in zip(probabilities, prior, strict=True)
             ]
         )

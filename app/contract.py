@@ -217,6 +217,7 @@ class CatalogueEntry:
     settings: dict[str, Any]  # the model's per-model settings as JSON values: each is reported as x_<name>
     loaded: bool
     error: str | None
+    decision_type: str | None = None  # a decision GGUF's format (app/decision.py); None: onepass's own prompt
 
 
 def models_listing(entries: list[CatalogueEntry]) -> dict[str, Any]:
@@ -224,7 +225,14 @@ def models_listing(entries: list[CatalogueEntry]) -> dict[str, Any]:
     return {
         "object": "list",
         "data": [
-            {"id": e.name, "object": "model", "owned_by": "onepass", "x_model": e.model, "x_loaded": e.loaded}
+            {
+                "id": e.name,
+                "object": "model",
+                "owned_by": "onepass",
+                "x_model": e.model,
+                "x_loaded": e.loaded,
+                "x_decision_type": e.decision_type,
+            }
             for e in entries
         ],
         "models": [
@@ -236,6 +244,7 @@ def models_listing(entries: list[CatalogueEntry]) -> dict[str, Any]:
                 "x_model": e.model,
                 "x_loaded": e.loaded,
                 "x_error": e.error,
+                "x_decision_type": e.decision_type,
                 **{f"x_{key}": value for key, value in e.settings.items()},
             }
             for e in entries

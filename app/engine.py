@@ -301,6 +301,27 @@ class Engine:
             llama.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", "replace")
 
+    def metadata_keys(self) -> list[str]:
+        """Every metadata key of the GGUF (decision models keep temperatures under a prefix)."""
+        buf = ctypes.create_string_buffer(1024)
+        keys = []
+        for i in range(llama.llama_model_meta_count(self.model)):
+            n = llama.llama_model_meta_key_by_index(self.model, i, buf, len(buf))
+            if n >= 0:
+                keys.append(buf.value.decode("utf-8", "replace"))
+        return keys
+
+    def control_texts(self) -> set[str]:
+        """The text of every control token ("<|im_end|>"): what user text must not spell when a
+        prompt is tokenized with special tokens parsed."""
+        found = set()
+        for token in range(self.n_vocab):
+            if llama.llama_vocab_is_control(self.vocab, token):
+                text = self.piece(token)
+                if text:
+                    found.add(text)
+        return found
+
     def special_token_text(self, token: int) -> str:
         return self.piece(token) if token >= 0 else ""
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import blake3
 
 from app.cache import SnapshotCache
+from app.decision import DecisionPrompter, read_format
 from app.disk_tier import DiskTier, SnapshotIdentity
 from app.engine import Engine
 from app.fits import FitStore
@@ -25,11 +26,21 @@ def read_context(path: Path | None) -> str:
     return "" if path is None else path.read_text(encoding="utf-8")
 
 
-def prompter_for(engine: Engine, template: str = "auto", context: str = "", layout: str = "state-first") -> Prompter:
-    """The prompts a model is served with: its GGUF's chat template ("auto") or the plain layout.
+def prompter_for(
+    engine: Engine, template: str = "auto", context: str = "", layout: str = "state-first"
+) -> Prompter | DecisionPrompter:
+    """The prompts a model is served with: a decision GGUF's own format (app/decision.py), else its
+    chat template ("auto") or the plain layout.
 
     The bench renders llama-server's prompts with this too, so both sides see the same text.
     """
+    decision = read_format(engine.metadata, engine.metadata_keys())
+    if decision is not None:
+        if context.strip() or layout != "state-first":
+            log.warning(
+                "a %s decision model is prompted by its own template: context and layout are ignored", decision.kind
+            )
+        return DecisionPrompter(engine, decision, engine.control_texts())
     chat_template = engine.metadata("tokenizer.chat_template") if template == "auto" else None
     return Prompter.for_model(
         engine,
@@ -83,12 +94,10 @@ def disk_tier_for(spec: ModelSpec, engine: Engine) -> DiskTier | None:
     )
 
 
-def fits_for(spec: ModelSpec, engine: Engine, prompter: Prompter) -> FitStore:
+def fits_for(spec: ModelSpec, engine: Engine, prompter: Prompter | DecisionPrompter) -> FitStore:
     """The model's fitted calibrations (model_folder), valid only for the prompt they were fitted
-    under (its text around the state, and the layout)."""
-    fmt = prompter.format
-    parts = [engine.fingerprint.hex(), fmt.head, fmt.between, prompter.layout]
-    identity = blake3.blake3("\0".join(parts).encode()).hexdigest()
+    under (its text around the state, and the layout; a decision model's template)."""
+    identity = blake3.blake3(f"{engine.fingerprint.hex()}\0{prompter.identity}".encode()).hexdigest()
     return FitStore(spec.settings.calibration_dir / model_folder(spec, engine), identity[:32])
 
 
@@ -108,12 +117,16 @@ def load_spec(spec: ModelSpec) -> ModelService:
             engine, spec.settings.template, read_context(spec.settings.context_path), spec.settings.layout
         )
         cache = SnapshotCache(spec.settings.session_cache_entries, spec.settings.session_cache_tokens)
+        calibration = spec.settings.calibration
+        if isinstance(prompter, DecisionPrompter) and calibration == "contextual" and not prompter.state_first:
+            log.info("%s: no contextual calibration (its template does not put the state first)", spec.name)
+            calibration = "none"
         return ModelService(
             spec.name,
             engine,
             prompter,
             cache,
-            calibration=spec.settings.calibration,
+            calibration=calibration,
             calibration_temperature=spec.settings.calibration_temperature,
             disk=disk_tier_for(spec, engine) if cache.enabled else None,
             fits=fits_for(spec, engine, prompter),

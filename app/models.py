@@ -54,6 +54,7 @@ class ModelRegistry:
         self._resident: OrderedDict[str, _Resident] = OrderedDict()  # least recently used first
         self._loading: set[str] = set()
         self._errors: dict[str, str] = {}
+        self._decision_types: dict[str, str | None] = {}  # learnt at each model's load (its GGUF's metadata)
         self._state = self._index(config)
 
     @classmethod
@@ -133,6 +134,7 @@ class ModelRegistry:
         """Every name a client may ask for (aliases too), the model it means and its state."""
         with self._cond:
             state, loaded, errors = self._state, set(self._resident), dict(self._errors)
+            decision_types = dict(self._decision_types)
         return [
             CatalogueEntry(
                 name,
@@ -141,6 +143,7 @@ class ModelRegistry:
                 {**state.specs[model].describe(), "known_model": state.specs[model].known},
                 model in loaded,
                 errors.get(model),
+                decision_types.get(model),
             )
             for name, model in state.names.items()
         ]
@@ -175,6 +178,7 @@ class ModelRegistry:
         with self._cond:
             self._loading.discard(name)
             self._errors.pop(name, None)
+            self._decision_types[name] = service.prompter.decision_type
             resident = self._resident[name] = _Resident(service, spec, busy=1)
             self._cond.notify_all()
         self._evict_idle()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from app.config import parse_layout
-from app.contract import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, Text, render_text
+from app.contract import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, Text, render_state, render_text
 
 log = logging.getLogger("onepass.prompting")
 
@@ -152,6 +153,36 @@ class RenderedQuestion:
 
 
 @dataclass(frozen=True)
+class Reading:
+    """How one question is asked and read: its suffixes (one per variant of its prompt; onepass's own
+    prompt has one) and how their label probabilities, each in label_keys order, make the answer's."""
+
+    variants: tuple[RenderedQuestion, ...]
+    combine: Literal["one", "mean", "rating"] = "one"
+    # A decision model's temperature for this question (its file's); None: the service's calibration.
+    temperature: float | None = None
+
+    def read(self, per_variant: Sequence[Sequence[float]]) -> list[float]:
+        """ "mean": the variants averaged; "rating": a 9-point rating (0 certainly no .. 8 certainly
+        yes) read as p(true), then p(false)."""
+        if self.combine == "one":
+            return list(per_variant[0])
+        if self.combine == "mean":
+            return [math.fsum(ps) / len(ps) for ps in zip(*per_variant, strict=True)]
+        rating = per_variant[0]
+        yes = math.fsum(i * p for i, p in enumerate(rating)) / (len(rating) - 1)
+        return [yes, 1.0 - yes]
+
+
+class TooManyOptions(ValueError):
+    """A question has more options (or levels) than the model has labels for."""
+
+    def __init__(self, qid: str, field: str, count: int, limit: int, message: str) -> None:
+        super().__init__(message)
+        self.qid, self.field, self.count, self.limit = qid, field, count, limit
+
+
+@dataclass(frozen=True)
 class QuestionSet:
     """The question-first layout's middle tier: every question of a request, numbered in a
     canonical order, between the system prompt and the state."""
@@ -204,6 +235,45 @@ class Prompter:
     @property
     def max_options(self) -> int:
         return len(self.labels.options)
+
+    decision_type: str | None = None  # onepass's own prompt; a decision GGUF's is app/decision.py
+
+    @property
+    def identity(self) -> str:
+        """What a fitted calibration depends on besides the model: the text around the state, the layout."""
+        return "\0".join([self.format.head, self.format.between, self.layout])
+
+    def prefix_parts(self, state: str, question_set: QuestionSet | None, prefix: tuple[int, ...]) -> tuple[str, ...]:
+        """What, besides the model and the KV settings, shapes the prefix snapshot: its cache key."""
+        if question_set is None:
+            return (self.format.head, self.format.between, state)
+        return (self.format.head_before_lead, question_set.text, self.format.between, state)
+
+    def plan(
+        self, state: Text, questions: dict[str, Question]
+    ) -> tuple[QuestionSet | None, tuple[int, ...], list[tuple[str, Question, Reading]]]:
+        """(the question set or None, the prefix's tokens, each question's reading) for a request's
+        state (as sent) and questions."""
+        text = render_state(state)
+        for qid, question in questions.items():
+            if isinstance(question, ChoiceQuestion) and len(question.criteria) > self.max_options:
+                raise TooManyOptions(
+                    qid,
+                    "criteria",
+                    len(question.criteria),
+                    self.max_options,
+                    f"has single-token labels for at most {self.max_options} options",
+                )
+        if self.layout == "question-first":
+            question_set = self.question_set(questions)
+            prefix = (*self.head_tokens, *question_set.tokens, *self.state_tokens(text))
+            return (
+                question_set,
+                prefix,
+                [(qid, q, Reading((question_set.readouts[qid],))) for qid, q in questions.items()],
+            )
+        prefix = (*self.head_tokens, *self.state_tokens(text))
+        return None, prefix, [(qid, q, Reading((self.question(q),))) for qid, q in questions.items()]
 
     def state_tokens(self, state: str) -> tuple[int, ...]:
         """Tokens of the state part of the prefix (what a cache miss prefills).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from array import array
@@ -29,11 +30,12 @@ from app.contract import (
     render_state,
     validation_error,
 )
+from app.decision import DecisionPrompter
 from app.disk_tier import DiskTier
 from app.engine import Engine, Job, Readout, RestoreError, Timing
 from app.errors import Cancelled, Unprocessable
 from app.fits import FitStore, question_key
-from app.prompting import Prompter, QuestionSet, RenderedQuestion
+from app.prompting import Prompter, QuestionSet, Reading, RenderedQuestion, TooManyOptions
 from app.snapshot import Snapshot
 
 log = logging.getLogger("onepass.service")
@@ -46,7 +48,10 @@ class Plan:
     state: str
     question_set: QuestionSet | None  # the question-first layout's middle tier (None: state-first)
     prefix_tokens: tuple[int, ...]  # everything before the suffixes: what the state tier snapshots
-    questions: list[tuple[str, Question, RenderedQuestion]]
+    questions: list[tuple[str, Question, Reading]]
+
+    def suffixes(self) -> list[RenderedQuestion]:
+        return [variant for _, _, reading in self.questions for variant in reading.variants]
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,7 @@ class _Decoded:
     plan: Plan
     base: Snapshot  # what the question suffixes follow (and their priors are measured after)
     jobs: list[Job]
-    readouts: list[Readout]  # in plan.questions order
+    readouts: list[list[Readout]]  # in plan.questions order, one per variant
     cache_state: Literal["hit", "disk", "miss", "off"]
     timing: Timing
     n_decodes: int
@@ -91,7 +96,7 @@ class ModelService:
         self,
         name: str,
         engine: Engine,
-        prompter: Prompter,
+        prompter: Prompter | DecisionPrompter,
         cache: SnapshotCache,
         key_fn: Callable[..., CacheKey] = cache_key,
         calibration: str = "none",
@@ -143,15 +148,31 @@ class ModelService:
         }
 
     def _render(
-        self, question: Question, rendered: RenderedQuestion, readout: Readout, base: Snapshot, fit: _Fitted | None
+        self, question: Question, reading: Reading, readouts: list[Readout], base: Snapshot, fit: _Fitted | None
     ) -> Answer:
-        raw = scoring.softmax(readout.label_logits)
+        raw = reading.read([scoring.softmax(r.label_logits) for r in readouts])
+        mass = math.fsum(r.label_mass for r in readouts) / len(readouts)
         if fit is not None:
-            return render_answer(question, fit.probabilities, readout.label_mass, raw, fit.used)
+            return render_answer(question, fit.probabilities, mass, raw, fit.used)
+        if reading.temperature is None:  # onepass's own prompt: the service's calibration
+            if self.calibration == "none":
+                return render_answer(question, raw, mass)
+            (rendered,) = reading.variants
+            calibrated = self.calibrator.calibrate(base, rendered.tokens, rendered.label_ids, raw)
+            return render_answer(question, calibrated, mass, raw)
+        # A decision model: each variant at the file's temperature (contextual: its prior divided
+        # out first), then the format's reading of the variants.
+        temperature = reading.temperature
         if self.calibration == "none":
-            return render_answer(question, raw, readout.label_mass)
-        calibrated = self.calibrator.calibrate(base, rendered.tokens, rendered.label_ids, raw)
-        return render_answer(question, calibrated, readout.label_mass, raw)
+            per_variant = [scoring.softmax([x / temperature for x in r.label_logits]) for r in readouts]
+        else:
+            per_variant = [
+                self.calibrator.calibrate(
+                    base, v.tokens, v.label_ids, scoring.softmax(r.label_logits), temperature=temperature
+                )
+                for v, r in zip(reading.variants, readouts, strict=True)
+            ]
+        return render_answer(question, reading.read(per_variant), mass, raw)
 
     def _fits_for(self, decoded: _Decoded) -> dict[str, _Fitted]:
         """The user's fits that answer this request's questions (app/fits.py), by question id. A
@@ -179,47 +200,41 @@ class ModelService:
     def _evidence_of(self, decoded: _Decoded, wanted: set[str]) -> dict[str, Evidence]:
         """The `wanted` questions' raw label probabilities and content-free priors, in label order."""
         found = {}
-        for (qid, question, rendered), readout in zip(decoded.plan.questions, decoded.readouts, strict=True):
+        for (qid, question, reading), readouts in zip(decoded.plan.questions, decoded.readouts, strict=True):
             if qid in wanted:
-                prior = self.calibrator.prior(decoded.base, rendered.tokens, rendered.label_ids)
-                found[qid] = Evidence(label_keys(question), scoring.softmax(readout.label_logits), prior)
+                prior = reading.read(
+                    [self.calibrator.prior(decoded.base, v.tokens, v.label_ids) for v in reading.variants]
+                )
+                raw = reading.read([scoring.softmax(r.label_logits) for r in readouts])
+                found[qid] = Evidence(label_keys(question), raw, prior)
         return found
 
-    def prefix_key(self, state: str, question_set: QuestionSet | None = None) -> CacheKey:
+    def prefix_key(self, state: str, question_set: QuestionSet | None = None, prefix: tuple[int, ...] = ()) -> CacheKey:
         """The state tier's key: everything that shapes the prefix snapshot's bytes."""
-        fmt, engine = self.prompter.format, self.engine
-        if question_set is None:
-            return self._key_fn(engine.fingerprint, engine.kv_settings, fmt.head, fmt.between, state)
-        return self._key_fn(
-            engine.fingerprint, engine.kv_settings, fmt.head_before_lead, question_set.text, fmt.between, state
-        )
+        parts = self.prompter.prefix_parts(state, question_set, prefix)
+        return self._key_fn(self.engine.fingerprint, self.engine.kv_settings, *parts)
 
     def question_set_key(self, question_set: QuestionSet) -> CacheKey:
+        assert isinstance(self.prompter, Prompter)  # only onepass's own prompt has a question-first layout
         fmt, engine = self.prompter.format, self.engine
         return self._key_fn(engine.fingerprint, engine.kv_settings, fmt.head_before_lead, question_set.text)
 
     def plan(self, request: SystemOneRequest) -> Plan:
         """Render and tokenize everything, and check it fits, before any inference."""
         state = render_state(request.state)
-        for qid, question in request.questions.items():
-            if isinstance(question, ChoiceQuestion) and len(question.criteria) > self.prompter.max_options:
-                raise Unprocessable(
-                    validation_error(
-                        ("questions", qid, "choice", "criteria"),
-                        f"{self.name} has single-token labels for at most {self.prompter.max_options} options",
-                        "too_long",
-                        len(question.criteria),
-                    )
+        try:
+            question_set, prefix, questions = self.prompter.plan(request.state, request.questions)
+        except TooManyOptions as error:
+            question = request.questions[error.qid]
+            raise Unprocessable(
+                validation_error(
+                    ("questions", error.qid, question.type, error.field),
+                    f"{self.name} {error}",
+                    "too_long",
+                    error.count,
                 )
-        question_set = None
-        if self.prompter.layout == "question-first":
-            question_set = self.prompter.question_set(request.questions)
-            prefix = (*self.base.tokens, *question_set.tokens, *self.prompter.state_tokens(state))
-            questions = [(qid, q, question_set.readouts[qid]) for qid, q in request.questions.items()]
-        else:
-            prefix = (*self.base.tokens, *self.prompter.state_tokens(state))
-            questions = [(qid, q, self.prompter.question(q)) for qid, q in request.questions.items()]
-        longest = max(len(rendered.tokens) for _, _, rendered in questions)
+            ) from error
+        longest = max(len(rendered.tokens) for _, _, reading in questions for rendered in reading.variants)
         if len(prefix) + longest > self.engine.n_ctx:
             raise Unprocessable(
                 validation_error(
@@ -240,8 +255,8 @@ class ModelService:
         scored = time.perf_counter()
         fits = self._fits_for(decoded)
         answers = {  # a question seen for the first time has its calibration prior measured here
-            qid: self._render(question, rendered, readout, decoded.base, fits.get(qid))
-            for (qid, question, rendered), readout in zip(decoded.plan.questions, decoded.readouts, strict=True)
+            qid: self._render(question, reading, readouts, decoded.base, fits.get(qid))
+            for (qid, question, reading), readouts in zip(decoded.plan.questions, decoded.readouts, strict=True)
         }
         calibrate_ms = (time.perf_counter() - scored) * 1000
         total_ms = (time.perf_counter() - started) * 1000
@@ -284,19 +299,19 @@ class ModelService:
         check = cancelled.is_set if cancelled is not None else (lambda: False)
         built = Timing()
 
-        def prefill(tokens: tuple[int, ...], base: Snapshot) -> Snapshot:
+        def prefill(tokens: tuple[int, ...], base: Snapshot | None) -> Snapshot:
             if check():
                 raise Cancelled("cancelled before the prefill")
             snapshot, timing = self.engine.prefill(tokens, base=base)
             with self._counter_lock:  # pooled contexts prefill in parallel threads
-                self.prefilled_tokens += len(tokens) - base.n_tokens
+                self.prefilled_tokens += len(tokens) - (base.n_tokens if base is not None else 0)
             built.restore_ms += timing.restore_ms
             built.prefill_ms += timing.prefill_ms
             return snapshot
 
         disk_hits: list[CacheKey] = []
 
-        def load_or_prefill(key: CacheKey, tokens: tuple[int, ...], base: Snapshot) -> Snapshot:
+        def load_or_prefill(key: CacheKey, tokens: tuple[int, ...], base: Snapshot | None) -> Snapshot:
             """A RAM miss: the disk tier's file if it has a sound one, else a prefill (then written)."""
             if self.disk is not None:
                 began = time.perf_counter()
@@ -319,13 +334,15 @@ class ModelService:
             base, _ = self.question_sets.get_or_build(
                 set_key, set_tokens, lambda: load_or_prefill(set_key, set_tokens, self.base)
             )
-        key = self.prefix_key(plan.state, plan.question_set)
+        key = self.prefix_key(plan.state, plan.question_set, plan.prefix_tokens)
+        # A decision template's state can merge with the end of its head: then prefill from the start.
+        start = base if plan.prefix_tokens[: base.n_tokens] == base.tokens else None
 
         def build() -> Snapshot:
-            return load_or_prefill(key, plan.prefix_tokens, base)
+            return load_or_prefill(key, plan.prefix_tokens, start)
 
         snapshot, hit = self.cache.get_or_build(key, plan.prefix_tokens, build)
-        jobs = batch_jobs(rendered for _, _, rendered in plan.questions)
+        jobs = batch_jobs(plan.suffixes())
         if check():
             raise Cancelled("cancelled before the decode")
         try:
@@ -341,7 +358,7 @@ class ModelService:
             self.cache.put(key, snapshot)
             answered = self.engine.answer(snapshot, jobs)
         readout_of = {(job.tokens, job.labels): r for job, r in zip(jobs, answered.readouts, strict=True)}
-        readouts = [readout_of[(rendered.tokens, rendered.label_ids)] for _, _, rendered in plan.questions]
+        readouts = [[readout_of[(v.tokens, v.label_ids)] for v in reading.variants] for _, _, reading in plan.questions]
         cache_state: Literal["hit", "disk", "miss", "off"] = (
             "off" if not self.cache.enabled else "hit" if hit else "disk" if key in disk_hits else "miss"
         )

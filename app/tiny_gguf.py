@@ -54,9 +54,13 @@ def write_tiny_gguf(
     extra_words: tuple[str, ...] = (),
     q4_0: bool = False,
     n_ff: int = N_FF,
+    systemone: str | None = None,
+    metadata: dict[str, str | float] | None = None,
 ) -> Path:
     """`q4_0`: the layers' matrices in Q4_0, the type ggml repacks for SIMD (the rest stays F32).
-    `n_ff`: the feed-forward width (a larger one makes a file whose last tensors lie far from its header)."""
+    `n_ff`: the feed-forward width (a larger one makes a file whose last tensors lie far from its header).
+    `systemone`: a decision model's template, written as llama.cpp's converters do; `metadata`: more
+    keys (strings or float32), such as `llama.decision.type`."""
     rng = np.random.default_rng(seed)
     tokens, types = vocabulary(extra_words)
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -79,8 +83,16 @@ def write_tiny_gguf(
     writer.add_unk_token_id(0)
     writer.add_add_bos_token(True)
     writer.add_add_space_prefix(False)
-    if chat_template is not None:
-        writer.add_chat_template(chat_template)
+    templates = [{"name": "default", "template": chat_template}] if chat_template is not None else []
+    if systemone is not None:
+        templates.append({"name": "systemone", "template": systemone})
+    if templates:
+        writer.add_chat_template(templates)
+    for key, value in (metadata or {}).items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        else:
+            writer.add_float32(key, value)
 
     def weight(*shape: int, scale: float = 0.15) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)

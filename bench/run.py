@@ -446,6 +446,7 @@ def main() -> None:
     began = time.perf_counter()
     engine = Engine(args.model, n_ctx=512, contexts=1)  # tokenizer and prompts only
     prompter = prompter_for(engine)
+    assert isinstance(prompter, Prompter)  # llama-server is given onepass's own prompt
     states = StateMaker(engine)
     report: dict[str, Any] = {
         "model": args.model.name.removesuffix(".gguf"),

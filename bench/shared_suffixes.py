@@ -22,6 +22,7 @@ from app.contract import SystemOneRequest
 from app.engine import Engine, suffix_rows
 from app.loading import prompter_for, speed_settings_for
 from app.model_config import ModelSpec
+from app.prompting import Prompter
 from app.service import batch_jobs
 from bench.client import sized_text
 from bench.output import Progress, table
@@ -43,6 +44,7 @@ def shared_suffixes(
     engine = Engine(model, n_ctx=4096, threads=speed.threads, repack=speed.repack, flash_attn=speed.flash_attn)
     try:
         prompter = prompter_for(engine)
+        assert isinstance(prompter, Prompter)  # the default model, onepass's own prompt
         state = sized_text(engine, sentences, STATE_TOKENS, 1)
         prefix, _ = engine.prefill([*prompter.head_tokens, *prompter.state_tokens(state)])
         rows = []

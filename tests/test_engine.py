@@ -14,7 +14,7 @@ from app.engine import MAX_SEQUENCES, Engine, Job, Readout, RestoreError, suffix
 from app.service import ModelService
 from app.snapshot import Snapshot
 from tests.conftest import tiny_settings
-from tests.loading import load_model
+from tests.loading import load_model, own_prompter
 
 STATE = "Order 1234 arrived broken. I want a refund or a replacement, today."
 
@@ -125,7 +125,7 @@ def test_calibration_divides_out_the_content_free_prior(tiny_chat_path: Path) ->
         req = request(n_questions=3)
         raw, cal = plain.answer(req).wire()["answers"], calibrated.answer(req).wire()["answers"]
         for qid, answer in cal.items():
-            rendered = calibrated.plan(req).questions[int(qid[1:])][2]
+            (rendered,) = calibrated.plan(req).questions[int(qid[1:])][2].variants
             prior = calibrated.calibrator.prior(calibrated.base, rendered.tokens, rendered.label_ids)
             p_raw = (
                 [raw[qid]["noul"], 1 - raw[qid]["noul"]]
@@ -345,7 +345,7 @@ def test_a_stored_prior_is_used_only_when_it_is_whole_and_for_these_labels(
     store = DictStore()
     fresh = tiny_service.calibrator
     first = ContextualCalibrator(fresh._stand_ins, fresh._measure, store=store)
-    rendered = tiny_service.prompter.question(request(n_questions=1).questions["q0"])
+    rendered = own_prompter(tiny_service).question(request(n_questions=1).questions["q0"])
     measured = first.prior(tiny_service.base, rendered.tokens, rendered.label_ids)
     assert len(store.saved) == 1
     if spoil is not None:

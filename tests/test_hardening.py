@@ -78,7 +78,7 @@ class FaultyService(ModelService):
         plan = super().plan(request)
         if self.faults:
             self.faults -= 1
-            _, _, rendered = plan.questions[0]
+            rendered = plan.suffixes()[0]
             object.__setattr__(rendered, "tokens", (*rendered.tokens[:-1], self.engine.n_vocab + 7))
         return plan
 

@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [
     },
     {"config", "fingerprint", "launch"},
     {"cache", "engine", "prompting", "known_models", "body", "openapi", "doctor", "affinity", "fleet", "fits"},
-    {"model_config", "calibration", "build_check", "check_gpu", "disk_tier"},
+    {"model_config", "calibration", "build_check", "check_gpu", "disk_tier", "decision"},
     {"tuning"},
     {"service"},
     {"loading", "fit_runner"},

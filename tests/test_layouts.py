@@ -19,7 +19,7 @@ from app.model_config import read_models_config
 from app.server import create_app
 from app.service import ModelService
 from tests.conftest import tiny_settings
-from tests.loading import load_model
+from tests.loading import load_model, own_prompter
 
 QUESTIONS: dict[str, Any] = {
     "queue": {
@@ -49,7 +49,7 @@ def test_the_prompt_is_system_then_every_question_then_the_state_then_a_readout(
     text = plan.question_set.text
     assert text.startswith("Questions:\nQuestion 1: ") and text.endswith("\n\nText:\n")
     assert text.count("Question ") == 3 and "Options:\nA. Billing: charges and refunds" in text
-    readouts = {qid: rendered.text for qid, _, rendered in plan.questions}
+    readouts = {qid: reading.variants[0].text for qid, _, reading in plan.questions}
     number = plan.question_set.number
     assert readouts["angry"] == f"Question {number['angry']}: Is the customer angry?\nAnswer Yes or No"
     assert readouts["queue"] == (  # the option names again, their descriptions only in the block
@@ -60,9 +60,9 @@ def test_the_prompt_is_system_then_every_question_then_the_state_then_a_readout(
     assert plan.prefix_tokens[: pipeline.base.n_tokens] == pipeline.base.tokens
     assert plan.prefix_tokens[pipeline.base.n_tokens :][: len(plan.question_set.tokens)] == plan.question_set.tokens
     # options and levels stay in the shared block: those readouts are shorter than state-first suffixes
-    for qid, question, rendered in plan.questions:
+    for qid, question, reading in plan.questions:
         if qid != "angry":
-            assert len(rendered.tokens) < len(pipeline.prompter.question(question).tokens)
+            assert len(reading.variants[0].tokens) < len(own_prompter(pipeline).question(question).tokens)
 
 
 @pytest.mark.parametrize("flash_attn", ["off", "on"])

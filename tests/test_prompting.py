@@ -8,6 +8,7 @@ from app.contract import SystemOneRequest, render_state
 from app.prompting import SYSTEM_PROMPT, Prompter, chat_format, level_labels
 from app.service import ModelService
 from app.tiny_gguf import CHATML_TEMPLATE
+from tests.loading import own_prompter
 
 STATES = ["Plain words.", "Zeile 1\nZeile 2 — ünïcode", '{"a":1}', "trailing punctuation!!", "ends with digits 42"]
 
@@ -40,18 +41,18 @@ def test_chat_models_get_answer_instructions_and_base_models_a_terse_block(
 ) -> None:
     request = SystemOneRequest.model_validate({"model": "m", "state": "s", "questions": questions()})
     chat, plain = (
-        {qid: service.prompter.question(q).text for qid, q in request.questions.items()}
+        {qid: own_prompter(service).question(q).text for qid, q in request.questions.items()}
         for service in (tiny_service, tiny_plain_service)
     )
     assert chat["n"].endswith("Answer Yes or No") and "Options:" in chat["c"] and "Levels:" in chat["s"]
     assert plain["n"].startswith("Question: Is it short? (Yes or No)")
     assert plain["c"].splitlines() == ["Question: Which?", "A. Alpha: first", "B. Beta"]
     assert plain["s"].splitlines() == ["Question: How much?", "1. none", "2. some", "3. lots"]
-    assert tiny_plain_service.prompter.format.tail.endswith("Answer:")
+    assert own_prompter(tiny_plain_service).format.tail.endswith("Answer:")
 
 
 def test_models_without_a_template_get_the_plain_format(tiny_plain_service: ModelService) -> None:
-    fmt = tiny_plain_service.prompter.format
+    fmt = own_prompter(tiny_plain_service).format
     assert (fmt.kind, fmt.label_space) == ("plain", True)
     assert fmt.head.startswith(SYSTEM_PROMPT) and fmt.tail.endswith("Answer:")
 
@@ -64,16 +65,16 @@ def test_a_broken_or_hostile_template_falls_back_to_plain(tiny_service: ModelSer
 
 @pytest.mark.parametrize("state", STATES)
 def test_the_prefix_is_a_literal_token_prefix_of_every_full_prompt(service: ModelService, state: str) -> None:
-    tokenizer, fmt = service.engine, service.prompter.format
+    tokenizer, fmt = service.engine, own_prompter(service).format
     request = SystemOneRequest.model_validate({"model": "m", "state": state, "questions": questions()})
     plan = service.plan(request)
-    for _, _, rendered in plan.questions:
+    for rendered in plan.suffixes():
         whole = fmt.head + render_state(state) + fmt.between + rendered.text + fmt.tail
         assert list(plan.prefix_tokens) + list(rendered.tokens) == tokenizer.tokenize(whole, add_bos=True)
 
 
 def test_labels_are_distinct_single_tokens_in_the_variant_the_prompt_ends_with(service: ModelService) -> None:
-    labels, space = service.prompter.labels, service.prompter.format.label_space
+    labels, space = own_prompter(service).labels, own_prompter(service).format.label_space
     for group in (labels.yes_no, labels.options, labels.levels):
         ids = [token for _, token in group]
         assert len(set(ids)) == len(ids)
@@ -100,10 +101,10 @@ def test_options_are_labelled_in_sorted_order_whatever_order_they_arrive_in(tiny
             "questions": {"q": {"type": "choice", "criteria": {"Alpha": "first", "Beta": None}}},
         }
     )
-    ra, rb = (tiny_service.prompter.question(r.questions["q"]) for r in (a, b))
+    ra, rb = (own_prompter(tiny_service).question(r.questions["q"]) for r in (a, b))
     assert ra.tokens == rb.tokens
     assert "A. Alpha: first\nB. Beta\n" in ra.text
-    a_id, b_id = (token for _, token in tiny_service.prompter.labels.options[:2])
+    a_id, b_id = (token for _, token in own_prompter(tiny_service).labels.options[:2])
     assert (ra.label_ids, rb.label_ids) == ((b_id, a_id), (a_id, b_id))  # labels follow the request's order
 
 
@@ -111,7 +112,7 @@ def test_question_ids_never_enter_the_prompt(tiny_service: ModelService) -> None
     request = SystemOneRequest.model_validate(
         {"model": "m", "state": "s", "questions": {"a_very_distinctive_id": {"type": "noul", "instructions": "Q?"}}}
     )
-    ((_, _, rendered),) = tiny_service.plan(request).questions
+    (rendered,) = tiny_service.plan(request).suffixes()
     assert "distinctive" not in rendered.text
 
 
@@ -127,7 +128,7 @@ def test_control_tokens_in_user_text_are_not_parsed(tiny_service: ModelService) 
     )
     plan = tiny_service.plan(request)
     state_part = plan.prefix_tokens[len(tiny_service.base.tokens) :]
-    ((_, _, rendered),) = plan.questions
+    (rendered,) = plan.suffixes()
     assert im_end[0] not in state_part
     assert rendered.tokens.count(im_end[0]) == 1  # only the template's own end of turn
 
@@ -144,12 +145,12 @@ def test_system_context_enters_the_head(tiny_service: ModelService) -> None:
 
 
 def test_score_levels_are_rated_from_one_unless_there_are_ten(tiny_service: ModelService) -> None:
-    labels = tiny_service.prompter.labels
+    labels = own_prompter(tiny_service).labels
     assert [text for text, _ in level_labels(labels, 3)] == ["1", "2", "3"]
     assert [text for text, _ in level_labels(labels, 9)] == list("123456789")
     assert [text for text, _ in level_labels(labels, 10)] == list("0123456789")
     request = SystemOneRequest.model_validate(
         {"model": "m", "state": "s", "questions": {"q": {"type": "score", "criteria": ["low", "mid", "high"]}}}
     )
-    rendered = tiny_service.prompter.question(request.questions["q"])
+    rendered = own_prompter(tiny_service).question(request.questions["q"])
     assert "1. low\n2. mid\n3. high\n" in rendered.text

@@ -16,7 +16,7 @@ from app.engine import Job
 from app.loading import load_spec
 from app.model_config import read_models_config
 from app.service import ModelService, batch_jobs
-from tests.loading import load_model
+from tests.loading import load_model, own_prompter
 
 pytestmark = pytest.mark.real_model
 
@@ -109,14 +109,14 @@ def test_obvious_questions_are_answered_correctly(
 
 
 def test_the_chat_prompt_makes_the_model_emit_labels_without_a_leading_space(real_service: ModelService) -> None:
-    engine, prompter = real_service.engine, real_service.prompter
+    engine, prompter = real_service.engine, own_prompter(real_service)
     assert prompter.format.kind == "chat" and not prompter.format.label_space
     plan = real_service.plan(
         SystemOneRequest.model_validate(
             {"model": "m", "state": TICKET, "questions": {"q": noul("Does the customer ask for money back?")}}
         )
     )
-    ((_, _, rendered),) = plan.questions
+    (rendered,) = plan.suffixes()
     variants = [engine.tokenize(text, special=False)[0] for text in ("Yes", "No", " Yes", " No")]
     snapshot, _ = engine.prefill(plan.prefix_tokens)
     (readout,) = engine.answer(snapshot, [Job(rendered.tokens, variants)]).readouts
@@ -125,7 +125,7 @@ def test_the_chat_prompt_makes_the_model_emit_labels_without_a_leading_space(rea
 
 
 def test_prefix_tokens_are_a_literal_prefix_with_the_real_tokenizer(real_service: ModelService) -> None:
-    fmt = real_service.prompter.format
+    fmt = own_prompter(real_service).format
     states: list[str | dict[str, Any]] = [TICKET, {"k": [1, 2], "é": "ü"}, "line one\n\nline two\n", "ends?!"]
     for state in states:
         request = SystemOneRequest.model_validate(
@@ -140,7 +140,7 @@ def test_prefix_tokens_are_a_literal_prefix_with_the_real_tokenizer(real_service
             }
         )
         plan = real_service.plan(request)
-        for _, _, rendered in plan.questions:
+        for rendered in plan.suffixes():
             whole = fmt.head + render_state(state) + fmt.between + rendered.text + fmt.tail
             assert list(plan.prefix_tokens) + list(rendered.tokens) == real_service.engine.tokenize(whole)
 
@@ -161,7 +161,7 @@ def test_a_long_state_hit_equals_miss(real_service: ModelService) -> None:
 
 def test_a_disk_hit_after_a_restart_equals_a_miss(real_service: ModelService, tmp_path: Path) -> None:
     """Two services over one engine, one folder: the second is the first after a restart."""
-    engine, prompter = real_service.engine, real_service.prompter
+    engine, prompter = real_service.engine, own_prompter(real_service)
     identity = SnapshotIdentity(build=engine.build, model=engine.fingerprint.hex(), kv=engine.kv_settings)
     answers = []
     for expected in ("miss", "disk", "hit"):
@@ -191,7 +191,7 @@ def test_a_restored_long_prefix_equals_a_one_shot_prefill(real_model_path: Path)
         assert len(plan.prefix_tokens) > 1200
         # Restore (system snapshot + state prefill, then the saved snapshot) == prefill of the whole prefix at once.
         one_shot, _ = engine.prefill(plan.prefix_tokens)
-        jobs = batch_jobs(rendered for _, _, rendered in plan.questions)  # as served
+        jobs = batch_jobs(plan.suffixes())  # as served
         key = service.prefix_key(plan.state)
         cached, hit_again = service.cache.get_or_build(key, plan.prefix_tokens, lambda: pytest.fail("not cached"))
         assert hit_again
@@ -230,7 +230,7 @@ def test_questions_that_begin_alike_share_rows_and_answer_as_if_decoded_whole(re
         questions = {f"q{i}": noul(f"Does the ticket mention {topic}?") for i, topic in enumerate(("money", "a date"))}
         ask(service, TICKET, questions)
         plan = service.plan(SystemOneRequest.model_validate({"model": "m", "state": TICKET, "questions": questions}))
-        jobs = batch_jobs(rendered for _, _, rendered in plan.questions)  # as served
+        jobs = batch_jobs(plan.suffixes())  # as served
         cached, _ = service.cache.get_or_build(
             service.prefix_key(plan.state), plan.prefix_tokens, lambda: pytest.fail("not cached")
         )
