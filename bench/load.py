@@ -21,7 +21,8 @@ from typing import Any
 import httpx
 
 from app.config import DEFAULT_MODEL_PATH
-from bench.run import QUESTIONS, SENTENCES, onepass_server, rss_mb
+from bench.servers import onepass_server, rss_mb
+from bench.workloads import QUESTIONS, SENTENCES
 
 
 def workload(n_requests: int, seed: int = 7) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ from app.config import DEFAULT_MODEL_PATH, LAYOUTS
 from app.engine import Engine
 from bench.client import ask, sized_text
 from bench.output import Progress, median
+from bench.servers import onepass_server
 
 TRIAGE: dict[str, Any] = {
     "queue": {
@@ -104,7 +105,7 @@ def run_layout(client: httpx.Client, url: str, states: list[str], progress: Prog
 
 
 def pipeline(model: Path, count: int, start_server: Any) -> dict[str, Any]:
-    """Both layouts; `start_server(model, *flags)` is bench.run's onepass_server."""
+    """Both layouts; `start_server(model, *flags)` is bench.servers' onepass_server."""
     engine = Engine(model, n_ctx=512, contexts=1)  # the tokenizer, to size the tickets
     states = tickets(engine, count)
     engine.close()
@@ -148,7 +149,6 @@ def markdown(found: dict[str, Any]) -> list[str]:
 
 
 def main() -> None:
-    from bench.run import onepass_server
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)

@@ -29,6 +29,7 @@ from app.disk_tier import SUFFIX
 from app.engine import Engine
 from bench.client import ask, sized_text
 from bench.output import Progress, median, table
+from bench.servers import onepass_server
 
 QUESTIONS: dict[str, Any] = {
     "refund": {"type": "noul", "instructions": "Does the customer ask for money back?"},
@@ -110,7 +111,7 @@ def compression(snapshot_file: Path) -> dict[str, Any]:
 
 
 def restart(model: Path, sizes: list[int], states_per_size: int, start_server: Any) -> dict[str, Any]:
-    """`start_server(model, *flags)` is bench.run's onepass_server."""
+    """`start_server(model, *flags)` is bench.servers' onepass_server."""
     engine = Engine(model, n_ctx=512, contexts=1)  # the tokenizer, to size the states
     states = {
         size: [sized_text(engine, SENTENCES, size, f"r{size}-{i}") for i in range(states_per_size)] for size in sizes
@@ -214,7 +215,6 @@ def markdown(found: dict[str, Any]) -> list[str]:
 
 
 def main() -> None:
-    from bench.run import onepass_server
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)

@@ -20,8 +20,7 @@ import platform
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,39 +30,16 @@ import httpx
 from app.config import DEFAULT_MODEL_PATH, Settings
 from app.contract import SystemOneRequest
 from app.engine import Engine
-from app.launch import READY, ServerProcess
 from app.loading import prompter_for, speed_settings_for
 from app.model_config import ModelSpec
 from app.paths import REPO_ROOT
 from app.prompting import Prompter
 from bench import peer, pipeline, restart, shared_suffixes
 from bench.client import ask as client_ask
-from bench.client import sized_text
 from bench.figure import figure
 from bench.output import table, write_atomically
-
-QUESTIONS: list[dict[str, Any]] = [
-    {"type": "noul", "instructions": "Does the customer ask for money back?"},
-    {
-        "type": "choice",
-        "instructions": "Which team handles it?",
-        "criteria": {"Billing": "Payments and refunds", "Technical": "Bugs and outages", "Sales": None},
-    },
-    {"type": "score", "instructions": "How frustrated is the customer?", "criteria": ["Calm", "Annoyed", "Furious"]},
-    {"type": "noul", "instructions": "Is the message written in English?"},
-    {"type": "choice", "instructions": "What is the sentiment?", "criteria": {"positive": None, "negative": None}},
-    {"type": "noul", "instructions": "Does the message mention a date?"},
-    {"type": "score", "instructions": "How urgent is it?", "criteria": ["Can wait", "This week", "Today", "Now"]},
-    {"type": "noul", "instructions": "Is an order number given?"},
-    {"type": "choice", "instructions": "Which channel fits the reply?", "criteria": {"email": None, "phone": None}},
-    {"type": "noul", "instructions": "Is the customer threatening to leave?"},
-]
-SENTENCES = [
-    "Order {n} was charged twice on my card and I still have not received the parcel.",
-    "Support promised a call back on Monday {n} but nobody ever called me.",
-    "I want a refund for the duplicate charge, and I am close to cancelling my plan.",
-    "The tracking page for shipment {n} has said 'in transit' for nine days now.",
-]
+from bench.servers import onepass_server, rss_mb
+from bench.workloads import QUESTIONS, SENTENCES, StateMaker
 
 
 @dataclass
@@ -96,39 +72,8 @@ def summary(samples: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(ordered), 1), "p90": round(p90, 1), "n": len(ordered)}
 
 
-class StateMaker:
-    """States of (about) a given token count, each new one different from all before."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.count = 0
-
-    def make(self, tokens: int) -> str:
-        self.count += 1
-        return sized_text(self.engine, SENTENCES, tokens, self.count)
-
-
-@contextmanager
-def onepass_server(model: Path, *extra: str) -> Iterator[tuple[str, int]]:
-    """A server on `model`; its snapshot disk tier is off unless `extra` turns it on (a cold
-    request must be cold, not a disk hit left by an earlier run)."""
-    server = ServerProcess(["--model", str(model), "--n-ctx", "8192", "--session-cache-disk-bytes", "0", *extra])
-    try:
-        server.wait_for(READY)
-        yield server.url, server.pid
-    finally:
-        server.stop()
-
-
 def ask(client: httpx.Client, url: str, state: str, questions: list[dict[str, Any]]) -> tuple[float, dict[str, Any]]:
     return client_ask(client, url, state, {f"q{i}": q for i, q in enumerate(questions)})
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def cache_gain(client: httpx.Client, url: str, states: StateMaker, cfg: Config) -> list[dict[str, Any]]:

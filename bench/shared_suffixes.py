@@ -26,6 +26,7 @@ from app.prompting import Prompter
 from app.service import batch_jobs
 from bench.client import sized_text
 from bench.output import Progress, table
+from bench.workloads import QUESTIONS, SENTENCES
 
 STATE_TOKENS = 256
 TOPICS = ["a refund", "a late delivery", "a broken item", "a wrong address", "a discount"]
@@ -103,7 +104,6 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    from bench.run import QUESTIONS, SENTENCES  # bench.run imports this module
 
     rows = shared_suffixes(args.model, question_sets(QUESTIONS[:5]), SENTENCES, args.runs)
     print(json.dumps(rows, indent=2))

@@ -89,7 +89,10 @@ def template() -> str:
         )
         + "{% else %}"
         + block(
-            "Which level fits the text best?", "Levels:", text("o.description"), "Answer with the label of one level"
+            "Which level fits the text best?",
+            "Levels, from lowest to highest:",
+            text("o.description"),
+            "Answer with the label of one level",
         )
         + "{% endif %}"
         + "<|im_end|>\n<|im_start|>assistant"

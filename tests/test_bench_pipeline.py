@@ -18,7 +18,7 @@ from tests.loading import load_model
 
 @contextmanager
 def tiny_server(model: Path, *flags: str) -> Iterator[tuple[str, int]]:
-    """bench.run's onepass_server, in-process: the bench passes only `--layout NAME`."""
+    """bench.servers' onepass_server, in-process: the bench passes only `--layout NAME`."""
     assert flags[0] == "--layout" and len(flags) == 2
     settings = tiny_settings(model, layout=flags[1])
     registry = ModelRegistry.serving(load_model(settings))

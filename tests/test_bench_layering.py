@@ -1,0 +1,47 @@
+"""bench/ has layers too: shared pieces at the bottom, scenarios above them, `make bench`'s
+orchestrator (run.py) on top, imported by nothing."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+# Lowest first. A module may import bench modules of lower layers only.
+LAYERS: list[set[str]] = [
+    {"output", "client", "servers", "pipelines", "peer", "build_peer", "browser", "twin"},  # shared pieces
+    {"figure", "workloads", "screenshot", "evidence"},
+    {"eval", "fleet_sim", "calibration_study", "load", "pipeline", "restart", "shared_suffixes"},  # scenarios
+    {"run"},  # make bench
+]
+
+
+def bench_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "bench":
+                found |= {alias.name for alias in node.names}
+            elif node.module.startswith("bench."):
+                found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[1] for alias in node.names if alias.name.startswith("bench.")}
+    return found
+
+
+def modules() -> list[Path]:
+    return [path for path in BENCH.glob("*.py") if path.stem != "__init__"]
+
+
+def test_every_bench_module_has_a_layer() -> None:
+    assert {path.stem for path in modules()} == set().union(*LAYERS)
+
+
+def test_no_bench_import_runs_back_up_and_nothing_imports_the_orchestrator() -> None:
+    rank = {module: i for i, layer in enumerate(LAYERS) for module in layer}
+    for path in modules():
+        imported = bench_imports(path)
+        assert "run" not in imported, f"bench/{path.name} imports bench/run.py"
+        upward = {m for m in imported if rank[m] >= rank[path.stem]}
+        assert not upward, f"bench/{path.name} imports {sorted(upward)} from its own layer or above"
