@@ -40,7 +40,7 @@ X86_OPTIONS: dict[str, tuple[str, ...]] = {
     "GGML_AVX512_BF16": ("avx512_bf16",),
 }
 # Always off, whatever the CPU has: on Xeons with AMX every forward pass through ggml's AMX
-# kernels segfaults in ggml_backend_amx_mul_mat (seen with llama-cpp-python 0.3.36; DESIGN.md).
+# kernels segfaults in ggml_backend_amx_mul_mat (seen with llama-cpp-python 0.3.36; docs/troubleshooting.md).
 X86_ALWAYS_OFF = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
 AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
 

@@ -102,7 +102,7 @@ class KvSettings:
     n_ctx: int
     n_ubatch: int = N_UBATCH
     # Restore is exact only with the same attention and KV settings as the save. Flash attention
-    # makes a prefill in one piece and in two pieces round differently (DESIGN.md); every path
+    # makes a prefill in one piece and in two pieces round differently (docs/performance.md); every path
     # here prefills in the same pieces (base, state, suffix), so hit == miss == cache off either way.
     flash_attn: bool = False
     kv_type: str = "f16"

@@ -10,7 +10,7 @@ With r = log p_raw - log q (q: a label prior to divide out, as in contextual cal
 - temperature: a * r (q content-free), a fitted;
 - vector: a * r + b, a bias per label, both regularised towards contextual (a = 1/T0, b = 0);
 - question set (opt-in only): W x + c, where x holds the contextual r of every question asked about
-  the same state, so an answer depends on the other questions (CONTRACT.md forbids that by default).
+  the same state, so an answer depends on the other questions (the System One contract forbids that by default).
 
 Fitted by Newton's method on the cross-entropy (convex in each candidate's parameters), chosen by
 5-fold cross-validated log loss, and adopted only when that beats contextual calibration on the

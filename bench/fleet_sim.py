@@ -4,7 +4,7 @@ No model runs. Each replica is the real SnapshotCache at the default size (16 sn
 tokens), holding snapshots of each state's token count. Requests arrive as a Poisson stream and
 ask about states of Zipf-like popularity; a replica answers one request at a time (contexts = 1),
 in arrival order: a hit costs the decode, a miss the state's prefill too (the default model's
-rates on 2 cores, README "Speed"). The policies pick a replica per request as HAProxy 2.6 does:
+rates on 2 cores, docs/performance.md). The policies pick a replica per request as HAProxy 2.6 does:
 
 - round robin;
 - least connections: fewest requests in flight, ties in turn;
@@ -293,7 +293,7 @@ def markdown(report: dict[str, Any], columns: Sequence[tuple[str, Callable[[Row]
 
 
 def table(report: dict[str, Any]) -> str:
-    """Two Markdown tables (the README's): what the caches saved, and how long clients waited."""
+    """Two Markdown tables (docs/fleet.md's): what the caches saved, and how long clients waited."""
 
     def share(policy: str, name: str) -> Callable[[Row], str]:
         return lambda row: f"{row[policy][name]:.1%}"
