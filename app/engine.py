@@ -179,8 +179,7 @@ class Engine:
         params = llama.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         # ggml's repacked CPU weights (interleaved for SIMD) are faster on some CPUs and slower on
-        # others (AVX-512 Xeon: prefill 2.14 s vs 1.63 s without; AVX2 EPYC: 10-15% faster with):
-        # app/tuning.py measures which, per CPU and build.
+        # others (docs/performance.md): app/tuning.py measures which, per CPU and build.
         params.use_extra_bufts = repack
         self.model = llama.llama_model_load_from_file(str(model_path).encode(), params)
         if not self.model:

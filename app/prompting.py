@@ -30,8 +30,8 @@ from app.contract import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, 
 
 log = logging.getLogger("onepass.prompting")
 
-# Measured on tests/eval (58-item subset, default model): this wording lifted raw accuracy from
-# 0.64 to 0.76 over "You answer questions about a text...", mostly on negations and numbers.
+# Chosen on tests/eval over plainer wordings, mostly for negations and numbers (the measurements:
+# docs/prompt-experiments.md).
 SYSTEM_PROMPT = (
     "You are a careful, literal reader. Read the text, then answer the question about it using only what "
     "the text says; pay attention to negations, numbers and dates. Reply with the label of the correct "
@@ -59,7 +59,7 @@ class PromptFormat:
     label_space: bool  # whether the answer label follows a space (" A") or starts a message ("A")
     # Base models (plain layout) read a question as a document to complete: "Answer:" in the tail
     # cues the label, so the block needs no headings or answer instruction. Chat models lose
-    # accuracy without them (tests/eval, default model: 0.810 -> 0.707 calibrated).
+    # accuracy without them (docs/prompt-experiments.md).
     terse: bool = False
     lead: str = "Text:\n"  # what introduces the state; the question-first layout puts the questions before it
 
@@ -136,8 +136,8 @@ def choose_labels(tokenizer: Tokenizer, label_space: bool) -> Labels:
 def level_labels(labels: Labels, n: int) -> tuple[tuple[str, int], ...]:
     """Labels for n score levels, lowest first.
 
-    Rated 1..n where the digits allow (9 levels at most): on tests/eval the default model
-    rated 1-based levels right 25 of 40 times against 21 of 40 for 0-based ones.
+    Rated 1..n where the digits allow (9 levels at most): on tests/eval the default model rated
+    1-based levels right more often than 0-based ones (docs/prompt-experiments.md).
     """
     digits = [label for label in labels.levels if label[0].isdigit()]
     if len(digits) == MAX_LEVELS and n < MAX_LEVELS:
@@ -279,7 +279,7 @@ class Prompter:
         """Tokens of the state part of the prefix (what a cache miss prefills).
 
         Memoised for recent states: a cache hit should not pay for tokenizing its state again
-        (4 ms for 2,000 tokens), and a tokenizer is a pure function of the text.
+        (milliseconds for a long state), and a tokenizer is a pure function of the text.
         """
         return self._state_tokens(state)
 
@@ -302,8 +302,8 @@ class Prompter:
         readouts = {}
         for qid, (body, answer_line, label_ids) in blocks.items():
             # The question's own line again, and a choice's labelled option names without their
-            # descriptions (those, and score levels, stay in the shared block). On tests/eval a bare
-            # "Question 2." readout scored 0.632 calibrated, the question line alone 0.695.
+            # descriptions (those, and score levels, stay in the shared block): shorter readouts
+            # measured worse on tests/eval (docs/models.md, "Prompt layouts").
             lines = [_numbered(body[0], number[qid])]
             question = questions[qid]
             if isinstance(question, ChoiceQuestion):

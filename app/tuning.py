@@ -33,13 +33,12 @@ log = logging.getLogger("onepass.tuning")
 
 SAMPLE = "The customer wrote that the parcel arrived late, the box was damaged and the invoice was wrong. " * 16
 # Tokens prefilled per timing. Attention's share of the work grows with the length, so flash
-# attention is timed on a longer prefill (its gain on the development Xeon: 3-5% at 128 tokens,
-# 2-10% at 256 from run to run on that VM, 12% at 1,024).
+# attention is timed on a longer prefill (what it gained at each length: docs/performance.md).
 SAMPLE_TOKENS = {"threads": 128, "repack": 128, "flash_attn": 256}
-MARGIN = 0.03  # a setting leaves its default only when the other way is at least 3% faster: below that it is noise
-# The defaults: repacked weights were 45% slower on the AVX-512 Xeon, so off unless measured faster.
-# Flash attention was faster in every measurement (2-12%, AVX-512 and AVX2 builds; it is llama.cpp's
-# own default too), but on a busy VM often by less than the margin, so on unless measured slower.
+MARGIN = 0.03  # a setting leaves its default only when the other way is faster by more than run-to-run noise
+# The defaults: repacked weights were much slower on the AVX-512 development machine, so off unless
+# measured faster. Flash attention was faster in every measurement (it is llama.cpp's own default
+# too), but on a busy VM often by less than the margin, so on unless measured slower.
 DEFAULT = {"repack": False, "flash_attn": True}
 # Records kept: each build, model file and thread count gets its own (80 bytes each), so the
 # folder would grow with every rebuild; the oldest beyond this are deleted, to be measured
