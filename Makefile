@@ -6,14 +6,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 LLAMA_CPP_VERSION := 0.3.36
-# The CPU flags come from this machine (app/cpu.py: every x86 instruction set named ON or OFF
+# The CPU flags come from this machine (app/platform/cpu.py: every x86 instruction set named ON or OFF
 # from /proc/cpuinfo or sysctl, AMX always off; ggml's own detection on arm64). A user's
 # CMAKE_ARGS go after them and win: make setup CMAKE_ARGS="-DGGML_CUDA=on"
 CMAKE_ARGS ?=
 # ONEPASS_CPUINFO=FILE builds for a recorded /proc/cpuinfo instead of this CPU (tests/cpuinfo/).
 ONEPASS_CPUINFO ?=
 export ONEPASS_CPUINFO
-CPU_CMAKE_ARGS := $(shell ONEPASS_CPUINFO='$(ONEPASS_CPUINFO)' $(PYTHON) -m app.cpu cmake-args)
+CPU_CMAKE_ARGS := $(shell ONEPASS_CPUINFO='$(ONEPASS_CPUINFO)' $(PYTHON) -m app.platform.cpu cmake-args)
 # A Vulkan build (AMD and Intel GPUs; Mesa's lavapipe runs it on any CPU): make setup CMAKE_ARGS="-DGGML_VULKAN=on".
 # On Debian 12 its headers are too old for ggml-vulkan.cpp: models/vulkan_headers.py unpacks Debian 13's.
 VULKAN_HEADERS := $(HOME)/.cache/onepass/vulkan-headers-trixie
@@ -29,7 +29,7 @@ BUILD_ARGS := $(strip $(CPU_CMAKE_ARGS) $(CMAKE_ARGS) $(VULKAN_ARGS))
 # version, the flags and this CPU's features: a shared or copied cache never hands a wheel
 # to a CPU it was not built for.
 WHEEL_CACHE ?= $(HOME)/.cache/onepass/wheels
-WHEEL_KEY := $(shell ONEPASS_CPUINFO='$(ONEPASS_CPUINFO)' $(PYTHON) -m app.cpu key '$(LLAMA_CPP_VERSION)' '$(BUILD_ARGS)')
+WHEEL_KEY := $(shell ONEPASS_CPUINFO='$(ONEPASS_CPUINFO)' $(PYTHON) -m app.platform.cpu key '$(LLAMA_CPP_VERSION)' '$(BUILD_ARGS)')
 WHEEL_DIR := $(WHEEL_CACHE)/$(WHEEL_KEY)
 WHEEL_STAMP := $(WHEEL_DIR)/.built
 INSTALL_STAMP := $(VENV)/.installed-$(WHEEL_KEY)
@@ -55,7 +55,7 @@ $(WHEEL_STAMP): | $(BIN)/python $(VULKAN_DEPS)
 	CMAKE_ARGS="$(BUILD_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(getconf _NPROCESSORS_ONLN) \
 		$(BIN)/python -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python \
 		-w $(WHEEL_DIR) llama-cpp-python==$(LLAMA_CPP_VERSION)
-	$(PYTHON) -m app.cpu describe '$(LLAMA_CPP_VERSION)' '$(BUILD_ARGS)' > $(WHEEL_DIR)/built-for.json
+	$(PYTHON) -m app.platform.cpu describe '$(LLAMA_CPP_VERSION)' '$(BUILD_ARGS)' > $(WHEEL_DIR)/built-for.json
 	touch $@
 
 $(INSTALL_STAMP): $(WHEEL_STAMP) pyproject.toml | $(BIN)/python
@@ -90,7 +90,7 @@ model-small: $(INSTALL_STAMP)
 DECISION_MODEL := $(DEFAULT_MODEL:.gguf=-decision.gguf)
 model-decision: $(DECISION_MODEL)
 
-$(DECISION_MODEL): models/decision_model.py app/prompting.py | model
+$(DECISION_MODEL): models/decision_model.py app/answering/prompting.py | model
 	$(BIN)/python models/decision_model.py $(DEFAULT_MODEL) $@
 
 # Extra server flags: make run ARGS="--n-gpu-layers -1 --context-path ctx.md"
@@ -103,7 +103,7 @@ run: model
 # ARGS go to every replica: make fleet N=3 ARGS="--threads 1". Ctrl-C stops them all.
 N ?= 3
 fleet: model
-	$(BIN)/python -m app.fleet --replicas $(N) $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) -- $(ARGS)
+	$(BIN)/python -m app.fleet.supervisor --replicas $(N) $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) -- $(ARGS)
 
 # tests/test_install.py installs the package into a fresh venv with the wheel built here.
 test: model model-decision lint check-build test-tools
@@ -132,11 +132,11 @@ test-tools:
 
 # Load llama.cpp in a subprocess and decode once: a build for another CPU fails here with words.
 check-build: setup
-	$(BIN)/python -m app.build_check
+	$(BIN)/python -m app.platform.build_check
 
 # What a bug report needs: OS, Python, CPU, the llama.cpp build, backends, models, the wheel.
 doctor:
-	@$(PYTHON) -m app.doctor --venv $(VENV) --wheel-dir $(WHEEL_DIR)
+	@$(PYTHON) -m app.platform.doctor --venv $(VENV) --wheel-dir $(WHEEL_DIR)
 
 lint: setup
 	$(BIN)/ruff check app tests bench models
@@ -213,7 +213,7 @@ test-gpu: model-small
 # fails or hangs is named. make check-gpu GPU_CHECK_MODEL=models/x.gguf
 GPU_CHECK_MODEL ?= $(SMALL_MODEL)
 check-gpu: model-small
-	$(BIN)/python -m app.check_gpu $(GPU_CHECK_MODEL)
+	$(BIN)/python -m app.platform.check_gpu $(GPU_CHECK_MODEL)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -9,18 +9,18 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from app.affinity import replica_name
-from app.build_check import run_check
 from app.config import DEFAULT_CONFIG_PATH, ConfigError, SettingsSource
-from app.launch import listening_socket, url_of
-from app.model_config import read_models_config
-from app.server import create_app
+from app.fleet.processes import listening_socket, url_of
+from app.fleet.routing import replica_name
+from app.http.server import create_app
+from app.platform.build_check import run_check
+from app.serving.specs import read_models_config
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     given = list(sys.argv[1:] if argv is None else argv)
     if given[:1] == ["calibrate"]:
-        from app.calibrate_cli import main as calibrate  # loads a model itself: only for this command
+        from app.calibrate.cli import main as calibrate  # loads a model itself: only for this command
 
         calibrate(given[1:])
         return

@@ -1,6 +1,6 @@
 """Settings: one frozen object. Precedence: CLI flag > ONEPASS_<FLAG> env var > the config file
 (a model's [[models]] entry > its [server] section) > the settings that belong to the model file
-(app/known_models.toml) > default.
+(app/serving/known_models.toml) > default.
 
 Every option is declared once, as a field of `Settings` with its help text; the argparse flags,
 their env var fallbacks, the config keys and the per-model keys are generated from those fields.
@@ -367,7 +367,7 @@ def load_settings(
     argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None, default_config: Path | None = None
 ) -> Settings:
     """Flags > env vars > the config file's [server] section > defaults (a [[models]] entry sits between
-    the env vars and [server]; see app/model_config.py).
+    the env vars and [server]; see app/serving/specs.py).
 
     `default_config` is used when it exists and neither a config nor a model was named.
     """

@@ -217,7 +217,7 @@ class CatalogueEntry:
     settings: dict[str, Any]  # the model's per-model settings as JSON values: each is reported as x_<name>
     loaded: bool
     error: str | None
-    decision_type: str | None = None  # a decision GGUF's format (app/decision.py); None: onepass's own prompt
+    decision_type: str | None = None  # a decision GGUF's format (app/answering/decision.py); None: onepass's own prompt
 
 
 def models_listing(entries: list[CatalogueEntry]) -> dict[str, Any]:

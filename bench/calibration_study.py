@@ -3,7 +3,7 @@
 Reads bench/results/calibration-evidence.json (python -m bench.evidence: every workload's examples
 answered once by the served default model) and, per workload, splits it by item: the first
 `--train` examples to fit on, the rest held out. On the held-out items it compares what a question
-gets today (contextual calibration) with the fits `onepass calibrate` would adopt (app/fit_runner.py),
+gets today (contextual calibration) with the fits `onepass calibrate` would adopt (app/calibrate/runner.py),
 per question and with the opt-in question-set fit, and with batch calibration (label-free) on
 unlabelled samples of several sizes. Writes bench/results/calibration-study.{json,md,png}.
 """
@@ -17,10 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from app import fitting
-from app.fit_runner import Parsed, fit_all, parse_examples, set_rows
-from app.fits import question_key
-from app.fitting import (
+from app.answering import fitting
+from app.answering.fits import question_key
+from app.answering.fitting import (
     Example,
     apply,
     apply_fit,
@@ -32,8 +31,9 @@ from app.fitting import (
     scores,
     softmax,
 )
+from app.answering.service import Evidence
+from app.calibrate.runner import Parsed, fit_all, parse_examples, set_rows
 from app.paths import REPO_ROOT
-from app.service import Evidence
 from bench.evidence import OUT as EVIDENCE
 from bench.output import table, write_atomically
 

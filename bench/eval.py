@@ -25,11 +25,11 @@ from typing import Any
 from starlette.testclient import TestClient
 
 from app.config import DEFAULT_CONFIG_PATH, DEFAULT_MODEL_PATH, LAYOUTS, Settings, load_settings
-from app.loading import load_spec
-from app.model_config import ModelSpec, read_models_config, replace_settings
-from app.models import ModelRegistry
+from app.http.server import create_app
 from app.paths import REPO_ROOT
-from app.server import create_app
+from app.serving.loading import load_spec
+from app.serving.registry import ModelRegistry
+from app.serving.specs import ModelSpec, read_models_config, replace_settings
 from bench.figure import figure
 from bench.output import Progress, write_atomically
 

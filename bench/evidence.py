@@ -16,9 +16,9 @@ from typing import Any
 
 from app.config import DEFAULT_CONFIG_PATH, DEFAULT_MODEL_PATH, load_settings
 from app.contract import SystemOneRequest
-from app.loading import load_spec
-from app.model_config import read_models_config
 from app.paths import REPO_ROOT
+from app.serving.loading import load_spec
+from app.serving.specs import read_models_config
 from bench.output import Progress, write_atomically
 from bench.pipelines import WORKLOADS
 

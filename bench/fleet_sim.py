@@ -32,10 +32,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.affinity import affinity_key
-from app.cache import CacheKey, SnapshotCache
 from app.config import Settings
-from app.snapshot import Snapshot
+from app.engine.ram_cache import CacheKey, SnapshotCache
+from app.engine.snapshot import Snapshot
+from app.fleet.routing import affinity_key
 from bench.figure import figure
 from bench.output import Progress, write_atomically
 

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from app.config import DEFAULT_MODEL_PATH, LAYOUTS
-from app.engine import Engine
+from app.engine.llama import Engine
 from bench.client import ask, sized_text
 from bench.output import Progress, median
 from bench.servers import onepass_server

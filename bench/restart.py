@@ -25,8 +25,8 @@ from typing import Any
 import httpx
 
 from app.config import DEFAULT_MODEL_PATH, DEFAULT_SNAPSHOT_DIR
-from app.disk_tier import SUFFIX
-from app.engine import Engine
+from app.engine.disk_cache import SUFFIX
+from app.engine.llama import Engine
 from bench.client import ask, sized_text
 from bench.output import Progress, median, table
 from bench.servers import onepass_server

@@ -27,13 +27,13 @@ from typing import Any
 
 import httpx
 
+from app.answering.prompting import Prompter
 from app.config import DEFAULT_MODEL_PATH, Settings
 from app.contract import SystemOneRequest
-from app.engine import Engine
-from app.loading import prompter_for, speed_settings_for
-from app.model_config import ModelSpec
+from app.engine.llama import Engine
 from app.paths import REPO_ROOT
-from app.prompting import Prompter
+from app.serving.loading import prompter_for, speed_settings_for
+from app.serving.specs import ModelSpec
 from bench import peer, pipeline, restart, shared_suffixes
 from bench.client import ask as client_ask
 from bench.figure import figure

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.launch import READY, ServerProcess
+from app.fleet.processes import READY, ServerProcess
 from app.paths import REPO_ROOT
 from bench.browser import Page, chromium, find_tools
 
@@ -22,7 +22,9 @@ ANSWER_TIMEOUT_S = 600  # a first question on 2 CPU cores also measures its cali
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--example", default="ticket", help="ticket, review or moderation (app/static/examples.json)")
+    parser.add_argument(
+        "--example", default="ticket", help="ticket, review or moderation (app/http/static/examples.json)"
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results" / "playground.png")
     parser.add_argument("server_args", nargs="*", help="flags for python -m app, after --")
     args = parser.parse_args()

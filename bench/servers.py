@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from app.launch import READY, ServerProcess
+from app.fleet.processes import READY, ServerProcess
 
 
 @contextmanager

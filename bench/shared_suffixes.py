@@ -2,7 +2,7 @@
 
 Questions rendered after the same state all begin "Question: ...", and a family of questions
 ("Does the ticket mention a refund?", "... a date?") shares more. The engine decodes each such
-token once, in every sequence that reaches it (app/engine.py `suffix_rows`). Here the same
+token once, in every sequence that reaches it (app/engine/llama.py `suffix_rows`). Here the same
 suffixes are decoded after the same 256-token state with that sharing on and off, alternating,
 with the speed settings the server chose for this machine: rows in the batch and the decode's
 time, best of the runs.
@@ -17,13 +17,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from app.answering.prompting import Prompter
+from app.answering.service import batch_jobs
 from app.config import DEFAULT_MODEL_PATH, Settings
 from app.contract import SystemOneRequest
-from app.engine import Engine, suffix_rows
-from app.loading import prompter_for, speed_settings_for
-from app.model_config import ModelSpec
-from app.prompting import Prompter
-from app.service import batch_jobs
+from app.engine.llama import Engine, suffix_rows
+from app.serving.loading import prompter_for, speed_settings_for
+from app.serving.specs import ModelSpec
 from bench.client import sized_text
 from bench.output import Progress, table
 from bench.workloads import QUESTIONS, SENTENCES

@@ -24,7 +24,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from app.engine import Engine, Job
+from app.engine.llama import Engine, Job
 
 # Byte offsets of each block's float16 scales, by quantization type (ggml-common.h's block layouts).
 SCALE_OFFSETS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,)}

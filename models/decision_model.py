@@ -2,13 +2,13 @@
 
 Usage: python models/decision_model.py SOURCE.gguf DEST.gguf [--temperature T]
 
-T defaults to the source's calibration temperature when onepass knows the file (app/known_models.toml).
+T defaults to the source's calibration temperature when onepass knows the file (app/serving/known_models.toml).
 
 The copy carries what llama.cpp's server reads from a decision GGUF: `<arch>.decision.type` =
 openjev (labels A-Z, a-z by option position, noul true first), a temperature per question type
 (onepass's fitted calibration temperature for this model), and the template as
 `tokenizer.chat_template.systemone`, listed in `tokenizer.chat_templates`. onepass serves it through
-its decision path (app/decision.py); llama.cpp's /v1/systemone could serve it too.
+its decision path (app/answering/decision.py); llama.cpp's /v1/systemone could serve it too.
 
 The prompt is onepass's: its system prompt, "Text:", the state, and each question in its block
 (instructions, labelled options or levels, the answer line), in the model's chat turns. What the
@@ -27,8 +27,8 @@ from pathlib import Path
 import gguf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from app.known_models import identify, read_known_models
-from app.prompting import SYSTEM_PROMPT
+from app.answering.prompting import SYSTEM_PROMPT
+from app.serving.known_models import identify, read_known_models
 
 TYPE = "openjev"
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"

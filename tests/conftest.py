@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
+from app.answering.service import ModelService
 from app.config import DEFAULT_MODEL_PATH, Settings
-from app.models import ModelRegistry
-from app.server import create_app
-from app.service import ModelService
-from app.tiny_gguf import write_tiny_gguf
+from app.http.server import create_app
+from app.platform.tiny_gguf import write_tiny_gguf
+from app.serving.registry import ModelRegistry
 from tests.live import RunningServer
 from tests.loading import load_model
 

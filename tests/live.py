@@ -15,9 +15,9 @@ import httpx
 import uvicorn
 
 from app.config import Settings
-from app.launch import listening_socket, url_of
-from app.models import ModelRegistry
-from app.server import create_app, default_loader
+from app.fleet.processes import listening_socket, url_of
+from app.http.server import create_app, default_loader
+from app.serving.registry import ModelRegistry
 
 
 class RunningServer:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from app.answering.prompting import Prompter
+from app.answering.service import ModelService
 from app.config import Settings
-from app.loading import load_spec
-from app.model_config import ModelSpec
-from app.prompting import Prompter
-from app.service import ModelService
+from app.serving.loading import load_spec
+from app.serving.specs import ModelSpec
 
 
 def load_model(settings: Settings) -> ModelService:

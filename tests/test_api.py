@@ -13,10 +13,10 @@ import pytest
 from backports.zstd import compress as zstd_compress
 from starlette.testclient import TestClient
 
+from app.answering.service import ModelService
 from app.config import Settings
-from app.models import ModelRegistry
-from app.server import create_app
-from app.service import ModelService
+from app.http.server import create_app
+from app.serving.registry import ModelRegistry
 from tests.conftest import tiny_settings
 from tests.loading import load_model
 

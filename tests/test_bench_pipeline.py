@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import LAYOUTS
-from app.models import ModelRegistry
+from app.serving.registry import ModelRegistry
 from bench import pipeline
 from tests.conftest import tiny_settings
 from tests.live import RunningServer

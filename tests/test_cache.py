@@ -6,8 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from app.cache import CacheKey, SnapshotCache, cache_key
-from app.snapshot import Snapshot
+from app.engine.ram_cache import CacheKey, SnapshotCache, cache_key
+from app.engine.snapshot import Snapshot
 
 
 def snap(n_tokens: int, first: int = 0) -> Snapshot:

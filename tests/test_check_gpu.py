@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.engine import Engine
+from app.engine.llama import Engine
 from app.paths import REPO_ROOT
 
 
@@ -16,7 +16,7 @@ def run(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_a_step_that_outlives_its_timeout_is_named_with_its_stack() -> None:
     done = run(
-        "import threading\nfrom app.check_gpu import Steps\nsteps = Steps(0.5)\n"
+        "import threading\nfrom app.platform.check_gpu import Steps\nsteps = Steps(0.5)\n"
         "with steps.step('context creation'):\n    threading.Event().wait(60)  # a call that never returns\n"
     )
     assert done.returncode == 2, done.stdout + done.stderr
@@ -27,7 +27,8 @@ def test_a_step_that_outlives_its_timeout_is_named_with_its_stack() -> None:
 
 def test_a_step_that_raises_is_named_with_its_error() -> None:
     done = run(
-        "from app.check_gpu import Steps\nwith Steps(30).step('one decode'):\n    raise RuntimeError('no device')\n"
+        "from app.platform.check_gpu import Steps\n"
+        "with Steps(30).step('one decode'):\n    raise RuntimeError('no device')\n"
     )
     assert done.returncode == 1
     assert "FAILED: step 'one decode': RuntimeError: no device" in done.stdout
@@ -35,7 +36,7 @@ def test_a_step_that_raises_is_named_with_its_error() -> None:
 
 def test_every_step_runs_and_reports_on_the_tiny_model(tiny_chat_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "app.check_gpu", str(tiny_chat_path), "--timeout", "120"],
+        [sys.executable, "-m", "app.platform.check_gpu", str(tiny_chat_path), "--timeout", "120"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -23,9 +23,9 @@ from app.config import (
     load_settings,
     package_version,
 )
-from app.known_models import read_known_models
-from app.model_config import read_models_config
 from app.paths import REPO_ROOT
+from app.serving.known_models import read_known_models
+from app.serving.specs import read_models_config
 
 FIELD_NAMES = [field.name for field in OPTIONS]
 
@@ -340,7 +340,7 @@ def test_python_m_app_help_exits_zero_and_lists_the_flags() -> None:
 
 
 def test_the_shipped_config_serves_the_pinned_default_model_from_its_own_folder() -> None:
-    # app/known_models.toml names the model files once; the user-editable config must point at the same file,
+    # app/serving/known_models.toml names the model files once; the user-editable config must point at the same file,
     # written relative to the config's folder
     settings = load_settings([], {}, default_config=DEFAULT_CONFIG_PATH)
     config = read_models_config(settings)

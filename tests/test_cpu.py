@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app.build_check import explain, run_check
-from app.cpu import (
+from app.platform.build_check import explain, run_check
+from app.platform.cpu import (
     Cpu,
     cmake_args,
     missing_features,
@@ -126,7 +126,7 @@ def test_missing_features_name_what_an_avx512_build_needs_on_an_avx2_cpu() -> No
 def test_the_makefile_helper_prints_flags_for_a_recorded_cpu() -> None:
     env = {"ONEPASS_CPUINFO": str(RECORDED / "amd-epyc-avx2-no-avx512.txt"), "PATH": "/usr/bin:/bin"}
     out = subprocess.run(
-        [sys.executable, "-m", "app.cpu", "cmake-args"], capture_output=True, text=True, env=env, check=True
+        [sys.executable, "-m", "app.platform.cpu", "cmake-args"], capture_output=True, text=True, env=env, check=True
     ).stdout
     if normalise_arch(platform.machine()) == "x86_64":
         assert "-DGGML_AVX512=OFF" in out and "-DGGML_AVX2=ON" in out
@@ -148,12 +148,12 @@ def test_a_build_that_dies_is_explained_with_features_and_the_rebuild_command() 
 
 
 def test_the_installed_build_decodes_on_this_cpu() -> None:
-    assert run_check(child=[sys.executable, "-m", "app.build_check", "--child"]) is None
+    assert run_check(child=[sys.executable, "-m", "app.platform.build_check", "--child"]) is None
 
 
 def test_doctor_reports_the_cpu_the_build_its_check_and_the_models() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "app.doctor", "--venv", sys.prefix], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "app.platform.doctor", "--venv", sys.prefix], capture_output=True, text=True, check=True
     ).stdout
     sections = [line for line in out.splitlines() if line and not line.startswith(" ")]
     assert sections == [

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from app.build_check import read_build_record, run_check
-from app.cpu import Cpu, parse_proc_cpuinfo
+from app.platform.build_check import read_build_record, run_check
+from app.platform.cpu import Cpu, parse_proc_cpuinfo
 
 EPYC = Path(__file__).parent / "cpuinfo" / "amd-epyc-avx2-no-avx512.txt"
 QEMU = shutil.which("qemu-x86_64")
@@ -37,7 +37,9 @@ def test_the_installed_build_on_an_emulated_avx2_only_epyc() -> None:
     built_for = {str(feature) for feature in recorded}
     if not built_for <= epyc.features and "avx512f" not in built_for:
         pytest.skip(f"the build adds only {built_for - epyc.features}, which a tiny f32 decode may never execute")
-    problem = run_check(child=[QEMU, "-cpu", "EPYC", sys.executable, "-m", "app.build_check", "--child"], cpu=epyc)
+    problem = run_check(
+        child=[QEMU, "-cpu", "EPYC", sys.executable, "-m", "app.platform.build_check", "--child"], cpu=epyc
+    )
     if built_for <= epyc.features:  # a build for this EPYC (make test ONEPASS_CPUINFO=...): it must run
         assert problem is None
     else:  # an AVX-512 build (ggml's f32 kernels use it): it must die, and say why and how to rebuild

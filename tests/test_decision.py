@@ -1,4 +1,4 @@
-"""Decision-model GGUFs (app/decision.py) on real llama.cpp with tiny models: the format's labels,
+"""Decision-model GGUFs (app/answering/decision.py) on real llama.cpp with tiny models: the format's labels,
 readouts, temperatures and limits, the types refused at load, and the prefix cache on top.
 
 Every expected number is computed here from the engine's logits for the whole prompt, rendered by
@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from app import scoring
+from app.answering import scoring
+from app.answering.decision import DecisionError, DecisionFormat, DecisionPrompter
+from app.answering.service import ModelService, Plan
 from app.contract import SystemOneRequest
-from app.decision import DecisionError, DecisionFormat, DecisionPrompter
-from app.engine import Job
+from app.engine.llama import Job
 from app.errors import Unprocessable
-from app.service import ModelService, Plan
-from app.tiny_gguf import write_tiny_gguf
+from app.platform.tiny_gguf import write_tiny_gguf
 from tests.conftest import tiny_settings
 from tests.loading import load_model
 
@@ -413,8 +413,8 @@ def test_fits_read_a_decision_models_answers_as_it_reads_them(folder: Path) -> N
 def test_models_lists_each_models_decision_type(folder: Path, tiny_chat_path: Path) -> None:
     from starlette.testclient import TestClient
 
-    from app.models import ModelRegistry
-    from app.server import create_app
+    from app.http.server import create_app
+    from app.serving.registry import ModelRegistry
 
     service = serve(decision_gguf(folder, "nimble", NIMBLE))
     app = create_app(tiny_settings(service.engine.path), registry=ModelRegistry.serving(service))

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from app.answering.decision import DecisionPrompter
+from app.answering.service import ModelService
 from app.config import DEFAULT_MODEL_PATH, Settings
 from app.contract import SystemOneRequest
-from app.decision import DecisionPrompter
-from app.service import ModelService
 from tests.loading import load_model
 
 pytestmark = pytest.mark.real_model

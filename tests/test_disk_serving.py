@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from app.cache import CacheKey
+from app.answering.service import ModelService
 from app.contract import SystemOneRequest
-from app.disk_tier import SUFFIX
-from app.launch import READY, ServerProcess
-from app.service import ModelService
+from app.engine.disk_cache import SUFFIX
+from app.engine.ram_cache import CacheKey
+from app.fleet.processes import READY, ServerProcess
 from tests.conftest import tiny_settings
 from tests.live import wait_for_disk_writes
 from tests.loading import load_model

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from app import config_reference
 from app.paths import REPO_ROOT
+from app.serving import settings_reference
 
 PAGES = [REPO_ROOT / "README.md", REPO_ROOT / "CHANGELOG.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
@@ -25,8 +25,10 @@ def test_every_relative_link_leads_to_a_file() -> None:
 
 
 def test_the_configuration_reference_is_the_settings_as_declared() -> None:
-    page = config_reference.PAGE.read_text()
-    assert config_reference.rendered(page) == page, "docs/configuration.md is stale: python -m app.config_reference"
+    page = settings_reference.PAGE.read_text()
+    assert settings_reference.rendered(page) == page, (
+        "docs/configuration.md is stale: python -m app.serving.settings_reference"
+    )
     for option in ("n_ctx", "session_cache_disk_bytes", "calibration_dir", "layout"):
         assert f"| `{option}` |" in page
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from app.cache import SnapshotCache, cache_key
-from app.calibration import ContextualCalibrator
+from app.answering.calibration import ContextualCalibrator
+from app.answering.service import ModelService
 from app.contract import SystemOneRequest
-from app.engine import MAX_SEQUENCES, Engine, Job, Readout, RestoreError, suffix_rows
-from app.service import ModelService
-from app.snapshot import Snapshot
+from app.engine.llama import MAX_SEQUENCES, Engine, Job, Readout, RestoreError, suffix_rows
+from app.engine.ram_cache import SnapshotCache, cache_key
+from app.engine.snapshot import Snapshot
 from tests.conftest import tiny_settings
 from tests.loading import load_model, own_prompter
 
@@ -257,7 +257,7 @@ def test_pooled_contexts_reused_across_states_under_concurrency_answer_like_a_co
 
 
 def test_a_missing_or_invalid_model_file_fails_clearly(tmp_path: Path) -> None:
-    from app.engine import EngineError
+    from app.engine.llama import EngineError
 
     with pytest.raises(EngineError, match="not found"):
         Engine(tmp_path / "absent.gguf", n_ctx=512)

@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
+from app.answering.fits import SUFFIX, FitStore, question_key
+from app.answering.fitting import Fit
+from app.answering.service import ModelService
+from app.calibrate.runner import ExampleError, fit_all, parse_examples
 from app.contract import SystemOneRequest
-from app.fit_runner import ExampleError, fit_all, parse_examples
-from app.fits import SUFFIX, FitStore, question_key
-from app.fitting import Fit
-from app.models import ModelRegistry
+from app.http.server import create_app
 from app.paths import REPO_ROOT
-from app.server import create_app
-from app.service import ModelService
+from app.serving.registry import ModelRegistry
 from tests.conftest import tiny_settings
 from tests.loading import load_model
 

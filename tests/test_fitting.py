@@ -1,4 +1,4 @@
-"""Fitting calibration to labelled examples (app/fitting.py): each candidate learns what it can, the
+"""Fitting calibration to labelled examples (app/answering/fitting.py): each candidate learns what it can, the
 choice is cross-validated, and a fit that does not beat contextual calibration is not adopted."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.fitting import (
+from app.answering.fitting import (
     Example,
     SetRow,
     apply,

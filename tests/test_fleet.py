@@ -27,9 +27,9 @@ import pytest
 from backports.zstd import compress as zstd_compress
 from starlette.testclient import TestClient
 
-from app.affinity import affinity_key
-from app.fleet import Fleet, haproxy_problem, with_servers
-from app.launch import ServerProcess
+from app.fleet.processes import ServerProcess
+from app.fleet.routing import affinity_key
+from app.fleet.supervisor import Fleet, haproxy_problem, with_servers
 from bench.fleet_sim import Ring, key_hash, slots
 from tests.conftest import GPU_LAYERS
 from tests.live import wait_for_disk_writes

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from app.check_gpu import Placement
 from app.contract import SystemOneRequest
-from app.engine import Engine, Job, llama_log
+from app.engine.llama import Engine, Job, llama_log
+from app.platform.check_gpu import Placement
 from tests.conftest import GPU_LAYERS, tiny_settings
 from tests.loading import load_model
 

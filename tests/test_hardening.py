@@ -16,13 +16,13 @@ from urllib.parse import urlsplit
 import pytest
 from starlette.testclient import TestClient
 
+from app.answering.service import ModelService
 from app.config import Settings
 from app.contract import SystemOneRequest, SystemOneResponse
-from app.launch import READY, ServerProcess
-from app.model_config import ModelsConfig, ModelSpec
-from app.models import ModelRegistry
-from app.server import create_app
-from app.service import ModelService
+from app.fleet.processes import READY, ServerProcess
+from app.http.server import create_app
+from app.serving.registry import ModelRegistry
+from app.serving.specs import ModelsConfig, ModelSpec
 from tests.conftest import tiny_settings
 from tests.live import RunningServer
 

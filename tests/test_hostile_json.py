@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from app.body import MAX_DEPTH
+from app.http.body import MAX_DEPTH
 
 HEAD = b'{"model":"jev-latest","state":'
 TAIL = b',"questions":{"q":{"type":"noul"}}}'

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.launch import ServerProcess
+from app.fleet.processes import ServerProcess
 from app.paths import REPO_ROOT
 
 WHEEL_DIR = os.environ.get("ONEPASS_TEST_WHEEL_DIR")

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from app.answering.service import ModelService
 from app.config import ConfigError, SettingsSource, load_settings
 from app.contract import SystemOneRequest
-from app.model_config import read_models_config
-from app.server import create_app
-from app.service import ModelService
+from app.http.server import create_app
+from app.serving.specs import read_models_config
 from tests.conftest import tiny_settings
 from tests.loading import load_model, own_prompter
 

@@ -1,5 +1,5 @@
 """A model file is known by every byte: its fingerprint, the snapshots the disk tier trusts for it,
-and the settings that belong to it (app/known_models.toml), whatever path or config serves it."""
+and the settings that belong to it (app/serving/known_models.toml), whatever path or config serves it."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import pytest
 
 from app.config import load_settings
 from app.contract import SystemOneRequest
-from app.fingerprint import file_digest, hash_file, records_dir
-from app.known_models import KnownModel, identify, read_known_models
-from app.loading import load_spec
-from app.model_config import MODEL_FILE, read_models_config
-from app.tiny_gguf import write_tiny_gguf
+from app.engine.fingerprint import file_digest, hash_file, records_dir
+from app.platform.tiny_gguf import write_tiny_gguf
+from app.serving.known_models import KnownModel, identify, read_known_models
+from app.serving.loading import load_spec
+from app.serving.specs import MODEL_FILE, read_models_config
 from tests.conftest import tiny_settings
 from tests.loading import load_model
 

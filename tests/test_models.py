@@ -13,14 +13,14 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
+from app.answering.service import ModelService
 from app.config import ConfigError, Settings, SettingsSource, load_settings
-from app.launch import READY, ServerProcess
-from app.loading import load_spec
-from app.model_config import ModelsConfig, ModelSpec, read_models_config, replace_settings
-from app.models import ModelRegistry
-from app.server import create_app
-from app.service import ModelService
-from app.tiny_gguf import write_tiny_gguf
+from app.fleet.processes import READY, ServerProcess
+from app.http.server import create_app
+from app.platform.tiny_gguf import write_tiny_gguf
+from app.serving.loading import load_spec
+from app.serving.registry import ModelRegistry
+from app.serving.specs import ModelsConfig, ModelSpec, read_models_config, replace_settings
 
 QUESTION = {"type": "choice", "instructions": "Which?", "criteria": {"Alpha": None, "Beta": None, "Gamma": None}}
 

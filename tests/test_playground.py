@@ -1,4 +1,4 @@
-"""The page to try onepass (app/static, served at /): first over HTTP, then driven in headless Chromium
+"""The page to try onepass (app/http/static, served at /): first over HTTP, then driven in headless Chromium
 against a real server on the tiny model, with every number on the page compared with the same
 request made with httpx. The browser tests are skipped, saying what is missing, without Chromium
 and its driver (`make test` installs them as root on Debian)."""
@@ -23,12 +23,12 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select
 from starlette.testclient import TestClient
 
+from app.answering.service import ModelService
 from app.config import Settings
 from app.contract import SystemOneRequest
-from app.models import ModelRegistry
+from app.http.server import PAGE_DIRECTORY, create_app
 from app.paths import REPO_ROOT
-from app.server import PAGE_DIRECTORY, create_app
-from app.service import ModelService
+from app.serving.registry import ModelRegistry
 from bench.browser import Page, Tools, chromium, find_tools
 from tests.conftest import tiny_settings
 from tests.live import RunningServer

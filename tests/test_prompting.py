@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from app.answering.prompting import SYSTEM_PROMPT, Prompter, chat_format, level_labels
+from app.answering.service import ModelService
 from app.contract import SystemOneRequest, render_state
-from app.prompting import SYSTEM_PROMPT, Prompter, chat_format, level_labels
-from app.service import ModelService
-from app.tiny_gguf import CHATML_TEMPLATE
+from app.platform.tiny_gguf import CHATML_TEMPLATE
 from tests.loading import own_prompter
 
 STATES = ["Plain words.", "Zeile 1\nZeile 2 — ünïcode", '{"a":1}', "trailing punctuation!!", "ends with digits 42"]

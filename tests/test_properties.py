@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from app.answering.service import ModelService
 from app.contract import SystemOneRequest
-from app.service import ModelService
 from tests.conftest import GPU_LAYERS
 
 POOL: list[dict[str, Any]] = [

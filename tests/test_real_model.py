@@ -7,15 +7,15 @@ from typing import Any
 
 import pytest
 
-from app import scoring
-from app.cache import SnapshotCache
+from app.answering import scoring
+from app.answering.service import ModelService, batch_jobs
 from app.config import DEFAULT_CONFIG_PATH, Settings, load_settings
 from app.contract import SystemOneRequest, render_state
-from app.disk_tier import DiskTier, SnapshotIdentity
-from app.engine import Job
-from app.loading import load_spec
-from app.model_config import read_models_config
-from app.service import ModelService, batch_jobs
+from app.engine.disk_cache import DiskTier, SnapshotIdentity
+from app.engine.llama import Job
+from app.engine.ram_cache import SnapshotCache
+from app.serving.loading import load_spec
+from app.serving.specs import read_models_config
 from tests.loading import load_model, own_prompter
 
 pytestmark = pytest.mark.real_model
@@ -246,7 +246,7 @@ def test_questions_that_begin_alike_share_rows_and_answer_as_if_decoded_whole(re
 
 
 def test_model_alone_answers_as_the_shipped_config_does(real_model_path: Path) -> None:
-    """The default model's fitted temperature belongs to its file (app/known_models.toml), so `-m FILE`
+    """The default model's fitted temperature belongs to its file (app/serving/known_models.toml), so `-m FILE`
     without models/onepass.toml serves the same numbers as `make run` (which reads that config)."""
     flags = ["--n-ctx", "2048", "--session-cache-disk-bytes", "0", "--repack", "off", "--flash-attn", "off"]
     config = read_models_config(load_settings(flags, {}, default_config=DEFAULT_CONFIG_PATH))

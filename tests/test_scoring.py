@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from app import scoring
+from app.answering import scoring
 
 
 def test_softmax_matches_values_worked_out_by_hand() -> None:

@@ -32,8 +32,8 @@ from typesafe_sdk import (
     TypeSafeUnprocessableEntityError,
 )
 
-from app.models import ModelRegistry
-from app.service import ModelService
+from app.answering.service import ModelService
+from app.serving.registry import ModelRegistry
 from tests.conftest import tiny_settings
 from tests.live import RunningServer
 

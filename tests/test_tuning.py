@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from app.contract import SystemOneRequest
-from app.tiny_gguf import write_tiny_gguf
-from app.tuning import cache_dir, choose, choose_threads, describe, prune, read_record, tuning_key
+from app.platform.tiny_gguf import write_tiny_gguf
+from app.platform.tuning import cache_dir, choose, choose_threads, describe, prune, read_record, tuning_key
 from tests.conftest import tiny_settings
 from tests.loading import load_model
 
@@ -65,9 +65,9 @@ def test_threads_are_measured_only_where_cores_and_cpus_differ(
     q4_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr("app.tuning.thread_counts", lambda: (2, 2))
+    monkeypatch.setattr("app.platform.tuning.thread_counts", lambda: (2, 2))
     assert choose_threads(q4_path) == 2 and not cache_dir().exists()  # nothing to choose, nothing timed
-    monkeypatch.setattr("app.tuning.thread_counts", lambda: (1, 2))  # a core with two hyperthreads
+    monkeypatch.setattr("app.platform.tuning.thread_counts", lambda: (1, 2))  # a core with two hyperthreads
     assert describe(q4_path) == "threads (1 cores, 2 CPUs) not measured yet"
     first = choose_threads(q4_path)
     stored = cache_dir() / f"{tuning_key(q4_path, 0)}-threads-1-2.json"
@@ -88,7 +88,7 @@ def test_only_the_newest_records_are_kept(q4_path: Path, tmp_path: Path, monkeyp
     read_record(cache_dir() / f"{1:024x}-repack.json")  # reading one makes it the most recently used
     prune(cache_dir(), keep=4)
     assert sorted(p.name for p in cache_dir().iterdir()) == [f"{age:024x}-repack.json" for age in (1, 3, 4, 5)]
-    monkeypatch.setattr("app.tuning.KEEP_RECORDS", 3)
+    monkeypatch.setattr("app.platform.tuning.KEEP_RECORDS", 3)
     choose(q4_path, 1, "repack")  # writing a record prunes: it and the two newest before it stay
     kept = sorted(p.name for p in cache_dir().iterdir())
     assert kept == sorted([f"{tuning_key(q4_path, 1)}-repack.json", f"{1:024x}-repack.json", f"{5:024x}-repack.json"])

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import gguf
 
-from app.engine import Engine
-from app.tiny_gguf import write_tiny_gguf
+from app.engine.llama import Engine
+from app.platform.tiny_gguf import write_tiny_gguf
 from bench.twin import record, write
 
 

@@ -1,10 +1,11 @@
 """The host CPU: its instruction-set features, the llama.cpp build flags they call for, the wheel key.
 
-Standard library only: the Makefile runs `python3 -m app.cpu ...` before anything is installed.
+Standard library only: the Makefile runs `python3 -m app.platform.cpu ...` before anything is installed.
 
-    python3 -m app.cpu cmake-args          # the CPU flags for this machine's llama.cpp build
-    python3 -m app.cpu key VERSION ARGS    # the wheel cache key: llama-cpp-python version, flags, CPU
-    python3 -m app.cpu describe [VERSION ARGS]  # JSON: arch, model, features (+ the build's; the wheel keeps it)
+    python3 -m app.platform.cpu cmake-args         # the CPU flags for this machine's llama.cpp build
+    python3 -m app.platform.cpu key VERSION ARGS   # the wheel cache key: llama-cpp-python version, flags, CPU
+    python3 -m app.platform.cpu describe [VERSION ARGS]
+                                         # JSON: arch, model, features (+ the build's; the wheel keeps it)
 
 On x86-64 the build names every instruction set explicitly, ON or OFF, from what the CPU
 reports, instead of `-march=native`: ggml turns AVX, AVX2, FMA, F16C and BMI2 on by default

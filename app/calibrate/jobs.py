@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.fit_runner import Parsed, answer_all, fit_all
+from app.answering.service import ModelService
+from app.calibrate.runner import Parsed, answer_all, fit_all
 from app.progress import Progress
-from app.service import ModelService
 
 log = logging.getLogger("onepass.fit_jobs")
 KEEP_JOBS = 64  # finished jobs remembered for their reports (the fits themselves are files)

@@ -43,8 +43,8 @@ from typing import Any, Protocol
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from app.answering.prompting import QuestionSet, Reading, RenderedQuestion, TooManyOptions
 from app.contract import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, Text
-from app.prompting import QuestionSet, Reading, RenderedQuestion, TooManyOptions
 
 log = logging.getLogger("onepass.decision")
 

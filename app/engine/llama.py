@@ -28,8 +28,8 @@ from pathlib import Path
 import llama_cpp as llama
 import numpy as np
 
-from app.fingerprint import file_digest
-from app.snapshot import Snapshot
+from app.engine.fingerprint import file_digest
+from app.engine.snapshot import Snapshot
 
 log = logging.getLogger("onepass.engine")
 llama_log = logging.getLogger("onepass.llama")
@@ -179,7 +179,7 @@ class Engine:
         params = llama.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         # ggml's repacked CPU weights (interleaved for SIMD) are faster on some CPUs and slower on
-        # others (docs/performance.md): app/tuning.py measures which, per CPU and build.
+        # others (docs/performance.md): app/platform/tuning.py measures which, per CPU and build.
         params.use_extra_bufts = repack
         self.model = llama.llama_model_load_from_file(str(model_path).encode(), params)
         if not self.model:

@@ -236,7 +236,7 @@ class Prompter:
     def max_options(self) -> int:
         return len(self.labels.options)
 
-    decision_type: str | None = None  # onepass's own prompt; a decision GGUF's is app/decision.py
+    decision_type: str | None = None  # onepass's own prompt; a decision GGUF's is app/answering/decision.py
 
     @property
     def identity(self) -> str:

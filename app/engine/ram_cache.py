@@ -16,7 +16,7 @@ from typing import Any, NewType
 
 import blake3
 
-from app.snapshot import Snapshot
+from app.engine.snapshot import Snapshot
 
 CacheKey = NewType("CacheKey", bytes)
 

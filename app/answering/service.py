@@ -11,9 +11,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from app import fitting, scoring
-from app.cache import CacheKey, SnapshotCache, cache_key
-from app.calibration import CONTENT_FREE_STATES, ContextualCalibrator
+from app.answering import fitting, scoring
+from app.answering.calibration import CONTENT_FREE_STATES, ContextualCalibrator
+from app.answering.decision import DecisionPrompter
+from app.answering.fits import FitStore, question_key
+from app.answering.prompting import Prompter, QuestionSet, Reading, RenderedQuestion, TooManyOptions
 from app.contract import (
     Answer,
     CalibrationUsed,
@@ -30,13 +32,12 @@ from app.contract import (
     render_state,
     validation_error,
 )
-from app.decision import DecisionPrompter
-from app.disk_tier import DiskTier
-from app.engine import Engine, Job, Readout, RestoreError, Timing
+from app.engine.disk_cache import DiskTier
+from app.engine.llama import Engine, Job, Readout, RestoreError, Timing
+from app.engine.ram_cache import CacheKey, SnapshotCache, cache_key
+from app.engine.snapshot import Snapshot
+from app.engine.tiers import PrefixTiers
 from app.errors import Cancelled, Unprocessable
-from app.fits import FitStore, question_key
-from app.prompting import Prompter, QuestionSet, Reading, RenderedQuestion, TooManyOptions
-from app.snapshot import Snapshot
 
 log = logging.getLogger("onepass.service")
 
@@ -117,8 +118,8 @@ class ModelService:
         self.calibration = calibration
         self.calibration_temperature = calibration_temperature
         self.fits = fits
-        self.prefilled_tokens = 0  # state tokens prefilled so far (for /metrics)
-        self._counter_lock = threading.Lock()
+        self.tiers = PrefixTiers(engine, self.cache, disk)  # the state tier, in RAM then on disk
+        self.set_tiers = PrefixTiers(engine, self.question_sets, disk)
         started = time.perf_counter()
         self.base, _ = engine.prefill(prompter.head_tokens)
         self.calibrator = ContextualCalibrator(
@@ -133,6 +134,11 @@ class ModelService:
             self.base.n_tokens,
             (time.perf_counter() - started) * 1000,
         )
+
+    @property
+    def prefilled_tokens(self) -> int:
+        """Tokens prefilled so far, states and question sets (for /metrics)."""
+        return self.tiers.prefilled_tokens + self.set_tiers.prefilled_tokens
 
     def close(self) -> None:
         if self.disk is not None:
@@ -175,7 +181,7 @@ class ModelService:
         return render_answer(question, reading.read(per_variant), mass, raw)
 
     def _fits_for(self, decoded: _Decoded) -> dict[str, _Fitted]:
-        """The user's fits that answer this request's questions (app/fits.py), by question id. A
+        """The user's fits that answer this request's questions (app/answering/fits.py), by question id. A
         question-set fit applies only when the request asks its whole set."""
         if self.fits is None:
             return {}
@@ -294,80 +300,39 @@ class ModelService:
         return self._evidence_of(decoded, set(request.questions))
 
     def _decode(self, request: SystemOneRequest, cancelled: threading.Event | None) -> _Decoded:
-        """Plan, find or build the prefix through the cache tiers, and decode every question once."""
+        """Plan, resolve the prefix through the cache tiers, and decode every question once."""
         plan = self.plan(request)
         check = cancelled.is_set if cancelled is not None else (lambda: False)
         built = Timing()
-
-        def prefill(tokens: tuple[int, ...], base: Snapshot | None) -> Snapshot:
-            if check():
-                raise Cancelled("cancelled before the prefill")
-            snapshot, timing = self.engine.prefill(tokens, base=base)
-            with self._counter_lock:  # pooled contexts prefill in parallel threads
-                self.prefilled_tokens += len(tokens) - (base.n_tokens if base is not None else 0)
-            built.restore_ms += timing.restore_ms
-            built.prefill_ms += timing.prefill_ms
-            return snapshot
-
-        disk_hits: list[CacheKey] = []
-
-        def load_or_prefill(key: CacheKey, tokens: tuple[int, ...], base: Snapshot | None) -> Snapshot:
-            """A RAM miss: the disk tier's file if it has a sound one, else a prefill (then written)."""
-            if self.disk is not None:
-                began = time.perf_counter()
-                loaded = self.disk.load(key, tokens)
-                built.restore_ms += (time.perf_counter() - began) * 1000  # a disk read is part of restoring
-                if loaded is not None:
-                    disk_hits.append(key)
-                    return loaded
-            snapshot = prefill(tokens, base)
-            if self.disk is not None:
-                self.disk.save(key, snapshot)  # in the background
-            return snapshot
-
         # The prefix cache is a small tree: the base (system prompt), in the question-first layout
-        # the question set on it, then the state on that; the disk tier keeps the last two.
+        # the question set on it, then the state on that.
         base = self.base
         if plan.question_set is not None:
             set_tokens = (*self.base.tokens, *plan.question_set.tokens)
             set_key = self.question_set_key(plan.question_set)
-            base, _ = self.question_sets.get_or_build(
-                set_key, set_tokens, lambda: load_or_prefill(set_key, set_tokens, self.base)
-            )
+            base = self.set_tiers.resolve(set_key, set_tokens, self.base, built, check).snapshot
         key = self.prefix_key(plan.state, plan.question_set, plan.prefix_tokens)
         # A decision template's state can merge with the end of its head: then prefill from the start.
         start = base if plan.prefix_tokens[: base.n_tokens] == base.tokens else None
-
-        def build() -> Snapshot:
-            return load_or_prefill(key, plan.prefix_tokens, start)
-
-        snapshot, hit = self.cache.get_or_build(key, plan.prefix_tokens, build)
+        resolved = self.tiers.resolve(key, plan.prefix_tokens, start, built, check)
         jobs = batch_jobs(plan.suffixes())
         if check():
             raise Cancelled("cancelled before the decode")
         try:
-            answered = self.engine.answer(snapshot, jobs)
+            answered = self.engine.answer(resolved.snapshot, jobs)
         except RestoreError as error:
             log.warning("%s: dropping a snapshot that failed to restore (%s); prefilling again", self.name, error)
-            self.cache.evict(key)
-            if self.disk is not None:
-                self.disk.discard(key)
-            hit = False
-            disk_hits.clear()
-            snapshot = build()
-            self.cache.put(key, snapshot)
-            answered = self.engine.answer(snapshot, jobs)
+            self.tiers.drop(key)
+            resolved = self.tiers.resolve(key, plan.prefix_tokens, start, built, check)
+            answered = self.engine.answer(resolved.snapshot, jobs)
         readout_of = {(job.tokens, job.labels): r for job, r in zip(jobs, answered.readouts, strict=True)}
         readouts = [[readout_of[(v.tokens, v.label_ids)] for v in reading.variants] for _, _, reading in plan.questions]
-        cache_state: Literal["hit", "disk", "miss", "off"] = (
-            "off" if not self.cache.enabled else "hit" if hit else "disk" if key in disk_hits else "miss"
-        )
         timing = Timing(
             prefill_ms=built.prefill_ms,
             restore_ms=built.restore_ms + answered.timing.restore_ms,
             decode_ms=answered.timing.decode_ms,
         )
-        return _Decoded(plan, base, jobs, readouts, cache_state, timing, answered.n_decodes)
+        return _Decoded(plan, base, jobs, readouts, resolved.source, timing, answered.n_decodes)
 
 
 def batch_jobs(questions: Iterable[RenderedQuestion]) -> list[Job]:

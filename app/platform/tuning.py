@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.build_check import library_files
-from app.cpu import detect, thread_counts
-from app.engine import Engine
+from app.engine.llama import Engine
 from app.paths import REPO_ROOT, cache_home
+from app.platform.build_check import library_files
+from app.platform.cpu import detect, thread_counts
 
 log = logging.getLogger("onepass.tuning")
 
@@ -195,7 +195,7 @@ def describe(model_path: Path, threads: int = 0) -> str:
 
 
 def main() -> None:
-    """python -m app.tuning: what was chosen for each model in models/, for `make doctor`."""
+    """python -m app.platform.tuning: what was chosen for each model in models/, for `make doctor`."""
     for path in sorted((REPO_ROOT / "models").glob("*.gguf")):
         print(f"{path.name}: {describe(path)}")
 

@@ -11,12 +11,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from app.calibrate.report import markdown, reliability_png
+from app.calibrate.runner import ExampleError, answer_all, fit_all, parse_examples, read_jsonl
 from app.config import DEFAULT_CONFIG_PATH, ConfigError, load_settings
-from app.fit_report import markdown, reliability_png
-from app.fit_runner import ExampleError, answer_all, fit_all, parse_examples, read_jsonl
-from app.loading import load_spec
-from app.model_config import read_models_config
 from app.progress import Progress
+from app.serving.loading import load_spec
+from app.serving.specs import read_models_config
 
 
 def main(argv: Sequence[str]) -> None:

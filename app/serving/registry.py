@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from app.answering.service import ModelService
 from app.contract import CatalogueEntry, SystemOneRequest, SystemOneResponse
-from app.loading import load_spec
-from app.model_config import DEFAULT_ALIAS, ModelsConfig, ModelSpec
-from app.service import ModelService
+from app.serving.loading import load_spec
+from app.serving.specs import DEFAULT_ALIAS, ModelsConfig, ModelSpec
 
 log = logging.getLogger("onepass.models")
 

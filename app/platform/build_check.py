@@ -7,7 +7,7 @@ reported with the CPU features the build was made for (recorded by the Makefile 
 the wheel), the ones this machine has, and the command that rebuilds.
 
 A passing check is remembered per installed library and CPU, so a server start pays for it
-once: `python -m app.build_check` (make check-build) runs it, and the CLI runs it before serving.
+once: `python -m app.platform.build_check` (make check-build) runs it, and the CLI runs it before serving.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from app.cpu import Cpu, detect, missing_features
-from app.paths import cache_home
+from app.paths import REPO_ROOT, cache_home
+from app.platform.cpu import Cpu, detect, missing_features
 
 REBUILD = "make clean-build && make run"
 CHECK_TIMEOUT_S = 300.0  # a tiny decode takes well under a second; this only bounds a hung child
@@ -73,8 +73,8 @@ def _stamp(fingerprint: str) -> Path:
 
 def decode_once() -> None:
     """The child's work: load the tiny model, prefill, decode one question, read its labels."""
-    from app.engine import Engine, Job  # imported here: loading llama.cpp is what may crash
-    from app.tiny_gguf import write_tiny_gguf
+    from app.engine.llama import Engine, Job  # imported here: loading llama.cpp is what may crash
+    from app.platform.tiny_gguf import write_tiny_gguf
 
     with tempfile.TemporaryDirectory() as folder:
         engine = Engine(write_tiny_gguf(Path(folder) / "check.gguf"), n_ctx=256, threads=1)
@@ -119,11 +119,9 @@ def run_check(child: list[str] | None = None, cpu: Cpu | None = None) -> str | N
     fingerprint = _fingerprint(cpu) if child is None else None
     if fingerprint is not None and _stamp(fingerprint).is_file():
         return None
-    command = child or [sys.executable, "-m", "app.build_check", "--child"]
+    command = child or [sys.executable, "-m", "app.platform.build_check", "--child"]
     try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, cwd=Path(__file__).resolve().parent.parent
-        )
+        done = subprocess.run(command, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, cwd=REPO_ROOT)
     except subprocess.TimeoutExpired:
         return f"onepass: the llama.cpp build check did not finish in {CHECK_TIMEOUT_S:g} s. {REBUILD} rebuilds it."
     if done.returncode != 0:

@@ -20,8 +20,8 @@ from typing import Any
 
 import blake3
 
+from app.answering.fitting import Fit
 from app.contract import Question, canonical_json
-from app.fitting import Fit
 
 log = logging.getLogger("onepass.fits")
 SUFFIX = ".fit.json"

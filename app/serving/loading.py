@@ -8,15 +8,15 @@ from pathlib import Path
 
 import blake3
 
-from app.cache import SnapshotCache
-from app.decision import DecisionPrompter, read_format
-from app.disk_tier import DiskTier, SnapshotIdentity
-from app.engine import Engine
-from app.fits import FitStore
-from app.model_config import ModelSpec
-from app.prompting import Prompter
-from app.service import ModelService
-from app.tuning import choose, choose_threads
+from app.answering.decision import DecisionPrompter, read_format
+from app.answering.fits import FitStore
+from app.answering.prompting import Prompter
+from app.answering.service import ModelService
+from app.engine.disk_cache import DiskTier, SnapshotIdentity
+from app.engine.llama import Engine
+from app.engine.ram_cache import SnapshotCache
+from app.platform.tuning import choose, choose_threads
+from app.serving.specs import ModelSpec
 
 log = logging.getLogger("onepass.loading")
 
@@ -29,7 +29,7 @@ def read_context(path: Path | None) -> str:
 def prompter_for(
     engine: Engine, template: str = "auto", context: str = "", layout: str = "state-first"
 ) -> Prompter | DecisionPrompter:
-    """The prompts a model is served with: a decision GGUF's own format (app/decision.py), else its
+    """The prompts a model is served with: a decision GGUF's own format (app/answering/decision.py), else its
     chat template ("auto") or the plain layout.
 
     The bench renders llama-server's prompts with this too, so both sides see the same text.

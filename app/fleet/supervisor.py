@@ -1,6 +1,6 @@
 """make fleet: N onepass replicas on this machine behind HAProxy, which routes requests by state.
 
-    python -m app.fleet [--replicas N] [--host H] [--port P] [--config FILE] [-- flags for every replica]
+    python -m app.fleet.supervisor [--replicas N] [--host H] [--port P] [--config FILE] [-- flags for every replica]
 
 The replicas listen on loopback ports they pick (`--port 0`) and are named replica1..N: their
 X-Onepass-Replica header and HAProxy's server names. HAProxy runs deploy/haproxy.cfg with its
@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-from app.launch import READY, LoggedProcess, ServerProcess, listening_socket, url_of
+from app.fleet.processes import READY, LoggedProcess, ServerProcess, listening_socket, url_of
 from app.paths import REPO_ROOT
 
 log = logging.getLogger("onepass.fleet")
@@ -36,7 +36,7 @@ log = logging.getLogger("onepass.fleet")
 HAPROXY_CONFIG = REPO_ROOT / "deploy" / "haproxy.cfg"
 BIND_ENV = "ONEPASS_FLEET_BIND"  # the config's listening address: here the socket bound for it, fd@N
 MIN_HAPROXY = (2, 6)  # balance hash <expr>, json_query, sha2
-LOAD_FAILED = "loading the model failed"  # app/server.py logs it, and the replica never gets ready
+LOAD_FAILED = "loading the model failed"  # app/http/server.py logs it, and the replica never gets ready
 
 
 def haproxy_problem(binary: str = "haproxy") -> str | None:
@@ -91,7 +91,7 @@ class Fleet:
         self.url = url_of(listener)
         try:
             names = [f"replica{i}" for i in range(1, replicas + 1)]
-            # The first starts alone: what a server measures once per machine and caches (app/tuning.py,
+            # The first starts alone: what a server measures once per machine and caches (app/platform/tuning.py,
             # repacked weights) it measures with the CPU to itself, and the others then read it.
             self._start_replicas(names[:1], server_args, timeout, echo)
             self._start_replicas(names[1:], server_args, timeout, echo)
@@ -161,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     given = list(sys.argv[1:] if argv is None else argv)
     ours, server_args = (given[: given.index("--")], given[given.index("--") + 1 :]) if "--" in given else (given, [])
     parser = argparse.ArgumentParser(
-        prog="python -m app.fleet",
+        prog="python -m app.fleet.supervisor",
         description="N onepass replicas behind HAProxy, routed by state. Flags after -- go to every replica.",
     )
     parser.add_argument("--replicas", type=int, default=3, help="how many onepass servers (default 3)")

@@ -34,8 +34,8 @@ from typing import Any, BinaryIO
 
 import blake3
 
-from app.cache import CacheKey
-from app.snapshot import Snapshot
+from app.engine.ram_cache import CacheKey
+from app.engine.snapshot import Snapshot
 
 log = logging.getLogger("onepass.disk")
 

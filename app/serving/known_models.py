@@ -1,4 +1,4 @@
-"""The GGUFs onepass knows by content (app/known_models.toml) and the settings that belong to each.
+"""The GGUFs onepass knows by content (app/serving/known_models.toml) and the settings that belong to each.
 
 A file is known by its bytes, not its name or folder: its size first (free), then its whole-file
 blake3 digest, so a renamed copy keeps its fitted settings and a same-named file with other
@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.fingerprint import file_digest
+from app.engine.fingerprint import file_digest
+from app.paths import PACKAGE_DIR
 
-KNOWN_MODELS_PATH = Path(__file__).resolve().parent / "known_models.toml"
+KNOWN_MODELS_PATH = PACKAGE_DIR / "known_models.toml"  # package data beside config.py, which reads it too
 
 
 @dataclass(frozen=True)

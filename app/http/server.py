@@ -24,8 +24,10 @@ from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
-from app.affinity import PREFIX_KEY_HEADER, REPLICA_HEADER, affinity_key, replica_name
-from app.body import decode_content, parse_json, too_large
+from app.answering.fits import FitStore
+from app.answering.service import ModelService
+from app.calibrate.jobs import FitJobs
+from app.calibrate.runner import ExampleError, parse_examples
 from app.config import ConfigError, Settings, SettingsSource, package_version, reload_settings
 from app.contract import (
     SystemOneRequest,
@@ -36,14 +38,12 @@ from app.contract import (
     validation_error,
 )
 from app.errors import ApiError, Cancelled, Unprocessable
-from app.fit_jobs import FitJobs
-from app.fit_runner import ExampleError, parse_examples
-from app.fits import FitStore
-from app.model_config import DEFAULT_ALIAS, read_models_config
-from app.models import ModelNotFound, ModelRegistry, ModelUnavailable
-from app.observability import Metrics, RequestObserver
-from app.openapi import build_openapi
-from app.service import ModelService
+from app.fleet.routing import PREFIX_KEY_HEADER, REPLICA_HEADER, affinity_key, replica_name
+from app.http.body import decode_content, parse_json, too_large
+from app.http.observability import Metrics, RequestObserver
+from app.http.openapi import build_openapi
+from app.serving.registry import ModelNotFound, ModelRegistry, ModelUnavailable
+from app.serving.specs import DEFAULT_ALIAS, read_models_config
 
 log = logging.getLogger("onepass.server")
 
@@ -198,10 +198,8 @@ async def _until_disconnected(request: Request, cancelled: threading.Event, scop
             return
 
 
-async def systemone(request: Request) -> Response:
-    runtime = _runtime_of(request)
-    settings = runtime.settings
-    payload = parse_json(await _read_body(request, settings.max_body_bytes))
+def _parse_request(payload: Any, settings: Settings) -> SystemOneRequest:
+    """The contract's request, or a 422 listing what is wrong with it."""
     try:
         parsed = SystemOneRequest.model_validate(payload)
     except ValidationError as error:
@@ -209,10 +207,15 @@ async def systemone(request: Request) -> Response:
     problems = limit_errors(parsed, settings.max_questions, settings.max_text_chars)
     if problems:
         raise Unprocessable(problems)
-    registry = runtime.require_registry()
-    name = registry.canonical(parsed.model)  # 404 before any work
-    observed = request.scope["state"].get("observed", {})
-    observed.update(model=name, questions=len(parsed.questions))
+    return parsed
+
+
+async def _answer_in_worker(
+    request: Request, runtime: Runtime, name: str, parsed: SystemOneRequest
+) -> SystemOneResponse:
+    """The model's answer, computed in a worker thread once admitted: stopped when the client goes
+    away (Cancelled) or the request times out (504)."""
+    registry, timeout = runtime.require_registry(), runtime.settings.request_timeout
     cancelled = threading.Event()
     outcome: dict[str, Any] = {}
     with runtime.admit(name, registry.contexts_of(name)):
@@ -220,7 +223,7 @@ async def systemone(request: Request) -> Response:
         async with anyio.create_task_group() as group:
             group.start_soon(_until_disconnected, request, cancelled, group.cancel_scope)
             try:
-                with anyio.fail_after(settings.request_timeout):
+                with anyio.fail_after(timeout):
                     outcome["response"] = await anyio.to_thread.run_sync(
                         registry.answer, name, parsed, cancelled, abandon_on_cancel=True
                     )
@@ -230,12 +233,22 @@ async def systemone(request: Request) -> Response:
                 group.cancel_scope.cancel()
     if isinstance(outcome.get("error"), TimeoutError):
         cancelled.set()  # the worker stops at its next step instead of working for nobody
-        raise ApiError(504, "timeout", f"no answer within {settings.request_timeout:g} s")
+        raise ApiError(504, "timeout", f"no answer within {timeout:g} s")
     if "error" in outcome:
         raise outcome["error"]
     if "response" not in outcome:
         raise Cancelled("the client disconnected")
     response: SystemOneResponse = outcome["response"]
+    return response
+
+
+async def systemone(request: Request) -> Response:
+    runtime = _runtime_of(request)
+    parsed = _parse_request(parse_json(await _read_body(request, runtime.settings.max_body_bytes)), runtime.settings)
+    name = runtime.require_registry().canonical(parsed.model)  # 404 before any work
+    observed = request.scope["state"].get("observed", {})
+    observed.update(model=name, questions=len(parsed.questions))
+    response = await _answer_in_worker(request, runtime, name, parsed)
     observed.update(
         cache=response.x_cache, input_tokens=response.usage.input_tokens, timing_ms=response.x_timing_ms.model_dump()
     )
@@ -406,7 +419,7 @@ class _PageFiles(StaticFiles):
 
 
 class _Page(Mount):
-    """The page to try onepass (app/static) at /, served without the API key: it can do nothing without one.
+    """The page to try onepass (app/http/static) at /, served without the API key: it can do nothing without one.
 
     It matches its own files only, so every other path keeps the API's answers: a known route
     with another method stays 405, an unknown path the JSON 404."""
@@ -444,34 +457,53 @@ def default_loader(settings: Settings) -> ModelRegistry:
     return registry
 
 
-def create_app(
+async def openapi_json(request: Request) -> JSONResponse:
+    return JSONResponse(request.app.state.openapi)
+
+
+async def metrics_text(request: Request) -> Response:
+    return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+API_ROUTES: list[BaseRoute] = [
+    Route("/v1/systemone", systemone, methods=["POST"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{name:path}/load", load_model_route, methods=["POST"]),
+    Route("/v1/models/{name:path}/unload", unload_model_route, methods=["POST"]),
+    Route("/v1/config/reload", reload_config, methods=["POST"]),
+    Route("/v1/cache", cache_stats, methods=["GET"]),
+    Route("/v1/calibrations", start_fitting, methods=["POST"]),
+    Route("/v1/calibrations", list_fits, methods=["GET"]),
+    Route("/v1/calibrations/jobs/{id}", fitting_job, methods=["GET"]),
+    Route("/v1/calibrations/{id}", delete_fit, methods=["DELETE"]),
+    Route("/metrics", metrics_text, methods=["GET"]),
+    Route("/openapi.json", openapi_json, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/health/live", health_live, methods=["GET"]),
+]
+EXCEPTION_HANDLERS: dict[Any, Any] = {
+    ApiError: _api_error,
+    Unprocessable: _unprocessable,
+    ModelNotFound: _not_found,
+    ModelUnavailable: _unavailable,
+    Cancelled: _cancelled,
+    HTTPException: _http_error,
+}
+
+
+def _lifespan(
     settings: Settings,
-    registry: ModelRegistry | None = None,
-    loader: Callable[[Settings], ModelRegistry] = default_loader,
-    source: SettingsSource | None = None,
-    replica: str | None = None,
-) -> Starlette:
-    """The app. With `registry` it serves that; otherwise the lifespan loads one in the background.
-
-    `source` (where `settings` were read from) lets SIGHUP and POST /v1/config/reload read them again.
-    `replica` names this server in every response's X-Onepass-Replica (default: --replica-name, else the
-    host name; the CLI adds the port).
-    """
-    replica = replica or replica_name(settings.replica_name)
-    openapi = build_openapi(package_version())
-    holder: dict[str, Runtime] = {}
-    metrics = Metrics(lambda: holder["runtime"].metric_sources() if "runtime" in holder else {})
-
-    async def openapi_json(request: Request) -> JSONResponse:
-        return JSONResponse(openapi)
-
-    async def metrics_text(request: Request) -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+    source: SettingsSource | None,
+    registry: ModelRegistry | None,
+    loader: Callable[[Settings], ModelRegistry],
+) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[dict[str, Any]]]:
+    """Start: the runtime, and the models loading in the background unless `registry` is given.
+    Stop: fitting jobs cancelled, the models closed."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         runtime = Runtime(settings, source, registry, api_keys=read_api_keys(settings))
-        holder["runtime"] = app.state.runtime = runtime  # app.state: for tests and embedders to wait on
+        app.state.runtime = runtime  # for the metrics, and for tests and embedders to wait on
         thread = None
         if registry is None:
 
@@ -502,38 +534,41 @@ def create_app(
                 if runtime.registry is not None:
                     runtime.registry.close()
 
-    api: list[BaseRoute] = [
-        Route("/v1/systemone", systemone, methods=["POST"]),
-        Route("/v1/models", list_models, methods=["GET"]),
-        Route("/v1/models/{name:path}/load", load_model_route, methods=["POST"]),
-        Route("/v1/models/{name:path}/unload", unload_model_route, methods=["POST"]),
-        Route("/v1/config/reload", reload_config, methods=["POST"]),
-        Route("/v1/cache", cache_stats, methods=["GET"]),
-        Route("/v1/calibrations", start_fitting, methods=["POST"]),
-        Route("/v1/calibrations", list_fits, methods=["GET"]),
-        Route("/v1/calibrations/jobs/{id}", fitting_job, methods=["GET"]),
-        Route("/v1/calibrations/{id}", delete_fit, methods=["DELETE"]),
-        Route("/metrics", metrics_text, methods=["GET"]),
-        Route("/openapi.json", openapi_json, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/health/live", health_live, methods=["GET"]),
-    ]
+    return lifespan
+
+
+def _metric_sources(app: Starlette) -> dict[str, Any]:
+    runtime: Runtime | None = getattr(app.state, "runtime", None)  # set by the lifespan
+    return runtime.metric_sources() if runtime is not None else {}
+
+
+def create_app(
+    settings: Settings,
+    registry: ModelRegistry | None = None,
+    loader: Callable[[Settings], ModelRegistry] = default_loader,
+    source: SettingsSource | None = None,
+    replica: str | None = None,
+) -> Starlette:
+    """The app. With `registry` it serves that; otherwise the lifespan loads one in the background.
+
+    `source` (where `settings` were read from) lets SIGHUP and POST /v1/config/reload read them again.
+    `replica` names this server in every response's X-Onepass-Replica (default: --replica-name, else the
+    host name; the CLI adds the port).
+    """
+    replica = replica or replica_name(settings.replica_name)
     page = None if settings.no_ui else _Page()
     public = PUBLIC_PATHS | (page.paths if page is not None else set())
-    return Starlette(
-        routes=api if page is None else [*api, page],
+    metrics = Metrics(lambda: _metric_sources(app))  # read after `app` exists: on a scrape
+    app = Starlette(
+        routes=API_ROUTES if page is None else [*API_ROUTES, page],
         middleware=[
             Middleware(RequestObserver, metrics=metrics, headers={REPLICA_HEADER: replica}),
             Middleware(_ContainInternalErrors),
             Middleware(_RequireApiKey, public=frozenset(public)),
         ],
-        lifespan=lifespan,
-        exception_handlers={
-            ApiError: _api_error,
-            Unprocessable: _unprocessable,
-            ModelNotFound: _not_found,
-            ModelUnavailable: _unavailable,
-            Cancelled: _cancelled,
-            HTTPException: _http_error,
-        },
+        lifespan=_lifespan(settings, source, registry, loader),
+        exception_handlers=EXCEPTION_HANDLERS,
     )
+    app.state.openapi = build_openapi(package_version())
+    app.state.metrics = metrics
+    return app

@@ -30,9 +30,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from app.engine import Job, Readout
-from app.scoring import softmax
-from app.snapshot import Snapshot
+from app.answering.scoring import softmax
+from app.engine.llama import Job, Readout
+from app.engine.snapshot import Snapshot
 
 CONTENT_FREE_STATES = ("N/A", "")
 MAX_PRIORS = 4096

@@ -19,8 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.cpu import cmake_args, detect
 from app.paths import REPO_ROOT
+from app.platform.cpu import cmake_args, detect
 
 # Run inside the venv: llama.cpp's own account of the build.
 LLAMA_INFO = """
@@ -130,11 +130,11 @@ def report(venv: Path, wheel_dir: Path | None) -> str:
             f"  build flags for it: {' '.join(cmake_args(cpu))}",
         ],
         "llama.cpp": llama_section(venv),
-        "build check": module_section(venv, "app.build_check", timeout=600),
+        "build check": module_section(venv, "app.platform.build_check", timeout=600),
         "wheel": wheel_section(venv, wheel_dir),
         "models": models_section(),
         "speed settings chosen (threads, repacked weights, flash attention)": module_section(
-            venv, "app.tuning", timeout=120
+            venv, "app.platform.tuning", timeout=120
         ),
     }
     return "\n".join(f"{title}:\n" + "\n".join(lines) for title, lines in sections.items())

@@ -1,5 +1,5 @@
 """Fitting a model's calibration to a user's examples: read them, answer them through the normal path,
-fit each question (app/fitting.py), store the adopted fits (app/fits.py), and report.
+fit each question (app/answering/fitting.py), store the adopted fits (app/answering/fits.py), and report.
 
 An example is one state with questions and, optionally, the right answer per question id:
 `true`/`false` for a noul, an option name for a choice, a level index for a score. Examples without
@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from app.answering.fits import question_key
+from app.answering.fitting import Choice, Example, SetRow, choose, fit_batch, readout_ratios
+from app.answering.service import Evidence, ModelService
 from app.contract import ChoiceQuestion, NoulQuestion, Question, SystemOneRequest, canonical_json
-from app.fits import question_key
-from app.fitting import Choice, Example, SetRow, choose, fit_batch, readout_ratios
 from app.progress import Progress
-from app.service import Evidence, ModelService
 
 # Below this many labelled examples a question's fit is reported as not to be trusted
 # (docs/calibration.md: the held-out curve against the number of examples).

@@ -1,0 +1,1 @@
+"""Fitting calibration to a user's examples: the run, its jobs, its report, the CLI."""

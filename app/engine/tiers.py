@@ -1,0 +1,75 @@
+"""A prefix snapshot found through the tiers: the RAM cache (one build per key at a time), then the
+verified disk tier, then a prefill from a base snapshot, which both tiers then keep."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from app.engine.disk_cache import DiskTier
+from app.engine.llama import Engine, Timing
+from app.engine.ram_cache import CacheKey, SnapshotCache
+from app.engine.snapshot import Snapshot
+from app.errors import Cancelled
+
+Source = Literal["hit", "disk", "miss", "off"]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    snapshot: Snapshot
+    source: Source  # where it came from: the RAM tier, the disk tier, a prefill; "off": no RAM tier
+
+
+class PrefixTiers:
+    def __init__(self, engine: Engine, ram: SnapshotCache, disk: DiskTier | None = None) -> None:
+        self.engine = engine
+        self.ram = ram
+        self.disk = disk
+        self.prefilled_tokens = 0  # tokens prefilled so far (for /metrics)
+        self._counter_lock = threading.Lock()  # pooled contexts prefill in parallel threads
+
+    def resolve(
+        self,
+        key: CacheKey,
+        tokens: tuple[int, ...],
+        base: Snapshot | None,
+        timing: Timing,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> Resolved:
+        """The snapshot after `tokens`; a prefill starts from `base` (a prefix of them) or from nothing.
+        Reading a disk file counts as restoring in `timing`, a prefill as prefilling."""
+        from_disk = False
+
+        def build() -> Snapshot:
+            nonlocal from_disk
+            if self.disk is not None:
+                began = time.perf_counter()
+                loaded = self.disk.load(key, tokens)
+                timing.restore_ms += (time.perf_counter() - began) * 1000
+                if loaded is not None:
+                    from_disk = True
+                    return loaded
+            if cancelled():
+                raise Cancelled("cancelled before the prefill")
+            snapshot, spent = self.engine.prefill(tokens, base=base)
+            with self._counter_lock:
+                self.prefilled_tokens += len(tokens) - (base.n_tokens if base is not None else 0)
+            timing.restore_ms += spent.restore_ms
+            timing.prefill_ms += spent.prefill_ms
+            if self.disk is not None:
+                self.disk.save(key, snapshot)  # in the background
+            return snapshot
+
+        snapshot, hit = self.ram.get_or_build(key, tokens, build)
+        source: Source = "off" if not self.ram.enabled else "hit" if hit else "disk" if from_disk else "miss"
+        return Resolved(snapshot, source)
+
+    def drop(self, key: CacheKey) -> None:
+        """A snapshot that failed to restore: out of both tiers, so the next resolve prefills it anew."""
+        self.ram.evict(key)
+        if self.disk is not None:
+            self.disk.discard(key)

@@ -1,0 +1,1 @@
+"""Several replicas: the state's routing key, the process harness, the supervisor behind HAProxy."""

@@ -1,0 +1,1 @@
+"""The HTTP edge: routes, auth, request bodies, observability, the OpenAPI document, the page."""
