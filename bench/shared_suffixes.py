@@ -59,7 +59,7 @@ def shared_suffixes(
             for _ in range(runs):
                 for share in (True, False):
                     engine.shares_suffix_tokens = share
-                    times[share].append(engine.answer(prefix, jobs).timing.decode_ms)
+                    times[share].append(engine.decode_suffixes(prefix, jobs).timing.decode_ms)
                 progress.step(name)
             shared_ms, whole_ms = min(times[True]), min(times[False])
             rows.append(

@@ -86,7 +86,7 @@ def speed(model: Path, tokens: int, rounds: int) -> dict[str, float]:
             began = time.perf_counter()
             prefix, _ = engine.prefill(ids)
             prefill.append((time.perf_counter() - began) * 1000)
-            decode.append(engine.answer(prefix, jobs).timing.decode_ms)
+            decode.append(engine.decode_suffixes(prefix, jobs).timing.decode_ms)
         return {"prefill_ms": min(prefill), "decode_ms": min(decode), "prefill_median": statistics.median(prefill)}
     finally:
         engine.close()

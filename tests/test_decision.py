@@ -145,7 +145,7 @@ def logits_as_served(service: ModelService, plan: Plan, codes: list[list[str]]) 
     ]
     order = sorted(range(len(jobs)), key=lambda k: tuple(jobs[k].tokens))
     prefix, _ = engine.prefill(plan.prefix_tokens, base=service.base)  # the system part first, as served
-    readouts = engine.answer(prefix, [jobs[k] for k in order]).readouts
+    readouts = engine.decode_suffixes(prefix, [jobs[k] for k in order]).readouts
     found: dict[int, list[float]] = {k: r.label_logits for k, r in zip(order, readouts, strict=True)}
     return [found[k] for k in range(len(jobs))]
 

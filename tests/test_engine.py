@@ -47,9 +47,9 @@ def test_restore_then_decode_equals_prefill_then_decode(tiny_service: ModelServi
     one_shot, _ = engine.prefill(prefix)
     split, _ = engine.prefill(prefix, base=engine.prefill(prefix[:40])[0])
     jobs = [Job(suffix, label_ids) for suffix, label_ids in zip(suffixes, labels, strict=True)]
-    cold = engine.answer(one_shot, jobs).readouts
-    assert engine.answer(split, jobs).readouts == cold
-    assert engine.answer(one_shot, jobs).readouts == cold  # the snapshot is reusable
+    cold = engine.decode_suffixes(one_shot, jobs).readouts
+    assert engine.decode_suffixes(split, jobs).readouts == cold
+    assert engine.decode_suffixes(one_shot, jobs).readouts == cold  # the snapshot is reusable
 
 
 def test_a_context_still_holding_the_prefix_skips_the_restore_and_answers_identically(tiny_plain_path: Path) -> None:
@@ -60,11 +60,11 @@ def test_a_context_still_holding_the_prefix_skips_the_restore_and_answers_identi
         a, _ = engine.prefill([*head, *engine.tokenize("the first state " * 20)], base=base)
         jobs = [Job(engine.tokenize("Question one\n"), [300, 301]), Job(engine.tokenize("Two\n"), [302, 303])]
         restores = engine.restores
-        kept = engine.answer(a, jobs)  # the prefill left `a` in the context
+        kept = engine.decode_suffixes(a, jobs)  # the prefill left `a` in the context
         b_prefix = [*head, *engine.tokenize("another state " * 30)]
         b, _ = engine.prefill(b_prefix, base=base)  # cut back to the base that `a` grew from
         assert engine.restores == restores
-        restored = engine.answer(a, jobs)  # the context holds `b` now: `a` is copied back in
+        restored = engine.decode_suffixes(a, jobs)  # the context holds `b` now: `a` is copied back in
         assert engine.restores == restores + 1
         assert restored.readouts == kept.readouts
         assert engine.prefill(b_prefix, base=base)[0].data == b.data  # base restored, not cut back to
@@ -178,11 +178,11 @@ def test_a_truncated_snapshot_is_refused_and_the_context_left_clean(tiny_service
     engine = tiny_service.engine
     good, _ = engine.prefill(engine.tokenize("Text:\nsome state", add_bos=True))
     jobs = [Job(engine.tokenize("Q\n"), [300, 301])]
-    expected = engine.answer(good, jobs).readouts
+    expected = engine.decode_suffixes(good, jobs).readouts
     broken = Snapshot(good.data[: len(good.data) // 2], good.tokens)
     with pytest.raises(RestoreError):
-        engine.answer(broken, jobs)
-    assert engine.answer(good, jobs).readouts == expected
+        engine.decode_suffixes(broken, jobs)
+    assert engine.decode_suffixes(good, jobs).readouts == expected
 
 
 def test_a_corrupted_cache_entry_is_dropped_and_the_answer_matches_a_cold_run(tiny_chat_path: Path) -> None:
@@ -316,10 +316,10 @@ def test_suffixes_that_begin_alike_share_rows_and_answer_exactly_as_decoded_whol
         n_whole = sum(len(job.tokens) for job in jobs)
         assert n_whole < 64
         before = engine.decoded_tokens
-        shared = engine.answer(prefix, jobs).readouts
+        shared = engine.decode_suffixes(prefix, jobs).readouts
         assert engine.decoded_tokens - before == n_whole - 2 * len(common)
         engine.shares_suffix_tokens = False
-        assert engine.answer(prefix, jobs).readouts == shared
+        assert engine.decode_suffixes(prefix, jobs).readouts == shared
         assert engine.decoded_tokens - before == 2 * n_whole - 2 * len(common)
     finally:
         engine.close()

@@ -68,11 +68,11 @@ def test_a_snapshot_saved_from_device_kv_restores_exactly_into_a_pooled_context(
         prefix, _ = engine.prefill(engine.tokenize("A state whose KV lives on the device.", add_bos=True))
         labels = [engine.tokenize(word)[0] for word in ("Yes", "No")]
         jobs = [Job(tuple(engine.tokenize(text)), labels) for text in (" Refund?", " Angry?", " Billing?")]
-        held = engine.answer(prefix, jobs)  # in the context that prefilled it
+        held = engine.decode_suffixes(prefix, jobs)  # in the context that prefilled it
         restores = engine.restores
         engine.prefill(engine.tokenize("Another state in between.", add_bos=True))
         engine.prefill(engine.tokenize("And a third, so both contexts hold others.", add_bos=True))
-        restored = engine.answer(prefix, jobs)
+        restored = engine.decode_suffixes(prefix, jobs)
         assert engine.restores > restores  # copied back from the saved bytes
         assert [r.label_logits for r in restored.readouts] == [r.label_logits for r in held.readouts]
     finally:

@@ -119,7 +119,7 @@ def test_the_chat_prompt_makes_the_model_emit_labels_without_a_leading_space(rea
     (rendered,) = plan.suffixes()
     variants = [engine.tokenize(text, special=False)[0] for text in ("Yes", "No", " Yes", " No")]
     snapshot, _ = engine.prefill(plan.prefix_tokens)
-    (readout,) = engine.answer(snapshot, [Job(rendered.tokens, variants)]).readouts
+    (readout,) = engine.decode_suffixes(snapshot, [Job(rendered.tokens, variants)]).readouts
     p = scoring.softmax(readout.label_logits)
     assert p[0] + p[1] > 0.99, p  # " Yes"/" No" get almost nothing after "assistant\n"
 
@@ -195,7 +195,7 @@ def test_a_restored_long_prefix_equals_a_one_shot_prefill(real_model_path: Path)
         key = service.prefix_key(plan.state)
         cached, hit_again = service.cache.get_or_build(key, plan.prefix_tokens, lambda: pytest.fail("not cached"))
         assert hit_again
-        assert engine.answer(one_shot, jobs).readouts == engine.answer(cached, jobs).readouts
+        assert engine.decode_suffixes(one_shot, jobs).readouts == engine.decode_suffixes(cached, jobs).readouts
     finally:
         service.close()
 
@@ -237,10 +237,10 @@ def test_questions_that_begin_alike_share_rows_and_answer_as_if_decoded_whole(re
         n_whole = sum(len(job.tokens) for job in jobs)
         assert n_whole < 64
         before = engine.decoded_tokens
-        shared = engine.answer(cached, jobs).readouts
+        shared = engine.decode_suffixes(cached, jobs).readouts
         assert engine.decoded_tokens - before < n_whole - 5  # "Question: Does the ticket mention" once
         engine.shares_suffix_tokens = False
-        assert engine.answer(cached, jobs).readouts == shared
+        assert engine.decode_suffixes(cached, jobs).readouts == shared
     finally:
         service.close()
 

@@ -124,7 +124,7 @@ class ModelService:
         self.base, _ = engine.prefill(prompter.head_tokens)
         self.calibrator = ContextualCalibrator(
             [prompter.state_tokens(state) for state in CONTENT_FREE_STATES],
-            lambda base, jobs: self.engine.answer(base, jobs).readouts,
+            lambda base, jobs: self.engine.decode_suffixes(base, jobs).readouts,
             calibration_temperature,
             _DiskPriors(disk, engine) if disk is not None else None,
         )
@@ -319,12 +319,12 @@ class ModelService:
         if check():
             raise Cancelled("cancelled before the decode")
         try:
-            answered = self.engine.answer(resolved.snapshot, jobs)
+            answered = self.engine.decode_suffixes(resolved.snapshot, jobs)
         except RestoreError as error:
             log.warning("%s: dropping a snapshot that failed to restore (%s); prefilling again", self.name, error)
             self.tiers.drop(key)
             resolved = self.tiers.resolve(key, plan.prefix_tokens, start, built, check)
-            answered = self.engine.answer(resolved.snapshot, jobs)
+            answered = self.engine.decode_suffixes(resolved.snapshot, jobs)
         readout_of = {(job.tokens, job.labels): r for job, r in zip(jobs, answered.readouts, strict=True)}
         readouts = [[readout_of[(v.tokens, v.label_ids)] for v in reading.variants] for _, _, reading in plan.questions]
         timing = Timing(

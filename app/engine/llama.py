@@ -355,7 +355,7 @@ class Engine:
             ctx.held = (*ctx.held, snapshot)
             return snapshot, timing
 
-    def answer(self, prefix: Snapshot, jobs: Sequence[Job]) -> Answered:
+    def decode_suffixes(self, prefix: Snapshot, jobs: Sequence[Job]) -> Answered:
         """Restore `prefix`, decode every job after it, read each job's label logits.
 
         All jobs go into one llama_decode when they fit; otherwise into the fewest decodes

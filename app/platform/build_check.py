@@ -81,7 +81,7 @@ def decode_once() -> None:
         try:
             prefix, _ = engine.prefill(engine.tokenize("a build check", add_bos=True))
             yes, no = engine.tokenize("Yes"), engine.tokenize("No")
-            answered = engine.answer(prefix, [Job(tokens=engine.tokenize(" Answer:"), labels=[yes[0], no[0]])])
+            answered = engine.decode_suffixes(prefix, [Job(tokens=engine.tokenize(" Answer:"), labels=[yes[0], no[0]])])
             if any(math.isnan(logit) for logit in answered.readouts[0].label_logits):
                 raise SystemExit("llama.cpp decoded NaN logits")  # kernels that run but compute garbage
         finally:

@@ -118,14 +118,14 @@ def check(model: Path, timeout: float, layers: int = -1) -> dict[str, Any]:
         say(f"  snapshot of {prefix.n_tokens} tokens: {len(prefix.data)} bytes")
     with steps.step("restore into a cleared context and decode one suffix"):
         engine.prefill(engine.tokenize("Something else entirely.", add_bos=True))  # the context now holds another
-        single = engine.answer(prefix, jobs[:1])
+        single = engine.decode_suffixes(prefix, jobs[:1])
         say(f"  restore {single.timing.restore_ms:.1f} ms, decode {single.timing.decode_ms:.1f} ms")
     with steps.step(f"batched decode of {len(jobs)} suffixes"):
-        first = engine.answer(prefix, jobs)
+        first = engine.decode_suffixes(prefix, jobs)
         say(f"  {first.n_decodes} decode(s), {first.timing.decode_ms:.1f} ms")
     with steps.step("bit-identity: a restored prefix answers as before"):
         engine.prefill(engine.tokenize("Yet another state.", add_bos=True))
-        again = engine.answer(prefix, jobs)
+        again = engine.decode_suffixes(prefix, jobs)
         if [r.label_logits for r in again.readouts] != [r.label_logits for r in first.readouts]:
             raise AssertionError("the same prefix and suffixes gave other logits after a restore")
         say("  identical")
