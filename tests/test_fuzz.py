@@ -16,7 +16,10 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 def test_no_server_errors_and_responses_match_the_schema(live_url: str) -> None:
     schema = schemathesis.openapi.from_url(live_url + "/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]  # type: ignore[union-attr]
-    assert {op.path for op in operations} == {"/v1/systemone", "/v1/models", "/health/live"}
+    assert {op.path for op in operations} >= {"/v1/systemone", "/v1/models", "/health/live", "/v1/calibrations"}
+    # The calibration routes start fitting jobs (minutes of inference each on a real model) and
+    # have tests of their own (tests/test_fits_serving.py); the answering routes are fuzzed.
+    operations = [op for op in operations if not op.path.startswith("/v1/calibrations")]
     for operation in operations:
 
         @given(case=operation.as_strategy())

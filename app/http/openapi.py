@@ -54,6 +54,54 @@ def build_openapi(version: str) -> dict[str, Any]:
                 }
             },
             "/health/live": {"get": {"operationId": "live", "responses": {"200": json_object}}},
+            **_calibration_paths(error, errors, json_object),
         },
         "components": {"schemas": schema.get("$defs", {})},
+    }
+
+
+def _calibration_paths(error: dict[str, Any], errors: dict[str, Any], json_object: dict[str, Any]) -> dict[str, Any]:
+    """Fitting calibration to your examples (docs/calibration.md): a job, its progress, the fits."""
+    example = {
+        "type": "object",
+        "required": ["state", "questions"],
+        "properties": {
+            "state": {},
+            "questions": {"type": "object"},
+            "answers": {"type": "object", "description": "per question: true/false, an option name, a level index"},
+        },
+    }
+    body = {
+        "type": "object",
+        "required": ["examples"],
+        "properties": {
+            "model": {"type": "string"},
+            "examples": {"type": "array", "items": example},
+            "question_set": {"type": "boolean", "description": "also try the opt-in question-set fit"},
+        },
+    }
+    job = {"description": "the job: done, total, ETA, and the report once finished", **json_object["content"]}
+    return {
+        "/v1/calibrations": {
+            "post": {
+                "operationId": "startCalibration",
+                "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+                "responses": {"202": job, "401": errors["401"], "404": errors["404"], "422": errors["422"]},
+            },
+            "get": {"operationId": "listCalibrations", "responses": {"200": json_object, "401": errors["401"]}},
+        },
+        "/v1/calibrations/jobs/{id}": {
+            "get": {
+                "operationId": "calibrationJob",
+                "parameters": [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": job, "404": {"description": "no such job", **error}},
+            }
+        },
+        "/v1/calibrations/{id}": {
+            "delete": {
+                "operationId": "deleteCalibration",
+                "parameters": [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": json_object, "404": {"description": "no such fit", **error}},
+            }
+        },
     }
