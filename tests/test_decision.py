@@ -429,3 +429,23 @@ def test_models_lists_each_models_decision_type(folder: Path, tiny_chat_path: Pa
         assert {e.decision_type for e in plain.catalogue()} == {None}
     finally:
         plain.close()
+
+
+def test_a_template_that_refuses_a_request_is_a_422_naming_where(tmp_path: Path) -> None:
+    picky = LABELLED.replace(
+        "<|im_start|>system",
+        "{% if instructions == 'boom' %}{{ raise_exception('no boom here') }}{% endif %}"
+        "{% if state == 'bad state' %}{{ raise_exception('not this state') }}{% endif %}<|im_start|>system",
+    )
+    path = write_tiny_gguf(tmp_path / "picky.gguf", seed=7, systemone=picky, metadata={"llama.decision.type": "lev"})
+    service = serve(path)
+    try:
+        with pytest.raises(Unprocessable) as refused:
+            service.answer(request({"q": {"type": "noul", "instructions": "boom"}}))
+        assert refused.value.details[0]["loc"][-2:] == ["questions", "q"] and "no boom here" in str(refused.value)
+        with pytest.raises(Unprocessable) as refused:
+            service.answer(request({"q": {"type": "noul", "instructions": "fine"}}, state="bad state"))
+        assert refused.value.details[0]["loc"][-1] == "state" and "not this state" in str(refused.value)
+        assert service.answer(request({"q": {"type": "noul", "instructions": "fine"}}))  # and nothing is damaged
+    finally:
+        service.close()

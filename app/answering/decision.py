@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from app.answering.prompting import QuestionSet, Reading, RenderedQuestion, TooManyOptions
+from app.answering.prompting import QuestionSet, Reading, RenderedQuestion, TemplateRefused, TooManyOptions
 from app.contract import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, Text
 
 log = logging.getLogger("onepass.decision")
@@ -192,7 +192,10 @@ class DecisionPrompter:
         env.globals["raise_exception"] = _raise_template_error
         self._template = env.from_string(fmt.template)
         self._controls = sorted((t for t in control_texts if len(t) > 1), key=len, reverse=True)
-        probes = [self._render(probe, {"probe": probe}, state) for state in PROBE_STATES for probe in _PROBES]
+        try:
+            probes = [self._render(probe, {"probe": probe}, state) for state in PROBE_STATES for probe in _PROBES]
+        except TemplateRefused as error:
+            raise DecisionError(str(error)) from error
         tokens = [self._tokens(text) for text in probes]
         self.head_tokens = _common(tokens)
         # State first: two different questions about one state share a prefix that holds the state.
@@ -228,9 +231,10 @@ class DecisionPrompter:
         self, state: Text, questions: dict[str, Question]
     ) -> tuple[QuestionSet | None, tuple[int, ...], list[tuple[str, Question, Reading]]]:
         self._check_limits(questions)
+        # the state's own prefix first: a template that refuses the state says so about the state
+        known = self._prefix_of(json.dumps(state)) if self.state_first else self.head_tokens
         prompts = {qid: self._variants(qid, question, questions, state) for qid, question in questions.items()}
         every = [tokens for variants in prompts.values() for tokens, _ in variants]
-        known = self._prefix_of(json.dumps(state)) if self.state_first else self.head_tokens
         prefix = _common([known, *every])
         shortest = min(len(tokens) for tokens in every)
         prefix = prefix[: min(len(prefix), shortest - 1)]  # every question keeps a token to decode
@@ -245,21 +249,18 @@ class DecisionPrompter:
     # Rendering ---------------------------------------------------------------------------------
 
     def _check_limits(self, questions: dict[str, Question]) -> None:
+        """Every question's options fit the model's labels (a noul counts 2, or lev's nine ratings)."""
         for qid, question in questions.items():
-            needed, field = 2, "criteria"
             if isinstance(question, ChoiceQuestion | ScoreQuestion):
                 needed = len(question.criteria)
-            elif self.format.kind == "lev":
-                needed = RATING_POINTS
+            else:
+                needed = RATING_POINTS if self.format.kind == "lev" else 2
             if needed > self.max_options:
-                raise TooManyOptions(
-                    qid,
-                    field,
-                    needed,
-                    self.max_options,
-                    f'"criteria" has {needed} options, at most '
-                    f"{self.max_options} are supported by this {self.format.kind} model",
+                message = (
+                    f'"criteria" has {needed} options, at most {self.max_options} are supported by this '
+                    f"{self.format.kind} model"
                 )
+                raise TooManyOptions(qid, "criteria", needed, self.max_options, message)
 
     def _variants(
         self, qid: str, question: Question, questions: dict[str, Question], state: Text
@@ -322,8 +323,9 @@ class DecisionPrompter:
         values["images"] = []
         try:
             return self._template.render(**values)
-        except TemplateError as error:
-            raise DecisionError(f"the systemone template failed to render: {error}") from error
+        except Exception as error:  # an untrusted template may fail any way on any input
+            loc = ("state",) if qid == "probe" else ("questions", qid)
+            raise TemplateRefused(loc, f"the model's systemone template did not render: {error}") from error
 
     def _options_value(self, shown: list[_Option]) -> list[dict[str, Any]]:
         found = []

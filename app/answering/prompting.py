@@ -182,6 +182,15 @@ class TooManyOptions(ValueError):
         self.qid, self.field, self.count, self.limit = qid, field, count, limit
 
 
+class TemplateRefused(ValueError):
+    """A model's own template would not render a request (its raise_exception, a type it cannot
+    print): the request's fault, at `loc`, never the server's."""
+
+    def __init__(self, loc: tuple[str, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
 @dataclass(frozen=True)
 class QuestionSet:
     """The question-first layout's middle tier: every question of a request, numbered in a

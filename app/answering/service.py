@@ -15,7 +15,7 @@ from app.answering import fitting, scoring
 from app.answering.calibration import CONTENT_FREE_STATES, ContextualCalibrator
 from app.answering.decision import DecisionPrompter
 from app.answering.fits import FitStore, question_key
-from app.answering.prompting import Prompter, QuestionSet, Reading, RenderedQuestion, TooManyOptions
+from app.answering.prompting import Prompter, QuestionSet, Reading, RenderedQuestion, TemplateRefused, TooManyOptions
 from app.contract import (
     Answer,
     CalibrationUsed,
@@ -240,6 +240,8 @@ class ModelService:
                     error.count,
                 )
             ) from error
+        except TemplateRefused as error:
+            raise Unprocessable(validation_error(error.loc, str(error), "value_error", None)) from error
         longest = max(len(rendered.tokens) for _, _, reading in questions for rendered in reading.variants)
         if len(prefix) + longest > self.engine.n_ctx:
             raise Unprocessable(
