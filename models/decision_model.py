@@ -108,12 +108,13 @@ def convert(source: Path, dest: Path, temperature: float) -> None:
     alignment = reader.fields.get(gguf.Keys.General.ALIGNMENT)
     if alignment is not None:
         writer.data_alignment = int(alignment.contents())
-    added = {f"{arch}.decision.type", gguf.Keys.Tokenizer.CHAT_TEMPLATES, "tokenizer.chat_template.systemone"}
+    # Written anew below (a file converted before has them already).
+    added = {gguf.Keys.Tokenizer.CHAT_TEMPLATES, "tokenizer.chat_template.systemone"}
     for field in reader.fields.values():
         if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF.") or field.name in added:
             continue
         if field.name.startswith(f"{arch}.decision."):
-            continue  # a file converted before: its decision keys are written anew
+            continue
         kind = field.types[0]
         sub_type = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, field.contents(), kind, sub_type=sub_type)

@@ -65,6 +65,9 @@ RATING_POINTS = 9  # lev's noul: a rating from 0 (certainly no) to 8 (certainly 
 WORD_JOINER = "\u2060"
 PROBE_STATES = ("The first probe text.", "Another text, for the second probe.")
 PREFIX_MEMO = 64  # recent states whose prefix is kept
+# Recent prompts whose tokens are kept: a repeated request (a cache hit) would otherwise tokenize
+# its whole state again for every question.
+PROMPT_MEMO = 128
 
 
 class DecisionError(ValueError):
@@ -192,6 +195,7 @@ class DecisionPrompter:
         env.globals["raise_exception"] = _raise_template_error
         self._template = env.from_string(fmt.template)
         self._controls = sorted((t for t in control_texts if len(t) > 1), key=len, reverse=True)
+        self._tokens = functools.lru_cache(maxsize=PROMPT_MEMO)(self._tokenize)
         try:
             probes = [self._render(probe, {"probe": probe}, state) for state in PROBE_STATES for probe in _PROBES]
         except TemplateRefused as error:
@@ -268,19 +272,18 @@ class DecisionPrompter:
         """(the prompt's tokens, the label ids read in label_keys order) for each variant."""
         kind = self.format.kind
         options = _options(question, true_first=kind == "openjev")
-        keys = [o.key for o in _options(question, true_first=True)] if isinstance(question, NoulQuestion) else None
+        answer_order = [o.key for o in _options(question, true_first=True)]  # label_keys' order
         orders = [options]
         if kind == "lev" and isinstance(question, ChoiceQuestion) and len(options) > 1:
             orders.append(options[::-1])
         found = []
         for shown in orders:
             tokens = self._tokens(self._render(question, questions, state, qid, shown))
-            position = {o.key: i for i, o in enumerate(shown)}
             if kind == "lev" and isinstance(question, NoulQuestion):
                 label_ids = tuple(token for _, token in self.labels[:RATING_POINTS])
-            else:
-                order = keys if keys is not None else [o.key for o in options]
-                label_ids = tuple(self.labels[position[key]][1] for key in order)
+            else:  # each option's label is the one at its place in this variant's display
+                position = {o.key: i for i, o in enumerate(shown)}
+                label_ids = tuple(self.labels[position[key]][1] for key in answer_order)
             found.append((tokens, label_ids))
         return found
 
@@ -349,7 +352,7 @@ class DecisionPrompter:
             return [self._user(item) for item in value]
         return value
 
-    def _tokens(self, text: str) -> tuple[int, ...]:
+    def _tokenize(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenizer.tokenize(text, add_bos=False, special=True))
 
     def _state_prefix(self, state_json: str) -> tuple[int, ...]:

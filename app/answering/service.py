@@ -156,7 +156,7 @@ class ModelService:
     def _render(
         self, question: Question, reading: Reading, readouts: list[Readout], base: Snapshot, fit: _Fitted | None
     ) -> Answer:
-        raw = reading.read([scoring.softmax(r.label_logits) for r in readouts])
+        raw = raw_probabilities(reading, readouts)
         mass = math.fsum(r.label_mass for r in readouts) / len(readouts)
         if fit is not None:
             return render_answer(question, fit.probabilities, mass, raw, fit.used)
@@ -211,8 +211,7 @@ class ModelService:
                 prior = reading.read(
                     [self.calibrator.prior(decoded.base, v.tokens, v.label_ids) for v in reading.variants]
                 )
-                raw = reading.read([scoring.softmax(r.label_logits) for r in readouts])
-                found[qid] = Evidence(label_keys(question), raw, prior)
+                found[qid] = Evidence(label_keys(question), raw_probabilities(reading, readouts), prior)
         return found
 
     def prefix_key(self, state: str, question_set: QuestionSet | None = None, prefix: tuple[int, ...] = ()) -> CacheKey:
@@ -335,6 +334,12 @@ class ModelService:
             decode_ms=answered.timing.decode_ms,
         )
         return _Decoded(plan, base, jobs, readouts, resolved.source, timing, answered.n_decodes)
+
+
+def raw_probabilities(reading: Reading, readouts: list[Readout]) -> list[float]:
+    """A question's answer before any calibration or temperature: each variant's label softmax, read
+    as the format reads its variants."""
+    return reading.read([scoring.softmax(r.label_logits) for r in readouts])
 
 
 def batch_jobs(questions: Iterable[RenderedQuestion]) -> list[Job]:
