@@ -80,11 +80,16 @@ def test_its_answers_agree_with_the_default_models_where_the_text_is_clear(
 
 
 def test_where_both_paths_render_the_same_tokens_the_raw_answer_is_the_same_bit_for_bit(
-    decision_service: ModelService, real_service: ModelService
+    decision_path: Path, real_model_path: Path
 ) -> None:
     """A choice whose options come in sorted order is the same prompt in onepass's layout and in the
     converted model's template: the decision path (template, prefix discovery, letters, readout)
-    then reads exactly the numbers onepass's own path reads."""
+    then reads exactly the numbers onepass's own path reads.
+
+    The two paths cut the same tokens at different places (onepass's prefix ends with the state; the
+    template's probe prefix runs on into "Question:"), so this holds with the plain kernels only:
+    repacked weights and flash attention round a token's numbers by its row in the batch. "auto"
+    would also time each file on its own and could choose differently for the two."""
     request = SystemOneRequest.model_validate(
         {
             "model": "m",
@@ -98,9 +103,16 @@ def test_where_both_paths_render_the_same_tokens_the_raw_answer_is_the_same_bit_
             },
         }
     )
-    ours, theirs = (s.plan(request) for s in (decision_service, real_service))
-    engine = real_service.engine
-    assert [*ours.prefix_tokens, *ours.suffixes()[0].tokens] == [*theirs.prefix_tokens, *theirs.suffixes()[0].tokens]
-    raw = [s.answer(request).wire()["answers"]["issue"]["x_raw"] for s in (decision_service, real_service)]
+    services = [serve(path, repack="off", flash_attn="off") for path in (decision_path, real_model_path)]
+    try:
+        ours, theirs = (s.plan(request) for s in services)
+        assert len(ours.prefix_tokens) != len(theirs.prefix_tokens)
+        assert [*ours.prefix_tokens, *ours.suffixes()[0].tokens] == [
+            *theirs.prefix_tokens,
+            *theirs.suffixes()[0].tokens,
+        ]
+        raw = [s.answer(request).wire()["answers"]["issue"]["x_raw"] for s in services]
+    finally:
+        for service in services:
+            service.close()
     assert raw[0] == raw[1]
-    assert engine.n_vocab == decision_service.engine.n_vocab
