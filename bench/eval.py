@@ -24,6 +24,7 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
+from app.answering.decision import DecisionPrompter
 from app.config import DEFAULT_CONFIG_PATH, DEFAULT_MODEL_PATH, LAYOUTS, Settings, load_settings
 from app.http.server import create_app
 from app.paths import REPO_ROOT
@@ -148,10 +149,14 @@ def run(
     if layout is not None:
         spec = replace_settings(spec, layout=layout)
     settings = Settings(model=model)
-    registry = ModelRegistry.serving(load_spec(spec), spec)
+    service = load_spec(spec)
+    registry = ModelRegistry.serving(service, spec)
+    # A decision model brings its own prompt and temperatures; the layout and temperature settings do not apply.
+    decision = service.prompter if isinstance(service.prompter, DecisionPrompter) else None
+    shown_layout = f"{decision.decision_type} decision" if decision else spec.settings.layout
     outcomes: dict[str, list[Outcome]] = {"raw": [], "calibrated": []}
     began = time.perf_counter()
-    progress = Progress(len(items), f"eval {spec.name} ({spec.settings.layout})")
+    progress = Progress(len(items), f"eval {spec.name} ({shown_layout})")
     with TestClient(create_app(settings, registry=registry)) as client:
         for item in items:
             body = {"model": "jev-latest", "state": item["state"], "questions": {"q": item["question"]}}
@@ -168,8 +173,8 @@ def run(
     return {
         "model": registry.default_name,
         "calibration": calibration,
-        "calibration_temperature": spec.settings.calibration_temperature,
-        "layout": spec.settings.layout,
+        "calibration_temperature": decision.format.temperatures if decision else spec.settings.calibration_temperature,
+        "layout": shown_layout,
         "seconds": round(time.perf_counter() - began, 1),
         "results": {name: metrics(found) for name, found in outcomes.items() if found},
         "misses": [o.item_id for o in outcomes["calibrated" if outcomes["calibrated"] else "raw"] if not o.right],
@@ -243,7 +248,8 @@ def main() -> None:
     report = run(args.model, args.calibration, args.limit, args.config, args.layout)
     args.out.mkdir(parents=True, exist_ok=True)
     # model names contain dots: no Path.with_suffix
-    stem = f"eval-{report['model']}" + ("" if report["layout"] == "state-first" else f"-{report['layout']}")
+    named = report["layout"] != "state-first" and not report["layout"].endswith(" decision")
+    stem = f"eval-{report['model']}" + (f"-{report['layout']}" if named else "")
     write_atomically(args.out / f"{stem}.json", json.dumps(report, indent=2) + "\n")
     write_atomically(args.out / f"{stem}.md", markdown(report))
     plot(report, args.out / f"{stem}.png")

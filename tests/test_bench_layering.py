@@ -13,7 +13,7 @@ LAYERS: list[set[str]] = [
     {"output", "client", "servers", "pipelines", "peer", "build_peer", "browser", "twin"},  # shared pieces
     {"figure", "workloads", "screenshot", "evidence"},
     {"eval", "fleet_sim", "calibration_study", "load", "pipeline", "restart", "shared_suffixes"},  # scenarios
-    {"run"},  # make bench
+    {"run", "compare_evals"},  # make bench; comparing two scenarios' reports
 ]
 
 
