@@ -12,7 +12,8 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 LAYERS: list[set[str]] = [
     {"output", "client", "servers", "pipelines", "peer", "build_peer", "browser", "twin"},  # shared pieces
     {"figure", "workloads", "screenshot", "evidence"},
-    {"eval", "fleet_sim", "calibration_study", "load", "pipeline", "restart", "shared_suffixes"},  # scenarios
+    # scenarios
+    {"eval", "fleet_sim", "calibration_study", "load", "pipeline", "restart", "shared_suffixes", "native_template"},
     {"run", "compare_evals"},  # make bench; comparing two scenarios' reports
 ]
 

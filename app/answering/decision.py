@@ -271,13 +271,9 @@ class DecisionPrompter:
     ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
         """(the prompt's tokens, the label ids read in label_keys order) for each variant."""
         kind = self.format.kind
-        options = _options(question, true_first=kind == "openjev")
         answer_order = [o.key for o in _options(question, true_first=True)]  # label_keys' order
-        orders = [options]
-        if kind == "lev" and isinstance(question, ChoiceQuestion) and len(options) > 1:
-            orders.append(options[::-1])
         found = []
-        for shown in orders:
+        for shown in self.variants_shown(question):
             tokens = self._tokens(self._render(question, questions, state, qid, shown))
             if kind == "lev" and isinstance(question, NoulQuestion):
                 label_ids = tuple(token for _, token in self.labels[:RATING_POINTS])
@@ -294,16 +290,11 @@ class DecisionPrompter:
             return Reading(variants, "rating", temperature)
         return Reading(variants, "mean" if len(variants) > 1 else "one", temperature)
 
-    def _render(
-        self,
-        question: Question,
-        questions: dict[str, Question],
-        state: Text,
-        qid: str = "probe",
-        shown: list[_Option] | None = None,
-    ) -> str:
+    def template_values(
+        self, question: Question, questions: dict[str, Question], state: Text, qid: str, shown: list[_Option]
+    ) -> dict[str, Any]:
+        """What the systemone template is given to render one variant of one question."""
         kind = self.format.kind
-        shown = shown if shown is not None else _options(question, true_first=kind == "openjev")
         values: dict[str, Any] = {
             "id": qid,
             "type": question.type,
@@ -324,11 +315,33 @@ class DecisionPrompter:
         if kind == "lev":
             values = _sorted_keys(values)
         values["images"] = []
+        return values
+
+    def variants_shown(self, question: Question) -> list[list[_Option]]:
+        """The options in the order each variant shows them (lev shows a choice both ways)."""
+        options = _options(question, true_first=self.format.kind == "openjev")
+        if self.format.kind == "lev" and isinstance(question, ChoiceQuestion) and len(options) > 1:
+            return [options, options[::-1]]
+        return [options]
+
+    def _render(
+        self,
+        question: Question,
+        questions: dict[str, Question],
+        state: Text,
+        qid: str = "probe",
+        shown: list[_Option] | None = None,
+    ) -> str:
+        shown = shown if shown is not None else self.variants_shown(question)[0]
+        values = self.template_values(question, questions, state, qid, shown)
         try:
-            return self._template.render(**values)
+            return self.render_values(values)
         except Exception as error:  # an untrusted template may fail any way on any input
             loc = ("state",) if qid == "probe" else ("questions", qid)
             raise TemplateRefused(loc, f"the model's systemone template did not render: {error}") from error
+
+    def render_values(self, values: dict[str, Any]) -> str:
+        return self._template.render(**values)
 
     def _options_value(self, shown: list[_Option]) -> list[dict[str, Any]]:
         found = []

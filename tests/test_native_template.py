@@ -1,0 +1,148 @@
+"""Decision-model templates rendered by llama.cpp's own Jinja engine (what its server prompts a
+decision model with) and by onepass: the same text, but for how each prints a JSON float.
+
+The engine is built from the llama.cpp source of the llama-cpp-python release onepass runs
+(bench/native_template.py; downloaded once with pip, compiled once, both kept in the cache folder)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.answering.decision import DecisionPrompter
+from app.contract import SystemOneRequest
+from bench.native_template import (
+    build_renderer,
+    compare,
+    compiler,
+    eval_requests,
+    open_prompter,
+    release_source,
+    release_version,
+)
+from tests.test_decision import QUESTION_FIRST, QUESTIONS, TEMPLATES, decision_gguf, decision_prompter, serve
+
+STATES: list[Any] = [
+    "My refund never came. Order #5521, 3 days ago.",
+    'Quotes "inside", a back\\slash, a tab\tand lines\nof text, non-ASCII: café, 東京, emoji 🙂',
+    {"ticket": "My refund never came.", "plan": "Pro", "paid": True, "refund": None, "items": [1, 2, {"n": -3}]},
+    ["a list", {"nested": {"deeper": ["x", False]}}, 0, 8.5, 0.25],
+    {"price": 19.99, "tax": 0.1, "total": 21.989, "name": "Zoë", "city": "東京"},
+]
+# Written the way published chat templates often are: whitespace control, indented tags, filters.
+STYLED = """{%- set heading = 'Decide about the text.' -%}
+<|im_start|>system
+{{ heading }}<|im_end|>
+<|im_start|>user
+{% if state is string -%}
+    {{ state | trim }}
+{%- else -%}
+    {{ state | tojson(indent=2) }}
+{%- endif %}
+
+Question ({{ type | upper }}, {{ options | length }} options): {{ instructions \
+if instructions is string else instructions | tojson }}
+    {% for o in options %}
+    {{ o.label }}) {{ o.key }}{% if o.description is not none %} - {{ o.description \
+if o.description is string else o.description | tojson }}{% endif %}{% if loop.last %}.{% endif %}
+
+    {% endfor %}
+<|im_end|>
+<|im_start|>assistant
+"""
+
+
+@pytest.fixture(scope="module")
+def renderer() -> Path:
+    if compiler() is None:
+        pytest.skip("no C++ compiler (c++, g++ or clang++; or set CXX) to build llama.cpp's template engine")
+    try:
+        source = release_source(release_version())
+    except subprocess.SubprocessError as error:
+        pytest.skip(f"the llama-cpp-python {release_version()} sdist could not be downloaded with pip: {error}")
+    return build_renderer(source)
+
+
+@pytest.fixture(scope="module")
+def prompters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, DecisionPrompter]]:
+    folder = tmp_path_factory.mktemp("native")
+    services = {kind: serve(decision_gguf(folder, kind, template)) for kind, template in TEMPLATES.items()}
+    (folder / "styled").mkdir()
+    services["styled"] = serve(decision_gguf(folder / "styled", "nimble", STYLED))
+    (folder / "question-first").mkdir()
+    services["question-first"] = serve(decision_gguf(folder / "question-first", "pplx-decider", QUESTION_FIRST))
+    yield {kind: decision_prompter(service) for kind, service in services.items()}
+    for service in services.values():
+        service.close()
+
+
+def requests(states: list[Any]) -> list[SystemOneRequest]:
+    return [SystemOneRequest.model_validate({"model": "m", "state": s, "questions": QUESTIONS}) for s in states]
+
+
+@pytest.mark.parametrize("kind", [*TEMPLATES, "question-first", "styled"])
+def test_every_types_template_renders_alike_in_both_engines(
+    renderer: Path, prompters: dict[str, DecisionPrompter], kind: str
+) -> None:
+    """Strings, JSON values of every kind (ints, floats both print alike, booleans, null, nesting),
+    option descriptions as text, null and JSON; lev's sorted keys and both orders; nimble's list of
+    every question."""
+    rendered, differences = compare(prompters[kind], renderer, requests(STATES))
+    assert rendered == len(STATES) * (len(QUESTIONS) + (kind == "lev"))
+    assert differences == [], differences[0]
+
+
+def test_llama_cpp_prints_a_json_float_with_six_significant_digits(
+    renderer: Path, prompters: dict[str, DecisionPrompter]
+) -> None:
+    """llama.cpp's engine writes a float as C++ streams do by default (%g): 19.0 as 19 and pi as
+    3.14159. onepass passes the number the request spelled. Should a later llama.cpp print floats
+    exactly, this fails and docs/decision-models.md should say the two agree."""
+    rendered, differences = compare(
+        prompters["openjev"], renderer, requests([{"total": 19.0, "pi": 3.141592653589793}])
+    )
+    assert rendered == len(QUESTIONS) and len(differences) == rendered
+    for difference in differences:
+        assert '{"total": 19.0, "pi": 3.141592653589793}' in difference.ours
+        assert '{"total": 19, "pi": 3.14159}' in difference.theirs
+        assert difference.theirs == difference.ours.replace("19.0", "19").replace("3.141592653589793", "3.14159")
+
+
+def floats(value: Any) -> Iterator[float]:
+    if isinstance(value, float):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from floats(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from floats(item)
+
+
+@pytest.mark.real_model
+def test_the_converted_default_model_is_prompted_alike_by_llama_cpp(renderer: Path, real_model_path: Path) -> None:
+    """make model-decision's file, over every tests/eval item: only prompts whose state holds a float
+    that %g prints otherwise than JSON does differ, and only there."""
+    decision = real_model_path.with_name(real_model_path.stem + "-decision.gguf")
+    if not decision.is_file():
+        pytest.fail(f"{decision} is missing: run `make model-decision` (make test does)")
+    engine, prompter = open_prompter(decision)
+    every = eval_requests()
+    try:
+        rendered, differences = compare(prompter, renderer, every)
+    finally:
+        engine.close()
+    assert rendered == len(every)
+    printed_otherwise = {
+        qid
+        for request in every
+        for qid in request.questions
+        if any(json.dumps(f) != format(f, "g") for f in floats(request.state))
+    }
+    assert {d.where.split(", ")[1] for d in differences} == printed_otherwise
+    assert 0 < len(printed_otherwise) < 10
