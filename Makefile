@@ -40,7 +40,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?=
 PORT ?=
 
-.PHONY: setup vulkan-deps test-gpu model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet bench-calibration eval load check-gpu clean clean-build
+.PHONY: setup vulkan-deps test-gpu native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet bench-calibration eval load check-gpu clean clean-build
 
 setup: $(INSTALL_STAMP)
 
@@ -154,10 +154,25 @@ PEER_CACHE ?= $(HOME)/.cache/onepass/llama-server
 PEER := $(PEER_CACHE)/$(WHEEL_KEY)/llama-server
 $(PEER): | $(BIN)/python
 	@echo "building llama-server from llama-cpp-python $(LLAMA_CPP_VERSION)'s llama.cpp with the same flags (once)"
-	$(BIN)/python -m bench.build_peer --version $(LLAMA_CPP_VERSION) --cmake-args '$(BUILD_ARGS)' \
+	$(BIN)/python -m bench.build_peer --package llama-cpp-python==$(LLAMA_CPP_VERSION) --cmake-args '$(BUILD_ARGS)' \
 		--out $(dir $(PEER)) --jobs $$(getconf _NPROCESSORS_ONLN)
 
 peer: $(PEER)
+
+# llama.cpp's server with its native /v1/systemone (server-decision.cpp), which the llama.cpp of
+# llama-cpp-python $(LLAMA_CPP_VERSION) predates: built from the llama.cpp inside xllamacpp's sdist.
+# make test-native answers decision GGUFs with it and with onepass, and compares (once: minutes).
+NATIVE_PACKAGE := xllamacpp==2026.10.11549
+NATIVE_SERVER := $(PEER_CACHE)/native-$(subst ==,-,$(NATIVE_PACKAGE))-$(WHEEL_KEY)/llama-server
+$(NATIVE_SERVER): | $(BIN)/python
+	@echo "building llama-server from $(NATIVE_PACKAGE)'s llama.cpp, which serves /v1/systemone (once)"
+	$(BIN)/python -m bench.build_peer --package $(NATIVE_PACKAGE) --cmake-args '$(BUILD_ARGS)' \
+		--out $(dir $(NATIVE_SERVER)) --jobs $$(getconf _NPROCESSORS_ONLN)
+
+native-server: $(NATIVE_SERVER)
+
+test-native: model model-decision $(NATIVE_SERVER)
+	ONEPASS_NATIVE_SERVER=$(NATIVE_SERVER) $(BIN)/python -m pytest -q tests/test_native_server.py
 
 # The full comparison for a model (default: the default model): make bench BENCH_ARGS="--model models/x.gguf"
 BENCH_ARGS ?=

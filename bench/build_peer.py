@@ -1,17 +1,23 @@
 """make peer: build llama.cpp's `llama-server` from the source inside the llama-cpp-python release
 onepass uses, with the same CMake flags as its wheel, so the bench compares designs, not builds.
+make native-server: the same from the llama.cpp inside another package's sdist (one whose llama.cpp
+has /v1/systemone), for tests/test_native_server.py.
 
-python -m bench.build_peer --version 0.3.36 --cmake-args "..." --out DIR   (DIR/llama-server)
+python -m bench.build_peer --package llama-cpp-python==0.3.36 --cmake-args "..." --out DIR   (DIR/llama-server)
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
+import re
 import shlex
+import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
+import urllib.request
 from pathlib import Path
 
 # A server build with nothing fetched from the network: no web UI assets, no HTTPS.
@@ -28,16 +34,39 @@ SERVER_ARGS = [
 ]
 
 
-def build(version: str, cmake_args: str, out: Path, jobs: int) -> Path:
+def download_sdist(requirement: str, folder: Path) -> Path:
+    """NAME==VERSION's source distribution from the package index, checked against the index's
+    sha256 (pip download would build the package's metadata first, which some sdists cannot
+    do without their build tools)."""
+    name, version = requirement.split("==")
+    index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+    page = urllib.request.urlopen(f"{index}/{name}/", timeout=60).read().decode()
+    wanted = f"{name.replace('-', '_')}-{version}.tar.gz", f"{name}-{version}.tar.gz"
+    for url, digest in re.findall(r'href="([^"#]+)#sha256=([0-9a-f]{64})"', page):
+        file_name = str(url).rsplit("/", 1)[-1]
+        if file_name in wanted:
+            path = folder / file_name
+            data = urllib.request.urlopen(url, timeout=600).read()
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise RuntimeError(f"{url}: sha256 differs from the index's")
+            path.write_bytes(data)
+            return path
+    raise RuntimeError(f"{index}/{name}/ lists no source distribution of {version}")
+
+
+def build(requirement: str, cmake_args: str, out: Path, jobs: int) -> Path:
+    if shutil.which("cmake") is None:
+        raise SystemExit(
+            "building llama-server needs cmake: `apt-get install cmake`, `brew install cmake` or `pip install cmake`"
+        )
     binary = out / "llama-server"
     with tempfile.TemporaryDirectory(prefix="onepass-peer-") as tmp:
         work = Path(tmp)
-        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(work)]
-        subprocess.run([*pip, f"llama-cpp-python=={version}"], check=True)
-        (sdist,) = work.glob("llama_cpp_python-*.tar.gz")
+        sdist = download_sdist(requirement, work)
         with tarfile.open(sdist) as archive:
             archive.extractall(work, filter="data")
-        source = next(work.glob("llama_cpp_python-*/vendor/llama.cpp"))
+        # the llama.cpp tree in it: vendor/llama.cpp (llama-cpp-python), thirdparty/llama.cpp (xllamacpp)
+        source = next(path.parent.parent.parent for path in work.glob("*/*/llama.cpp/tools/server/server.cpp"))
         build_dir = work / "build"
         subprocess.run(
             ["cmake", "-S", str(source), "-B", str(build_dir), *SERVER_ARGS, *shlex.split(cmake_args)], check=True
@@ -53,12 +82,12 @@ def build(version: str, cmake_args: str, out: Path, jobs: int) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--version", required=True)
+    parser.add_argument("--package", required=True, help="NAME==VERSION of the sdist whose llama.cpp to build")
     parser.add_argument("--cmake-args", required=True, help="onepass's wheel flags (the Makefile's BUILD_ARGS)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
-    print(build(args.version, args.cmake_args, args.out, args.jobs))
+    print(build(args.package, args.cmake_args, args.out, args.jobs))
 
 
 if __name__ == "__main__":

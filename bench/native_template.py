@@ -68,8 +68,11 @@ def release_source(version: str) -> Path:
                     member.name = inner
                     archive.extract(member, unpacked, filter="data")
         folder.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(unpacked, folder)
+        try:
+            os.replace(unpacked, folder)
+        except OSError:  # there already: another process unpacked it meanwhile (or a partial tree: say so)
+            if not (folder / "common" / "jinja" / "runtime.h").is_file():
+                raise
     return folder
 
 

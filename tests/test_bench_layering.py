@@ -13,7 +13,17 @@ LAYERS: list[set[str]] = [
     {"output", "client", "servers", "pipelines", "peer", "build_peer", "browser", "twin"},  # shared pieces
     {"figure", "workloads", "screenshot", "evidence"},
     # scenarios
-    {"eval", "fleet_sim", "calibration_study", "load", "pipeline", "restart", "shared_suffixes", "native_template"},
+    {
+        "eval",
+        "fleet_sim",
+        "calibration_study",
+        "load",
+        "pipeline",
+        "restart",
+        "shared_suffixes",
+        "native_template",
+        "native_decision",
+    },
     {"run", "compare_evals"},  # make bench; comparing two scenarios' reports
 ]
 
