@@ -121,9 +121,7 @@ def main() -> None:
     header = ["questions", "n", "same answer", "median gap", "90th pct gap", "largest gap"]
     print("\n".join(table(header, summary(found))))
     apart = sorted(((a.largest_gap, i) for a, i in zip(found, ids, strict=True) if a.largest_gap > 0), reverse=True)
-    print(
-        f"\n{len(apart)} answers differ at all; the largest gaps: " + ", ".join(f"{i} {g:.1e}" for g, i in apart[:6])
-    )
+    print(f"\n{len(apart)} answers differ at all; the largest gaps: " + ", ".join(f"{i} {g:.1e}" for g, i in apart[:6]))
 
 
 if __name__ == "__main__":
