@@ -85,12 +85,13 @@ def compiler() -> str | None:
 
 def build_renderer(source: Path) -> Path:
     """bench/native_render.cpp compiled against `source`, linked to the installed wheel's ggml,
-    kept in the cache folder under a name of the harness and the source (built once each)."""
+    kept in the cache folder under a name of the harness, the source and the wheel's folder."""
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (c++, g++ or clang++; or set CXX)")
     lib = Path(llama_cpp.__file__).resolve().parent / "lib"
-    key = hashlib.blake2b(HARNESS.read_bytes() + str(source.resolve()).encode(), digest_size=8).hexdigest()
+    # the binary finds the wheel's ggml by its path: one build per source and installed wheel
+    key = hashlib.blake2b(HARNESS.read_bytes() + f"{source.resolve()}\0{lib}".encode(), digest_size=8).hexdigest()
     binary = cache_home() / "native-render" / f"native_render-{key}"
     if binary.is_file():
         return binary
