@@ -115,7 +115,8 @@ def native_render(binary: Path, template: str, inputs: Sequence[dict[str, Any]])
         done = subprocess.run(
             [str(binary), file.name], input=lines, capture_output=True, text=True, check=True, timeout=300
         )
-    rendered = [json.loads(line) for line in done.stdout.splitlines()]
+    # "\n" only: a state may hold U+2028 or U+0085, which splitlines() would also split at
+    rendered = [json.loads(line) for line in done.stdout.split("\n") if line]
     if len(rendered) != len(inputs):
         raise RuntimeError(f"the renderer answered {len(rendered)} of {len(inputs)} inputs: {done.stderr[-500:]}")
     return rendered

@@ -30,6 +30,7 @@ from tests.test_decision import QUESTION_FIRST, QUESTIONS, TEMPLATES, decision_g
 STATES: list[Any] = [
     "My refund never came. Order #5521, 3 days ago.",
     'Quotes "inside", a back\\slash, a tab\tand lines\nof text, non-ASCII: café, 東京, emoji 🙂',
+    "Separators a JSON line may hold as they are: U+2028 \u2028, U+0085 \x85, U+001F \x1f.",
     {"ticket": "My refund never came.", "plan": "Pro", "paid": True, "refund": None, "items": [1, 2, {"n": -3}]},
     ["a list", {"nested": {"deeper": ["x", False]}}, 0, 8.5, 0.25],
     {"price": 19.99, "tax": 0.1, "total": 21.989, "name": "Zoë", "city": "東京"},
@@ -111,6 +112,18 @@ def test_llama_cpp_prints_a_json_float_with_six_significant_digits(
         assert '{"total": 19.0, "pi": 3.141592653589793}' in difference.ours
         assert '{"total": 19, "pi": 3.14159}' in difference.theirs
         assert difference.theirs == difference.ours.replace("19.0", "19").replace("3.141592653589793", "3.14159")
+
+
+def test_llama_cpp_trims_ascii_whitespace_only(renderer: Path, prompters: dict[str, DecisionPrompter]) -> None:
+    """Jinja's `trim` is Python's str.strip (every Unicode space); llama.cpp's strips ASCII
+    whitespace only, so a state that ends in an ideographic space renders otherwise in a template
+    that trims it. onepass keeps Jinja's meaning; should llama.cpp change, this fails."""
+    prompter = prompters["styled"]  # trims a string state
+    _, differences = compare(prompter, renderer, requests(["Ticket text\u3000"]))
+    assert differences and all(
+        "Ticket text\u3000" in d.theirs and "Ticket text\u3000" not in d.ours for d in differences
+    )
+    assert not compare(prompter, renderer, requests(["Ticket text \t\n"]))[1]  # ASCII: alike
 
 
 def floats(value: Any) -> Iterator[float]:
