@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.eval import Outcome, load_items
+from bench.eval import load_items, top_answer
 
 BOOTSTRAP_SAMPLES = 10_000
 INTERVAL = 0.95
@@ -41,10 +41,7 @@ def right_by_item(report: Mapping[str, Any], figures: str) -> dict[str, bool]:
     answers as the server gave them (a run with --calibration none has only raw ones)."""
     if figures == "served":
         figures = "calibrated" if report["items"]["calibrated"] else "raw"
-    return {
-        item_id: Outcome(item_id, "", "", probabilities, label, 1.0).right
-        for item_id, probabilities, label in report["items"][figures]
-    }
+    return {item_id: top_answer(probabilities) == label for item_id, probabilities, label in report["items"][figures]}
 
 
 def mcnemar_p(only_a: int, only_b: int) -> float:

@@ -38,6 +38,11 @@ ITEMS = REPO_ROOT / "tests" / "eval" / "items.jsonl"
 N_BINS = 10
 
 
+def top_answer(probabilities: Sequence[float]) -> int:
+    """The most probable answer's index (the first of a tie)."""
+    return max(range(len(probabilities)), key=probabilities.__getitem__)
+
+
 @dataclass(frozen=True)
 class Outcome:
     """One item's predicted distribution over its answers, and which one is right."""
@@ -51,7 +56,7 @@ class Outcome:
 
     @property
     def predicted(self) -> int:
-        return max(range(len(self.probabilities)), key=self.probabilities.__getitem__)
+        return top_answer(self.probabilities)
 
     @property
     def confidence(self) -> float:

@@ -14,7 +14,6 @@ JSON float is printed (docs/decision-models.md), and in how the prompt is cut in
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from app.contract import SystemOneRequest
 from app.paths import REPO_ROOT
 from app.serving.loading import load_spec
 from app.serving.specs import ModelSpec
+from bench.eval import load_items
 from bench.output import Progress, table
 from bench.peer import llama_server
 
@@ -95,8 +95,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="only the first N items")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    lines = (REPO_ROOT / "tests" / "eval" / "items.jsonl").read_text(encoding="utf-8").splitlines()
-    items = [json.loads(line) for line in lines if line.strip()][: args.limit]
+    items = load_items(limit=args.limit)
     service = onepass_service(args.model, args.threads)
     found: list[Agreement] = []
     ids: list[str] = []

@@ -8,7 +8,7 @@ value, a filter) would prompt the model otherwise than the server it was publish
 builds bench/native_render.cpp against the llama.cpp source of the llama-cpp-python release
 onepass runs, gives both engines the values onepass passes for every question of tests/eval's
 items (each variant), and counts the prompts whose text differs. --source: a llama.cpp source
-tree to use instead of the release's (downloaded once with pip, kept in the cache folder).
+tree to use instead of the release's (downloaded once from the package index, kept in the cache folder).
 """
 
 from __future__ import annotations
@@ -30,10 +30,13 @@ from typing import Any
 
 import llama_cpp
 
-from app.answering.decision import DecisionPrompter, read_format
+from app.answering.decision import DecisionPrompter
 from app.contract import SystemOneRequest
 from app.engine.llama import Engine
 from app.paths import REPO_ROOT, cache_home
+from app.serving.loading import prompter_for
+from bench.build_peer import download_sdist
+from bench.eval import load_items
 from bench.output import Progress
 
 HARNESS = Path(__file__).resolve().parent / "native_render.cpp"
@@ -56,9 +59,7 @@ def release_source(version: str) -> Path:
         return folder
     with tempfile.TemporaryDirectory(prefix="onepass-llama-src-") as tmp:
         work = Path(tmp)
-        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(work)]
-        subprocess.run([*pip, f"llama-cpp-python=={version}"], check=True, timeout=600)
-        (sdist,) = work.glob("llama_cpp_python-*.tar.gz")
+        sdist = download_sdist(f"llama-cpp-python=={version}", work)
         root = f"llama_cpp_python-{version}/vendor/llama.cpp/"
         unpacked = work / "llama.cpp"
         with tarfile.open(sdist) as archive:
@@ -155,23 +156,22 @@ def compare(
 
 
 def open_prompter(model: Path) -> tuple[Engine, DecisionPrompter]:
-    """The model's decision prompter, over its engine (close the engine when done)."""
+    """The model's decision prompter as the server builds it, over its engine (close the engine when done)."""
     engine = Engine(model, n_ctx=512)
-    fmt = read_format(engine.metadata, engine.metadata_keys())
-    if fmt is None:
+    prompter = prompter_for(engine)
+    if not isinstance(prompter, DecisionPrompter):
         engine.close()
         raise ValueError(f"{model} is not a decision model (no <arch>.decision.type)")
-    return engine, DecisionPrompter(engine, fmt, engine.control_texts())
+    return engine, prompter
 
 
 def eval_requests() -> list[SystemOneRequest]:
-    items_path = REPO_ROOT / "tests" / "eval" / "items.jsonl"
-    items = [json.loads(line) for line in items_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """Every tests/eval item as a request of its one question, keyed by the item's id."""
     return [
         SystemOneRequest.model_validate(
             {"model": "m", "state": item["state"], "questions": {item["id"]: item["question"]}}
         )
-        for item in items
+        for item in load_items()
     ]
 
 

@@ -21,10 +21,9 @@ LAYERS: list[set[str]] = [
         "pipeline",
         "restart",
         "shared_suffixes",
-        "native_template",
-        "native_decision",
     },
-    {"run", "compare_evals"},  # make bench; comparing two scenarios' reports
+    # make bench; what reads the eval set or compares its reports, or compares onepass with llama.cpp
+    {"run", "compare_evals", "native_template", "native_decision"},
 ]
 
 

@@ -43,7 +43,14 @@ from typing import Any, Protocol
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from app.answering.prompting import QuestionSet, Reading, RenderedQuestion, TemplateRefused, TooManyOptions
+from app.answering.prompting import (
+    QuestionSet,
+    Reading,
+    RenderedQuestion,
+    TemplateRefused,
+    TooManyOptions,
+    label_keys,
+)
 from app.contract import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, Text
 
 log = logging.getLogger("onepass.decision")
@@ -271,7 +278,7 @@ class DecisionPrompter:
     ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
         """(the prompt's tokens, the label ids read in label_keys order) for each variant."""
         kind = self.format.kind
-        answer_order = [o.key for o in _options(question, true_first=True)]  # label_keys' order
+        answer_order = label_keys(question)
         found = []
         for shown in self.variants_shown(question):
             tokens = self._tokens(self._render(question, questions, state, qid, shown))

@@ -152,6 +152,15 @@ class RenderedQuestion:
     label_ids: tuple[int, ...]  # in answer order: yes/no, options in request order, levels 0..n-1
 
 
+def label_keys(question: Question) -> list[str]:
+    """A question's labels by name, in the order its probabilities come: what a fit's biases are keyed by."""
+    if isinstance(question, NoulQuestion):
+        return ["true", "false"]
+    if isinstance(question, ChoiceQuestion):
+        return list(question.criteria)
+    return [str(i) for i in range(len(question.criteria))]
+
+
 @dataclass(frozen=True)
 class Reading:
     """How one question is asked and read: its suffixes (one per variant of its prompt; onepass's own

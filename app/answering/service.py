@@ -15,7 +15,15 @@ from app.answering import fitting, scoring
 from app.answering.calibration import CONTENT_FREE_STATES, ContextualCalibrator
 from app.answering.decision import DecisionPrompter
 from app.answering.fits import FitStore, question_key
-from app.answering.prompting import Prompter, QuestionSet, Reading, RenderedQuestion, TemplateRefused, TooManyOptions
+from app.answering.prompting import (
+    Prompter,
+    QuestionSet,
+    Reading,
+    RenderedQuestion,
+    TemplateRefused,
+    TooManyOptions,
+    label_keys,
+)
 from app.contract import (
     Answer,
     CalibrationUsed,
@@ -79,15 +87,6 @@ class _Decoded:
     cache_state: Literal["hit", "disk", "miss", "off"]
     timing: Timing
     n_decodes: int
-
-
-def label_keys(question: Question) -> list[str]:
-    """A question's labels by name, in the order its probabilities come: what a fit's biases are keyed by."""
-    if isinstance(question, NoulQuestion):
-        return ["true", "false"]
-    if isinstance(question, ChoiceQuestion):
-        return list(question.criteria)
-    return [str(i) for i in range(len(question.criteria))]
 
 
 class ModelService:
