@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from app.answering.service import Evidence
 from app.calibrate.runner import Parsed, fit_all, parse_examples, set_rows
 from app.paths import REPO_ROOT
 from bench.evidence import OUT as EVIDENCE
+from bench.evidence import hidden_key, hidden_path
 from bench.output import table, write_atomically
 
 RESULTS = REPO_ROOT / "bench" / "results"
@@ -49,12 +51,32 @@ def load(path: Path) -> dict[str, Any]:
     return dict(json.loads(path.read_text()))
 
 
-def parsed(workload: dict[str, Any]) -> tuple[list[Parsed], list[dict[str, Evidence]]]:
-    items = workload["items"]
+def load_hidden(path: Path) -> dict[str, np.ndarray]:
+    """The hidden states bench/evidence.py wrote beside `path`; none if that file is missing."""
+    found = hidden_path(path)
+    if not found.is_file():
+        print(f"{found} is missing (python -m bench.evidence writes it): measuring without the probe")
+        return {}
+    with np.load(found) as packed:
+        return {key: packed[key] for key in packed.files}
+
+
+def parsed(
+    name: str, workload: dict[str, Any], hidden: dict[str, np.ndarray], indices: list[int] | None = None
+) -> tuple[list[Parsed], list[dict[str, Evidence]]]:
+    """A workload's items (those at `indices`, default all) as examples and their evidence."""
+    chosen = range(len(workload["items"])) if indices is None else indices
+    items = [workload["items"][i] for i in chosen]
     examples = parse_examples(
         [{"state": i["state"], "questions": workload["questions"], "answers": i["answers"]} for i in items]
     )
-    evidence = [{q: Evidence(e["labels"], e["raw"], e["prior"]) for q, e in item["evidence"].items()} for item in items]
+    evidence = []
+    for index, item in zip(chosen, items, strict=True):
+        found = {}
+        for qid, e in item["evidence"].items():
+            state = hidden.get(hidden_key(name, index, qid))
+            found[qid] = Evidence(e["labels"], e["raw"], e["prior"], state)
+        evidence.append(found)
     return examples, evidence
 
 
@@ -72,7 +94,8 @@ def predict(
             question_key(q): readout_ratios(readouts[i].labels, readouts[i].raw, readouts[i].prior)
             for i, q in example.request.questions.items()
         }
-        found.append(np.asarray(apply_fit(fitting.Fit.from_json(record["fit"]), e.labels, e.raw, e.prior, by_key)))
+        fit = fitting.Fit.from_json(record["fit"])
+        found.append(np.asarray(apply_fit(fit, e.labels, e.raw, e.prior, by_key, e.hidden)))
     return np.asarray(found)
 
 
@@ -97,6 +120,14 @@ def measure(
             "after": {k: v for k, v in after.to_json().items() if k != "reliability"},
         }
     return per_question
+
+
+def readout_only(
+    pair: tuple[list[Parsed], list[dict[str, Evidence]]],
+) -> tuple[list[Parsed], list[dict[str, Evidence]]]:
+    """The same examples without their hidden states: what the fits that read only the labels reach."""
+    examples, evidence = pair
+    return examples, [{q: replace(e, hidden=None) for q, e in readouts.items()} for readouts in evidence]
 
 
 def label_free(
@@ -136,30 +167,34 @@ def mean(rows: dict[str, dict[str, Any]], which: str, metric: str) -> float:
     return float(np.mean([row[which][metric] for row in rows.values()]))
 
 
-def run(pool: list[Path], test_path: Path | None, n_train: int) -> dict[str, Any]:
+def run(pool: list[Path], test_path: Path | None, n_train: int, sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
     """Fits on the first `n_train` items of each workload in `pool` (later files replace a workload);
     held out: `test_path`'s items (another seed) without the states seen in training, or else the
     rest of the pool."""
     data = load(pool[0])
+    hidden = load_hidden(pool[0])
     for extra in pool[1:]:
         data["workloads"].update(load(extra)["workloads"])
+        hidden.update(load_hidden(extra))
     tests = load(test_path)["workloads"] if test_path is not None else {}
+    test_hidden = load_hidden(test_path) if test_path is not None else {}
     t0 = float(data["calibration_temperature"])
     found: dict[str, Any] = {"model": data["model"], "train": n_train, "workloads": {}}
     for name, workload in data["workloads"].items():
-        examples, evidence = parsed(workload)
+        examples, evidence = parsed(name, workload, hidden)
         train = (examples[:n_train], evidence[:n_train])
         if name in tests:
             seen = {item["state"] for item in workload["items"][:n_train]}
-            fresh = {**tests[name], "items": [i for i in tests[name]["items"] if i["state"] not in seen]}
-            test = parsed(fresh)
+            fresh = [i for i, item in enumerate(tests[name]["items"]) if item["state"] not in seen]
+            test = parsed(name, tests[name], test_hidden, fresh)
         else:
             test = (examples[n_train:], evidence[n_train:])
         curve = {}
-        for size in SIZES:
+        for size in sizes:
             if size <= n_train:
                 small = (train[0][:size], train[1][:size])
                 curve[size] = {
+                    "readout": measure(readout_only(small), readout_only(test), t0, question_set=False),
                     "per_question": measure(small, test, t0, question_set=False),
                     "question_set": measure(small, test, t0, question_set=True),
                     "batch": label_free(train, test, t0, size),
@@ -172,35 +207,51 @@ def markdown(found: dict[str, Any]) -> list[str]:
     n = found["train"]
     held = ", ".join(f"{name} {w['held_out']}" for name, w in found["workloads"].items())
     lines = [f"Fits on the first {n} items of each workload; held-out items: {held}.", ""]
-    rows = []
+    rows, pipelines = [], []
     for name, w in found["workloads"].items():
         top = w["curve"][max(w["curve"], key=int)]
         for qid, row in top["per_question"].items():
-            both = top["question_set"][qid]
+            fitted = [top[which][qid]["after"] for which in ("readout", "per_question", "question_set")]
+            methods = [top[which][qid]["method"] for which in ("readout", "per_question", "question_set")]
             rows.append(
                 [
                     f"{name} / {qid}",
                     row["type"],
                     f"{row['before']['accuracy']:.3f}, {row['before']['ece']:.3f}",
-                    f"{row['after']['accuracy']:.3f}, {row['after']['ece']:.3f} ({row['method']})",
-                    f"{both['after']['accuracy']:.3f}, {both['after']['ece']:.3f} ({both['method']})",
+                    *(f"{c['accuracy']:.3f}, {c['ece']:.3f} ({m})" for c, m in zip(fitted, methods, strict=True)),
                     f"{top['batch'][qid]['accuracy']:.3f}, {top['batch'][qid]['ece']:.3f}",
                 ]
             )
+        pipelines.append(
+            [
+                name,
+                f"{mean(top['per_question'], 'before', 'accuracy'):.3f}",
+                *(
+                    f"{mean(top[which], 'after', 'accuracy'):.3f}"
+                    for which in ("readout", "per_question", "question_set")
+                ),
+            ]
+        )
     lines += table(
         [
             "workload / question",
             "type",
             "today: accuracy, ECE",
-            f"per-question fit ({n} examples)",
+            f"readout fits only ({n} examples)",
+            "per-question fit (with the probe)",
             "with the question-set opt-in",
             f"batch calibration ({n} unlabelled)",
         ],
         rows,
     )
+    lines += ["", "Mean accuracy per pipeline:", ""]
+    lines += table(
+        ["workload", "today", "readout fits only", "per-question fit", "with the question-set opt-in"], pipelines
+    )
     lines += [
         "",
-        "Ceiling: the accuracy of a question-set fit fitted on the held-out items themselves (an upper bound):",
+        "Ceiling of the readout fits: a question-set fit fitted on the held-out items themselves (an upper",
+        "bound for any fit that reads only the label readouts):",
         "",
     ]
     lines += table(
@@ -215,36 +266,31 @@ def markdown(found: dict[str, Any]) -> list[str]:
         ],
     )
     lines += ["", "Mean over every question, against the number of examples per question set:", ""]
+    kinds = ("readout", "per_question", "question_set")
     curve_rows = []
     sizes = sorted({int(s) for w in found["workloads"].values() for s in w["curve"]})
     for size in sizes:
-        cells: dict[str, list[float]] = {k: [] for k in ("today", "pq", "qs", "bc")}
-        eces: dict[str, list[float]] = {k: [] for k in ("today", "pq", "qs", "bc")}
+        cells: dict[str, list[float]] = {k: [] for k in ("today", *kinds, "batch")}
+        eces: dict[str, list[float]] = {k: [] for k in cells}
         for w in found["workloads"].values():
             point = w["curve"].get(size) or w["curve"].get(str(size))
             for qid, row in point["per_question"].items():
                 cells["today"].append(row["before"]["accuracy"])
                 eces["today"].append(row["before"]["ece"])
-                cells["pq"].append(row["after"]["accuracy"])
-                eces["pq"].append(row["after"]["ece"])
-                cells["qs"].append(point["question_set"][qid]["after"]["accuracy"])
-                eces["qs"].append(point["question_set"][qid]["after"]["ece"])
-                cells["bc"].append(point["batch"][qid]["accuracy"])
-                eces["bc"].append(point["batch"][qid]["ece"])
+                for kind in kinds:
+                    cells[kind].append(point[kind][qid]["after"]["accuracy"])
+                    eces[kind].append(point[kind][qid]["after"]["ece"])
+                cells["batch"].append(point["batch"][qid]["accuracy"])
+                eces["batch"].append(point["batch"][qid]["ece"])
         curve_rows.append(
-            [
-                size,
-                *(
-                    f"{np.mean(cells[k]):.3f}, {np.mean(eces[k]):.3f} (max {np.max(eces[k]):.3f})"
-                    for k in ("today", "pq", "qs", "bc")
-                ),
-            ]
+            [size, *(f"{np.mean(cells[k]):.3f}, {np.mean(eces[k]):.3f} (max {np.max(eces[k]):.3f})" for k in cells)]
         )
     lines += table(
         [
             "examples",
             "today: accuracy, ECE",
-            "per-question fit",
+            "readout fits only",
+            "per-question fit (with the probe)",
             "with the question-set opt-in",
             "batch calibration (unlabelled)",
         ],
@@ -260,8 +306,9 @@ def main() -> None:
         "--test", type=Path, default=TEST, help="held-out items (another seed); 'none': the pool's rest"
     )
     parser.add_argument("--train", type=int, default=100)
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="examples per question set")
     args = parser.parse_args()
-    found = run(args.evidence, None if str(args.test) == "none" else args.test, args.train)
+    found = run(args.evidence, None if str(args.test) == "none" else args.test, args.train, tuple(args.sizes))
     text = "\n".join(markdown(found)) + "\n"
     write_atomically(RESULTS / "calibration-study.json", json.dumps(found, indent=1))
     write_atomically(RESULTS / "calibration-study.md", text)

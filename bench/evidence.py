@@ -3,33 +3,54 @@
 `python -m bench.evidence` answers the pipeline workloads (bench/pipelines.py) with the default model
 as `make run` configures it and writes bench/results/calibration-evidence.json: per example and
 question the raw label probabilities and the content-free prior, in the answer's label order, and
-the right label. bench/calibration_study.py fits and measures on that file in seconds.
+the right label; and beside it (`*.hidden.npz`, not committed: megabytes) each question's hidden
+state, which the probe fits read. bench/calibration_study.py fits and measures on them in seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from app.answering.service import ModelService
 from app.config import DEFAULT_CONFIG_PATH, DEFAULT_MODEL_PATH, load_settings
 from app.contract import SystemOneRequest
 from app.paths import REPO_ROOT
 from app.serving.loading import load_spec
-from app.serving.specs import read_models_config
+from app.serving.specs import ModelSpec, read_models_config
 from bench.output import Progress, write_atomically
 from bench.pipelines import WORKLOADS
 
 OUT = REPO_ROOT / "bench" / "results" / "calibration-evidence.json"
 
 
-def collect(model: Path, per_workload: int, seed: int, names: list[str] | None = None) -> dict[str, Any]:
+def hidden_path(evidence: Path) -> Path:
+    """Where the hidden states of an evidence file are: `<name>.hidden.npz` beside it."""
+    return evidence.with_suffix(".hidden.npz")
+
+
+def hidden_key(workload: str, item: int, qid: str) -> str:
+    return f"{workload}/{item}/{qid}"
+
+
+def load_served(model: Path) -> tuple[ModelSpec, ModelService]:
+    """`model` as `make run` configures it (state-first), with a small RAM cache and no disk tier."""
     flags = ["--n-ctx", "4096", "--session-cache-disk-bytes", "0", "--session-cache-entries", "4"]
     config = read_models_config(load_settings(flags, {}, default_config=DEFAULT_CONFIG_PATH))
     spec = next(s for s in config.models if s.path.resolve() == model.resolve() and s.settings.layout == "state-first")
-    service = load_spec(spec)
+    return spec, load_spec(spec)
+
+
+def collect(
+    model: Path, per_workload: int, seed: int, names: list[str] | None = None
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    spec, service = load_served(model)
     found: dict[str, Any] = {
         "model": spec.name,
         "fingerprint": service.engine.fingerprint.hex(),
@@ -39,6 +60,7 @@ def collect(model: Path, per_workload: int, seed: int, names: list[str] | None =
     }
     chosen = [w for w in WORKLOADS if names is None or w.name in names]
     examples = [(w, e) for w in chosen for e in w.examples(per_workload, seed)]
+    hidden: dict[str, np.ndarray] = {}
     progress = Progress(len(examples), f"evidence {spec.name}")
     began = time.perf_counter()
     try:
@@ -46,8 +68,11 @@ def collect(model: Path, per_workload: int, seed: int, names: list[str] | None =
             request = SystemOneRequest.model_validate(
                 {"model": "jev-latest", "state": example["state"], "questions": example["questions"]}
             )
-            evidence = service.evidence(request)
+            evidence = service.evidence(request, hidden=True)
             rows = found["workloads"].setdefault(workload.name, {"questions": workload.questions, "items": []})
+            for qid, e in evidence.items():
+                assert e.hidden is not None
+                hidden[hidden_key(workload.name, len(rows["items"]), qid)] = np.asarray(e.hidden, dtype=np.float32)
             rows["items"].append(
                 {
                     "state": example["state"],
@@ -61,7 +86,7 @@ def collect(model: Path, per_workload: int, seed: int, names: list[str] | None =
     finally:
         service.close()
     found["seconds"] = round(time.perf_counter() - began, 1)
-    return found
+    return found, hidden
 
 
 def main() -> None:
@@ -72,9 +97,13 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="*", help="only these (default: every workload)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    found = collect(args.model, args.per_workload, args.seed, args.workloads)
+    found, hidden = collect(args.model, args.per_workload, args.seed, args.workloads)
+    packed = io.BytesIO()
+    save: Any = np.savez_compressed  # numpy's stubs do not type arrays passed by name
+    save(packed, **hidden)
+    write_atomically(hidden_path(args.out), packed.getvalue())
     write_atomically(args.out, json.dumps(found, indent=1))
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} and {hidden_path(args.out)}")
 
 
 if __name__ == "__main__":

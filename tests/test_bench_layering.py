@@ -17,6 +17,7 @@ LAYERS: list[set[str]] = [
         "eval",
         "fleet_sim",
         "calibration_study",
+        "probe_cost",
         "load",
         "pipeline",
         "restart",

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import gguf
+import numpy as np
 import pytest
 
 from app.answering.calibration import ContextualCalibrator
@@ -13,7 +15,7 @@ from app.contract import SystemOneRequest
 from app.engine.llama import MAX_SEQUENCES, Engine, Job, Readout, RestoreError, suffix_rows
 from app.engine.ram_cache import SnapshotCache, cache_key
 from app.engine.snapshot import Snapshot
-from tests.conftest import tiny_settings
+from tests.conftest import GPU_LAYERS, tiny_settings
 from tests.loading import load_model, own_prompter
 
 STATE = "Order 1234 arrived broken. I want a refund or a replacement, today."
@@ -360,3 +362,38 @@ def test_a_stored_prior_is_used_only_when_it_is_whole_and_for_these_labels(
     restarted = ContextualCalibrator(fresh._stand_ins, counting, store=store)
     assert restarted.prior(tiny_service.base, rendered.tokens, rendered.label_ids) == measured  # exact
     assert calls == (0 if spoil is None else 1)  # a spoiled record is measured again
+
+
+def test_a_hidden_state_is_what_the_output_layer_reads_and_asking_for_it_moves_no_logit_beyond_rounding(
+    tiny_chat_path: Path,
+) -> None:
+    # make test-gpu runs this with every layer offloaded
+    engine = Engine(tiny_chat_path, n_ctx=1024, n_gpu_layers=GPU_LAYERS, threads=1, contexts=1)
+    try:
+        prefix, _ = engine.prefill(engine.tokenize("Text:\n" + "a state of some length " * 20, add_bos=True))
+        jobs = [
+            Job(engine.tokenize("Question one\n"), [300, 301, 302]),
+            Job(engine.tokenize("Question two, longer\n"), [303, 304]),
+        ]
+        plain = engine.decode_suffixes(prefix, jobs).readouts
+        probed = engine.decode_suffixes(prefix, jobs, hidden=True).readouts
+        alone = engine.decode_suffixes(prefix, jobs[:1], hidden=True).readouts
+    finally:
+        engine.close()
+    assert all(r.hidden is None for r in plain)
+    output = next(t for t in gguf.GGUFReader(str(tiny_chat_path)).tensors if t.name == "output.weight").data
+    # With hidden states every suffix row is an output, so the output layer multiplies more rows and
+    # may take another kernel: a CPU's float32 sums in another order, a GPU's (Vulkan's matrix-matrix
+    # kernel) with its operands in half precision. The bound is the textbook one for a dot product
+    # of n terms: n float32 roundings, plus one half-precision rounding per operand when offloaded,
+    # relative to the sum of the products' magnitudes.
+    unit = 2 * 2.0**-11 * (GPU_LAYERS != 0) + engine.n_embd * 2.0**-24
+    for job, with_state, without in zip(jobs, probed, plain, strict=True):
+        assert with_state.hidden is not None and with_state.hidden.shape == (engine.n_embd,)
+        rows = output[list(job.labels)].astype(np.float64)
+        bound = unit * (np.abs(rows) @ np.abs(with_state.hidden.astype(np.float64)))
+        assert np.all(np.abs(np.subtract(with_state.label_logits, without.label_logits)) <= 2 * bound)
+        # the logits are the output matrix times this state
+        assert np.all(np.abs(rows @ with_state.hidden - with_state.label_logits) <= bound)
+    assert alone[0].hidden is not None and probed[0].hidden is not None
+    assert np.array_equal(alone[0].hidden, probed[0].hidden)  # whatever else the batch holds

@@ -19,10 +19,11 @@ from starlette.testclient import TestClient
 from app.answering.fits import SUFFIX, FitStore, question_key
 from app.answering.fitting import Fit
 from app.answering.service import ModelService
-from app.calibrate.runner import ExampleError, fit_all, parse_examples
+from app.calibrate.runner import ExampleError, answer_all, fit_all, parse_examples
 from app.contract import SystemOneRequest
 from app.http.server import create_app
 from app.paths import REPO_ROOT
+from app.progress import Progress
 from app.serving.registry import ModelRegistry
 from tests.conftest import tiny_settings
 from tests.loading import load_model
@@ -294,3 +295,49 @@ def test_states_without_labels_get_batch_calibration_where_it_measured_better(
         assert answered["u"]["x_calibration"]["examples"] == 0
     finally:
         service.close()
+
+
+def coloured(n: int, seed: int) -> list[dict[str, Any]]:
+    """The right team is named by a colour word in the state (red: Alpha, green: Beta, blue: Gamma)
+    among filler words: a rule the model's label readout does not follow but its hidden state carries."""
+    rng = np.random.default_rng(seed)
+    found = []
+    for i in range(n):
+        team, colour = (("Alpha", "red"), ("Beta", "green"), ("Gamma", "blue"))[i % 3]
+        filler = " ".join(f"word{w}" for w in rng.integers(0, 89, 12))
+        found.append(
+            {"state": f"{filler} {colour} {colour} {colour}", "questions": {"team": TEAM}, "answers": {"team": team}}
+        )
+    return found
+
+
+def test_a_probe_learns_a_rule_the_label_readout_misses_and_answers_by_it_bit_for_bit(
+    tiny_chat_path: Path, tmp_path: Path
+) -> None:
+    service = served(tiny_chat_path, tmp_path)
+    plain = served(tiny_chat_path, tmp_path / "elsewhere")
+    uncached = served(tiny_chat_path, tmp_path, session_cache_entries=0)
+    try:
+        parsed = parse_examples(coloured(60, seed=0))
+        evidence = answer_all(service, parsed, Progress(len(parsed), "examples", show=False))
+        reports, records = fit_all(parsed, evidence, service.calibration_temperature, question_set=False)
+        (report,) = (r.to_json() for r in reports)
+        assert report["method"].startswith("probe/") and report["adopted"]
+        readout_only = min(v for k, v in report["candidates"].items() if not k.startswith("probe/"))
+        assert report["after"]["log_loss"] < readout_only and report["after"]["accuracy"] > 0.9
+        assert service.fits is not None
+        service.fits.put(records[0])
+        right = 0
+        for example in coloured(12, seed=1):  # new states
+            request = SystemOneRequest.model_validate(body(example["state"], {"queue": TEAM}))
+            miss, hit, off = service.answer(request), service.answer(request), uncached.answer(request)
+            answer = miss.wire()["answers"]["queue"]
+            assert answer["x_calibration"]["method"] == report["method"]
+            assert answer["x_raw"] == pytest.approx(plain.answer(request).wire()["answers"]["queue"]["x_raw"], abs=1e-5)
+            assert (miss.x_cache, hit.x_cache, off.x_cache) == ("miss", "hit", "off")
+            assert len({json.dumps(r.wire()["answers"], sort_keys=True) for r in (miss, hit, off)}) == 1
+            right += answer["choice"] == example["answers"]["team"]
+        assert right >= 10
+    finally:
+        for s in (service, plain, uncached):
+            s.close()

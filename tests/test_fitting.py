@@ -7,12 +7,16 @@ import numpy as np
 import pytest
 
 from app.answering.fitting import (
+    PROBE_MAX_LABELS,
     Example,
+    Fit,
     SetRow,
     apply,
+    apply_fit,
     apply_set,
     choose,
     fit_batch,
+    fit_probe,
     fit_set,
     fit_vector,
     log_ratio,
@@ -152,3 +156,56 @@ def test_scores_match_their_definitions() -> None:
     # bins (0.5, 0.6]: answers at 0.6 and 0.55, one right; (0.7, 0.8]: 0.8, right; (0.8, 0.9]: 0.9, right
     assert found.ece == pytest.approx((2 * abs(0.5 - 0.575) + abs(1.0 - 0.8) + abs(1.0 - 0.9)) / 4)
     assert [b["n"] for b in found.reliability] == [2, 1, 1]
+
+
+def hidden_rule(n: int, seed: int, width: int = 24) -> list[Example]:
+    """The right label is read off one direction of the hidden state; the label readout says nothing."""
+    rng = np.random.default_rng(seed)
+    direction = np.random.default_rng(99).normal(0, 1, width)
+    found = []
+    for _ in range(n):
+        hidden = rng.normal(0, 1, width) * np.linspace(0.2, 3.0, width)  # dimensions of unequal spread
+        right = 0 if hidden @ direction > 0 else 1
+        raw = softmax(rng.normal(0, 0.3, 2))
+        found.append(Example(("false", "true"), tuple(map(float, raw)), (0.5, 0.5), right, hidden.astype(np.float32)))
+    return found
+
+
+def test_a_probe_learns_what_the_hidden_state_says_and_the_readout_does_not() -> None:
+    train, test = hidden_rule(120, 1), hidden_rule(400, 2)
+    choice = choose(train, temperature=1.0)
+    assert choice.adopted and choice.method.startswith("probe/") and choice.fit is not None
+    assert choice.after.accuracy > 0.8 and choice.before.accuracy < 0.65
+    best_readout = min(loss for name, loss in choice.candidates.items() if not name.startswith("probe/"))
+    assert choice.candidates[choice.method] < best_readout
+    predicted = np.asarray([apply_fit(choice.fit, e.labels, e.raw, e.prior, {}, e.hidden) for e in test])
+    assert scores(predicted, np.asarray([e.right for e in test])).accuracy > 0.8
+
+
+def test_a_probe_applies_by_label_name_and_survives_its_file_format() -> None:
+    train = hidden_rule(60, 3)
+    fit = Fit.from_json(fit_probe(train, temperature=1.0, penalty=0.001).to_json())
+    e = train[0]
+    forward = dict(zip(e.labels, apply_fit(fit, e.labels, e.raw, e.prior, {}, e.hidden), strict=True))
+    backward = apply_fit(fit, e.labels[::-1], e.raw[::-1], e.prior[::-1], {}, e.hidden)
+    assert dict(zip(e.labels[::-1], backward, strict=True)) == pytest.approx(forward, rel=1e-12, abs=0)
+    with pytest.raises(ValueError, match="hidden state"):
+        apply_fit(fit, e.labels, e.raw, e.prior, {}, None)
+
+
+def test_no_probe_is_tried_without_hidden_states_or_with_too_many_labels() -> None:
+    without = [Example(e.labels, e.raw, e.prior, e.right) for e in hidden_rule(40, 4)]
+    assert not any(name.startswith("probe/") for name in choose(without, temperature=1.0).candidates)
+    rng = np.random.default_rng(5)
+    labels = tuple(f"o{i}" for i in range(PROBE_MAX_LABELS + 1))
+    many = [
+        Example(
+            labels,
+            tuple(map(float, softmax(rng.normal(0, 1, len(labels))))),
+            (1 / len(labels),) * len(labels),
+            int(rng.integers(len(labels))),
+            rng.normal(0, 1, 8).astype(np.float32),
+        )
+        for _ in range(40)
+    ]
+    assert not any(name.startswith("probe/") for name in choose(many, temperature=1.0).candidates)

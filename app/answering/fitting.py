@@ -10,7 +10,11 @@ With r = log p_raw - log q (q: a label prior to divide out, as in contextual cal
 - temperature: a * r (q content-free), a fitted;
 - vector: a * r + b, a bias per label, both regularised towards contextual (a = 1/T0, b = 0);
 - question set (opt-in only): W x + c, where x holds the contextual r of every question asked about
-  the same state, so an answer depends on the other questions (the System One contract forbids that by default).
+  the same state, so an answer depends on the other questions (the System One contract forbids that by default);
+- probe: a * r + b + W h, h the question's own last hidden state (what the model's output layer
+  reads at the decision position, standardised), W penalised towards zero: a readout of the model's
+  own representation learned from the examples, where the label tokens' fixed readout applies
+  the policy badly. It reads nothing but this question about this state.
 
 Fitted by Newton's method on the cross-entropy (convex in each candidate's parameters), chosen by
 5-fold cross-validated log loss, and adopted only when that beats contextual calibration on the
@@ -32,6 +36,12 @@ BINS = 10
 TINY = 1e-300
 VECTOR_PENALTIES = (0.0003, 0.003, 0.03, 0.3)
 SET_PENALTIES = (0.001, 0.01, 0.1, 1.0)
+PROBE_PENALTIES = (0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
+PROBE_ANCHOR = 0.003  # the probe's penalty on its scale and biases (towards contextual calibration)
+# A probe has a weight per label and direction of the examples' hidden states: bounded so that its
+# Newton steps stay small matrices (a choice of many options keeps the other candidates).
+PROBE_MAX_LABELS = 10
+PROBE_MAX_DIRECTIONS = 100
 
 
 @dataclass(frozen=True)
@@ -42,12 +52,14 @@ class Example:
     raw: tuple[float, ...]
     prior: tuple[float, ...]
     right: int | None  # index into labels; None: unlabelled
+    hidden: NDArray[np.float32] | None = field(default=None, compare=False)  # the last hidden state, for the probe
 
 
 @dataclass(frozen=True)
 class Fit:
     """A question's fitted calibration. `prior` None: the content-free prior measured at answer time.
-    For a question-set fit, `features` names the (question, label) each weight column reads."""
+    For a question-set fit, `features` names the (question, label) each weight column reads; a probe's
+    weight columns read the hidden state's dimensions, standardised by `centre` and `spread`."""
 
     method: str
     labels: tuple[str, ...]
@@ -130,12 +142,32 @@ def readout_ratios(
 
 
 def apply_fit(
-    fit: Fit, labels: Sequence[str], raw: Sequence[float], prior: Sequence[float], readouts: Readouts
+    fit: Fit,
+    labels: Sequence[str],
+    raw: Sequence[float],
+    prior: Sequence[float],
+    readouts: Readouts,
+    hidden: NDArray[np.float32] | None = None,
 ) -> list[float]:
-    """Any fit's probabilities in `labels` order; only a question-set fit reads `readouts`."""
+    """Any fit's probabilities in `labels` order; only a question-set fit reads `readouts`, only a
+    probe `hidden`."""
     if fit.method == "question_set":
         return apply_set(fit, labels, readouts)
+    if fit.method == "probe":
+        if hidden is None:
+            raise ValueError("a probe fit needs the question's hidden state")
+        return apply_probe(fit, labels, raw, prior, hidden)
     return apply(fit, labels, raw, prior)
+
+
+def apply_probe(
+    fit: Fit, labels: Sequence[str], raw: Sequence[float], prior: Sequence[float], hidden: NDArray[np.float32]
+) -> list[float]:
+    """A probe's probabilities in `labels` order (the request's)."""
+    order = [fit.labels.index(label) for label in labels]
+    x = (np.asarray(hidden, dtype=np.float64) - np.asarray(fit.centre)) / np.asarray(fit.spread)
+    logits = fit.scale * log_ratio(raw, prior) + (np.asarray(fit.bias) + np.asarray(fit.weights) @ x)[order]
+    return [float(p) for p in _sharpened(softmax(logits), fit.sharpen)]
 
 
 def apply_set(fit: Fit, labels: Sequence[str], readouts: Readouts) -> list[float]:
@@ -177,11 +209,13 @@ def _newton(
 
     theta = start.copy()
     current = loss(theta)
+    flat = design.reshape(n * k, -1)
     for _ in range(steps):
         p = softmax(design @ theta)
-        gradient = np.einsum("nkp,nk->p", design, p - onehot) / n + 2 * penalty * (theta - target)
-        weighted = design * p[:, :, None]  # diag(p) J
-        hessian = np.einsum("nkp,nkq->pq", design, weighted) - np.einsum("nkp,nq->pq", weighted, weighted.sum(1))
+        gradient = flat.T @ (p - onehot).reshape(-1) / n + 2 * penalty * (theta - target)
+        weighted = design * p[:, :, None]  # diag(p) J; the Hessian is J' diag(p) J - (J' p)(J' p)'
+        summed = weighted.sum(1)
+        hessian = flat.T @ weighted.reshape(n * k, -1) - summed.T @ summed
         hessian = hessian / n + np.diag(2 * penalty + 1e-9)
         step = np.linalg.solve(hessian, gradient)
         size = 1.0
@@ -238,6 +272,52 @@ def fit_vector(examples: Sequence[Example], temperature: float, penalty: float) 
     theta = _newton(design, _rights(examples), target, np.full(k + 1, penalty), target)
     return Fit(
         "vector", examples[0].labels, scale=float(theta[0]), bias=tuple(float(b) for b in theta[1:]), penalty=penalty
+    )
+
+
+def probe_ready(examples: Sequence[Example]) -> bool:
+    """Whether a probe can be fitted: every example has its hidden state, and few enough labels."""
+    return len(examples[0].labels) <= PROBE_MAX_LABELS and all(e.hidden is not None for e in examples)
+
+
+def fit_probe(examples: Sequence[Example], temperature: float, penalty: float) -> Fit:
+    """The probe, fitted in the directions the examples' standardised hidden states span (at most
+    PROBE_MAX_DIRECTIONS, the largest): an L2 penalty leaves any other direction's weight at zero, so
+    this is the same fit in far fewer parameters."""
+    r = _ratios(examples)
+    h = np.asarray([e.hidden for e in examples], dtype=np.float64)
+    centre, spread = h.mean(0), h.std(0) + 1e-6
+    z = (h - centre) / spread / np.sqrt(h.shape[1])  # unit length on average, whatever the model's width
+    # The directions from the examples' Gram matrix (examples x examples): far smaller than the
+    # hidden state is wide, so this costs little whatever the model.
+    power, vectors = np.linalg.eigh(z @ z.T)
+    keep = np.argsort(power)[::-1][:PROBE_MAX_DIRECTIONS]
+    keep = keep[power[keep] > 1e-12 * power.max()]
+    f = vectors[:, keep] * np.sqrt(power[keep])  # z's coordinates in those directions
+    basis = z.T @ vectors[:, keep] / np.sqrt(power[keep])
+    (n, k), m = r.shape, f.shape[1]
+    design = np.concatenate(
+        [
+            r[:, :, None],
+            np.broadcast_to(np.eye(k), (n, k, k)),
+            np.einsum("kl,nm->nklm", np.eye(k), f).reshape(n, k, k * m),
+        ],
+        axis=2,
+    )
+    target = np.zeros(design.shape[2])
+    target[0] = 1.0 / temperature
+    penalties = np.concatenate([np.full(1 + k, PROBE_ANCHOR), np.full(k * m, penalty)])
+    theta = _newton(design, _rights(examples), target, penalties, target)
+    weights = theta[1 + k :].reshape(k, m) @ basis.T / np.sqrt(h.shape[1])  # on (h - centre) / spread
+    return Fit(
+        "probe",
+        examples[0].labels,
+        scale=float(theta[0]),
+        bias=tuple(float(b) for b in theta[1 : 1 + k]),
+        centre=tuple(float(c) for c in centre),
+        spread=tuple(float(s) for s in spread),
+        weights=tuple(tuple(float(w) for w in row) for row in weights),
+        penalty=penalty,
     )
 
 
@@ -383,7 +463,8 @@ def choose(
     """Fit every candidate, keep the one with the lowest cross-validated log loss if it beats the
     contextual calibration's log loss on the same examples. `set_rows` (the opt-in question-set
     fit): every question's readout about each example's state, `key` this question's key in them;
-    `ordered`: the labels are a score's levels, which adds the ordinal question-set candidate."""
+    `ordered`: the labels are a score's levels, which adds the ordinal question-set candidate. The
+    probe is a candidate when every example carries its hidden state (probe_ready)."""
     right = _rights(examples)
     r = _ratios(examples)
     n = len(examples)
@@ -395,7 +476,10 @@ def choose(
         def train(indices: Sequence[int]) -> Callable[[Sequence[int]], Array]:
             fit = make([examples[i] for i in indices])
             return lambda held: np.asarray(
-                [apply(fit, examples[i].labels, examples[i].raw, examples[i].prior) for i in held]
+                [
+                    apply_fit(fit, examples[i].labels, examples[i].raw, examples[i].prior, {}, examples[i].hidden)
+                    for i in held
+                ]
             )
 
         return train
@@ -403,9 +487,13 @@ def choose(
     def vector(penalty: float) -> Callable[[Sequence[Example]], Fit]:
         return lambda chosen: fit_vector(chosen, temperature, penalty)
 
+    def probe(penalty: float) -> Callable[[Sequence[Example]], Fit]:
+        return lambda chosen: fit_probe(chosen, temperature, penalty)
+
     makers: dict[str, Callable[[Sequence[Example]], Fit]] = {
         "temperature": lambda chosen: fit_temperature(chosen, temperature),
         **{f"vector/{p:g}": vector(p) for p in VECTOR_PENALTIES},
+        **({f"probe/{p:g}": probe(p) for p in PROBE_PENALTIES} if probe_ready(examples) else {}),
     }
     batch = fit_batch(sample, temperature)  # label-free: the same fit whatever the fold
     predicted: dict[str, Array] = {

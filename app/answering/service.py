@@ -8,8 +8,11 @@ import threading
 import time
 from array import array
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
 
 from app.answering import fitting, scoring
 from app.answering.calibration import CONTENT_FREE_STATES, ContextualCalibrator
@@ -70,6 +73,8 @@ class Evidence:
     labels: list[str]  # "true"/"false", the option names, or the level indices
     raw: list[float]  # the model's probabilities over the labels
     prior: list[float]  # the same question's about content-free states (contextual calibration)
+    # the last hidden state at its decision position, when asked (float32: thousands of them fit in memory)
+    hidden: NDArray[np.float32] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -179,25 +184,29 @@ class ModelService:
             ]
         return render_answer(question, reading.read(per_variant), mass, raw)
 
-    def _fits_for(self, decoded: _Decoded) -> dict[str, _Fitted]:
+    def _fit_records(self, plan: Plan) -> dict[str, dict[str, Any]]:
         """The user's fits that answer this request's questions (app/answering/fits.py), by question id. A
         question-set fit applies only when the request asks its whole set."""
         if self.fits is None:
             return {}
-        keys = {qid: question_key(question) for qid, question, _ in decoded.plan.questions}
+        keys = {qid: question_key(question) for qid, question, _ in plan.questions}
         set_fits = {record["key"]: record for record in self.fits.for_set(set(keys.values()))}
         records = {qid: set_fits.get(key) or self.fits.single(key) for qid, key in keys.items()}
-        wanted = {qid for qid, record in records.items() if record is not None}
-        if not wanted:
+        return {qid: record for qid, record in records.items() if record is not None}
+
+    def _fits_for(self, decoded: _Decoded, records: dict[str, dict[str, Any]]) -> dict[str, _Fitted]:
+        """Each fitted question's probabilities under its fit, by question id."""
+        if not records:
             return {}
+        keys = {qid: question_key(question) for qid, question, _ in decoded.plan.questions}
         # a question-set fit reads every question's readout, other fits their own
-        evidence = self._evidence_of(decoded, set(keys) if set_fits else wanted)
+        reads_all = any(record["parsed"].method == "question_set" for record in records.values())
+        evidence = self._evidence_of(decoded, set(keys) if reads_all else set(records))
         readouts = {keys[qid]: fitting.readout_ratios(e.labels, e.raw, e.prior) for qid, e in evidence.items()}
         found: dict[str, _Fitted] = {}
-        for qid in wanted:
-            record, e = records[qid], evidence[qid]
-            assert record is not None
-            probabilities = fitting.apply_fit(record["parsed"], e.labels, e.raw, e.prior, readouts)
+        for qid, record in records.items():
+            e = evidence[qid]
+            probabilities = fitting.apply_fit(record["parsed"], e.labels, e.raw, e.prior, readouts, e.hidden)
             used = CalibrationUsed(id=record["id"], method=record["method"], examples=record["examples"])
             found[qid] = _Fitted(probabilities, used)
         return found
@@ -210,7 +219,9 @@ class ModelService:
                 prior = reading.read(
                     [self.calibrator.prior(decoded.base, v.tokens, v.label_ids) for v in reading.variants]
                 )
-                found[qid] = Evidence(label_keys(question), raw_probabilities(reading, readouts), prior)
+                found[qid] = Evidence(
+                    label_keys(question), raw_probabilities(reading, readouts), prior, hidden_state(readouts)
+                )
         return found
 
     def prefix_key(self, state: str, question_set: QuestionSet | None = None, prefix: tuple[int, ...] = ()) -> CacheKey:
@@ -257,9 +268,13 @@ class ModelService:
     def answer(self, request: SystemOneRequest, cancelled: threading.Event | None = None) -> SystemOneResponse:
         """The response. `cancelled` (a timeout, a client gone) stops it before the next llama.cpp step."""
         started = time.perf_counter()
-        decoded = self._decode(request, cancelled)
+        plan = self.plan(request)
+        records = self._fit_records(plan)
+        # A probe fit reads its question's hidden state, which only a decode that asks for it gives.
+        probing = any(record["parsed"].method == "probe" for record in records.values())
+        decoded = self._decode(plan, cancelled, hidden=probing)
         scored = time.perf_counter()
-        fits = self._fits_for(decoded)
+        fits = self._fits_for(decoded, records)
         answers = {  # a question seen for the first time has its calibration prior measured here
             qid: self._render(question, reading, readouts, decoded.base, fits.get(qid))
             for (qid, question, reading), readouts in zip(decoded.plan.questions, decoded.readouts, strict=True)
@@ -293,15 +308,16 @@ class ModelService:
             ),
         )
 
-    def evidence(self, request: SystemOneRequest) -> dict[str, Evidence]:
+    def evidence(self, request: SystemOneRequest, *, hidden: bool = False) -> dict[str, Evidence]:
         """What calibration reads for each question, through the same path as `answer` (and its
-        cache): the raw label probabilities and the content-free prior, in the answer's label order."""
-        decoded = self._decode(request, None)
+        cache): the raw label probabilities and the content-free prior, in the answer's label order,
+        and with `hidden` the hidden state a probe fit reads."""
+        decoded = self._decode(self.plan(request), None, hidden=hidden)
         return self._evidence_of(decoded, set(request.questions))
 
-    def _decode(self, request: SystemOneRequest, cancelled: threading.Event | None) -> _Decoded:
-        """Plan, resolve the prefix through the cache tiers, and decode every question once."""
-        plan = self.plan(request)
+    def _decode(self, plan: Plan, cancelled: threading.Event | None, *, hidden: bool = False) -> _Decoded:
+        """Resolve the prefix through the cache tiers and decode every question once (with `hidden`,
+        reading each one's hidden state too)."""
         check = cancelled.is_set if cancelled is not None else (lambda: False)
         built = Timing()
         # The prefix cache is a small tree: the base (system prompt), in the question-first layout
@@ -319,12 +335,12 @@ class ModelService:
         if check():
             raise Cancelled("cancelled before the decode")
         try:
-            answered = self.engine.decode_suffixes(resolved.snapshot, jobs)
+            answered = self.engine.decode_suffixes(resolved.snapshot, jobs, hidden=hidden)
         except RestoreError as error:
             log.warning("%s: dropping a snapshot that failed to restore (%s); prefilling again", self.name, error)
             self.tiers.drop(key)
             resolved = self.tiers.resolve(key, plan.prefix_tokens, start, built, check)
-            answered = self.engine.decode_suffixes(resolved.snapshot, jobs)
+            answered = self.engine.decode_suffixes(resolved.snapshot, jobs, hidden=hidden)
         readout_of = {(job.tokens, job.labels): r for job, r in zip(jobs, answered.readouts, strict=True)}
         readouts = [[readout_of[(v.tokens, v.label_ids)] for v in reading.variants] for _, _, reading in plan.questions]
         timing = Timing(
@@ -339,6 +355,17 @@ def raw_probabilities(reading: Reading, readouts: list[Readout]) -> list[float]:
     """A question's answer before any calibration or temperature: each variant's label softmax, read
     as the format reads its variants."""
     return reading.read([scoring.softmax(r.label_logits) for r in readouts])
+
+
+def hidden_state(readouts: list[Readout]) -> NDArray[np.float32] | None:
+    """A question's hidden state as a probe fit reads it: its variants' mean (None: not decoded for it)."""
+    states = [r.hidden for r in readouts]
+    if any(state is None for state in states):
+        return None
+    if len(states) == 1:
+        return states[0]
+    mean: NDArray[np.float32] = np.mean(np.asarray(states, dtype=np.float64), axis=0).astype(np.float32)
+    return mean
 
 
 def batch_jobs(questions: Iterable[RenderedQuestion]) -> list[Job]:

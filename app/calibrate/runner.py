@@ -120,7 +120,7 @@ def answer_all(
     for example in examples:
         if stop():
             raise InterruptedError("the fitting run was cancelled")
-        found.append(service.evidence(example.request))
+        found.append(service.evidence(example.request, hidden=True))  # hidden: for the probe candidate
         progress.step()
     return found
 
@@ -206,6 +206,7 @@ def _canonical(evidence: Evidence, right: int | None, labels: list[str]) -> Exam
         tuple(evidence.raw[i] for i in order),
         tuple(evidence.prior[i] for i in order),
         None if right is None else order.index(right),
+        evidence.hidden,
     )
 
 

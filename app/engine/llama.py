@@ -27,6 +27,7 @@ from pathlib import Path
 
 import llama_cpp as llama
 import numpy as np
+from numpy.typing import NDArray
 
 from app.engine.fingerprint import file_digest
 from app.engine.snapshot import Snapshot
@@ -55,6 +56,8 @@ class Readout:
 
     label_logits: list[float]
     label_mass: float  # probability the full next-token distribution puts on the labels
+    # The model's last hidden state there (what its output layer reads), when the decode asked for it.
+    hidden: NDArray[np.float32] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,7 @@ class Engine:
         self.path = model_path
         self.vocab = llama.llama_model_get_vocab(self.model)
         self.n_vocab = llama.llama_vocab_n_tokens(self.vocab)
+        self.n_embd = llama.llama_model_n_embd_out(self.model)  # the width of a hidden state it outputs
         self.n_ctx = n_ctx
         self.add_bos = bool(llama.llama_vocab_get_add_bos(self.vocab))
         self.fingerprint = file_digest(model_path)  # every byte: the disk tier trusts snapshots by it
@@ -355,8 +359,9 @@ class Engine:
             ctx.held = (*ctx.held, snapshot)
             return snapshot, timing
 
-    def decode_suffixes(self, prefix: Snapshot, jobs: Sequence[Job]) -> Answered:
-        """Restore `prefix`, decode every job after it, read each job's label logits.
+    def decode_suffixes(self, prefix: Snapshot, jobs: Sequence[Job], *, hidden: bool = False) -> Answered:
+        """Restore `prefix`, decode every job after it, read each job's label logits (and with
+        `hidden`, its last hidden state).
 
         All jobs go into one llama_decode when they fit; otherwise into the fewest decodes
         that respect the sequence limit and the context's free cells.
@@ -368,7 +373,7 @@ class Engine:
             timing.restore_ms = self._hold(ctx, prefix)
             began = time.perf_counter()
             for group in groups:
-                readouts.extend(self._decode_group(ctx, prefix.n_tokens, [jobs[i] for i in group]))
+                readouts.extend(self._decode_group(ctx, prefix.n_tokens, [jobs[i] for i in group], hidden))
             timing.decode_ms = _ms_since(began)
         return Answered(readouts, len(groups), timing)
 
@@ -389,18 +394,26 @@ class Engine:
             used += length
         return groups
 
-    def _decode_group(self, ctx: _Context, n_prefix: int, jobs: Sequence[Job]) -> list[Readout]:
+    def _decode_group(self, ctx: _Context, n_prefix: int, jobs: Sequence[Job], hidden: bool) -> list[Readout]:
         for seq in range(1, len(jobs) + 1):
             llama.llama_memory_seq_cp(ctx.memory, 0, seq, -1, -1)  # unified KV: shares the cells, copies nothing
         entries, outputs = suffix_rows(jobs, n_prefix, share=self.shares_suffix_tokens)
-        self._fill(ctx, entries)
-        self._decode(ctx)
-        readouts = [self._read(ctx, index, job.labels) for index, job in zip(outputs, jobs, strict=True)]
+        if hidden:
+            # llama.cpp gives hidden states only for a batch whose every row is an output (it would
+            # otherwise mark them all itself, and say so in the log on every decode).
+            entries = [(token, pos, seqs, True) for token, pos, seqs, _ in entries]
+        llama.llama_set_embeddings(ctx.ctx, hidden)
+        try:
+            self._fill(ctx, entries)
+            self._decode(ctx)
+            readouts = [self._read(ctx, index, job.labels, hidden) for index, job in zip(outputs, jobs, strict=True)]
+        finally:
+            llama.llama_set_embeddings(ctx.ctx, False)
         for seq in range(1, len(jobs) + 1):
             llama.llama_memory_seq_rm(ctx.memory, seq, -1, -1)
         return readouts
 
-    def _read(self, ctx: _Context, batch_index: int, label_ids: Sequence[int]) -> Readout:
+    def _read(self, ctx: _Context, batch_index: int, label_ids: Sequence[int], hidden: bool) -> Readout:
         pointer = llama.llama_get_logits_ith(ctx.ctx, batch_index)
         if not pointer:
             raise EngineError(f"llama.cpp returned no logits for batch position {batch_index}")
@@ -409,7 +422,14 @@ class Engine:
         log_total = top + math.log(float(np.exp(logits - top).sum(dtype=np.float64)))
         label_logits = [float(logits[t]) for t in label_ids]
         mass = math.fsum(math.exp(x - log_total) for x in label_logits)  # fsum: the label order cannot matter
-        return Readout(label_logits, min(1.0, mass))
+        state = None
+        if hidden:
+            found = llama.llama_get_embeddings_ith(ctx.ctx, batch_index)
+            if not found:  # a model that pools its hidden states (an embedding model) has none per token
+                raise EngineError(f"llama.cpp returned no hidden state for batch position {batch_index}")
+            state = np.ctypeslib.as_array(found, shape=(self.n_embd,)).copy()
+            state.flags.writeable = False
+        return Readout(label_logits, min(1.0, mass), state)
 
     # Context primitives
 
