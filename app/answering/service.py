@@ -184,21 +184,22 @@ class ModelService:
             ]
         return render_answer(question, reading.read(per_variant), mass, raw)
 
-    def _fit_records(self, plan: Plan) -> dict[str, dict[str, Any]]:
-        """The user's fits that answer this request's questions (app/answering/fits.py), by question id. A
-        question-set fit applies only when the request asks its whole set."""
+    def _fit_records(self, keys: dict[str, str]) -> dict[str, dict[str, Any]]:
+        """The user's fits that answer this request's questions (app/answering/fits.py), by question id;
+        `keys`: each question's content key. A question-set fit applies only when the request asks its
+        whole set."""
         if self.fits is None:
             return {}
-        keys = {qid: question_key(question) for qid, question, _ in plan.questions}
         set_fits = {record["key"]: record for record in self.fits.for_set(set(keys.values()))}
         records = {qid: set_fits.get(key) or self.fits.single(key) for qid, key in keys.items()}
         return {qid: record for qid, record in records.items() if record is not None}
 
-    def _fits_for(self, decoded: _Decoded, records: dict[str, dict[str, Any]]) -> dict[str, _Fitted]:
-        """Each fitted question's probabilities under its fit, by question id."""
+    def _fits_for(
+        self, decoded: _Decoded, keys: dict[str, str], records: dict[str, dict[str, Any]]
+    ) -> dict[str, _Fitted]:
+        """Each fitted question's probabilities under its fit (`records`, from _fit_records), by question id."""
         if not records:
             return {}
-        keys = {qid: question_key(question) for qid, question, _ in decoded.plan.questions}
         # a question-set fit reads every question's readout, other fits their own
         reads_all = any(record["parsed"].method == "question_set" for record in records.values())
         evidence = self._evidence_of(decoded, set(keys) if reads_all else set(records))
@@ -269,12 +270,13 @@ class ModelService:
         """The response. `cancelled` (a timeout, a client gone) stops it before the next llama.cpp step."""
         started = time.perf_counter()
         plan = self.plan(request)
-        records = self._fit_records(plan)
+        keys = {qid: question_key(question) for qid, question, _ in plan.questions} if self.fits is not None else {}
+        records = self._fit_records(keys)
         # A probe fit reads its question's hidden state, which only a decode that asks for it gives.
         probing = any(record["parsed"].method == "probe" for record in records.values())
         decoded = self._decode(plan, cancelled, hidden=probing)
         scored = time.perf_counter()
-        fits = self._fits_for(decoded, records)
+        fits = self._fits_for(decoded, keys, records)
         answers = {  # a question seen for the first time has its calibration prior measured here
             qid: self._render(question, reading, readouts, decoded.base, fits.get(qid))
             for (qid, question, reading), readouts in zip(decoded.plan.questions, decoded.readouts, strict=True)
