@@ -10,15 +10,27 @@ import time
 class Progress:
     def __init__(self, total: int, label: str = "", *, show: bool = True) -> None:
         self.total, self.label, self.done = total, label, 0
+        self._skipped = 0  # done without work (reused): not part of the pace
         self.began = time.monotonic()
         self.visible = show
         self._show()
 
     def eta_s(self) -> float | None:
         """Seconds left at the pace so far; None before the first step."""
-        if not self.done:
+        worked = self.done - self._skipped
+        if not worked:
             return None
-        return (time.monotonic() - self.began) / self.done * (self.total - self.done)
+        return (time.monotonic() - self.began) / worked * (self.total - self.done)
+
+    def skip(self, count: int, note: str = "") -> None:
+        """Mark `count` items done that took no work (found from an earlier run)."""
+        if count:
+            self.done += count
+            self._skipped += count
+            self.began = time.monotonic()
+            self._show(note)
+            if self.visible and self.done == self.total:
+                sys.stderr.write("\n")
 
     def step(self, note: str = "") -> None:
         self.done += 1

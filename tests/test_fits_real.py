@@ -39,7 +39,7 @@ def test_fits_from_36_examples_answer_new_log_lines_far_better_than_zero_shot(
     fitted, plain = served(tmp_path / "fits"), served(tmp_path / "none")
     try:
         parsed = parse_examples(train)
-        evidence = answer_all(fitted, parsed, Progress(len(parsed), "examples", show=False))
+        evidence = answer_all(fitted, parsed, Progress(len(parsed), "examples", show=False)).evidence
         reports, records = fit_all(parsed, evidence, fitted.calibration_temperature, question_set=False)
         assert any(r.to_json()["method"].startswith("probe/") for r in reports)
         assert fitted.fits is not None

@@ -33,13 +33,14 @@ URGENT = {"type": "noul", "instructions": "Is it urgent?"}
 OTHER = {"type": "score", "instructions": "How long is it?", "criteria": ["short", "medium", "long"]}
 
 
-def examples(n: int, answer: str = "Alpha") -> list[dict[str, Any]]:
-    """The right team is always `answer` and nothing is urgent: a bias any fit can learn."""
+def examples(n: int) -> list[dict[str, Any]]:
+    """The right team is Alpha eight times in ten (Beta and Gamma once each) and one ticket in ten is
+    urgent, whatever the state says: a bias any fit can learn, with every label seen."""
     return [
         {
             "state": f"Ticket {i}: " + " ".join(f"word{(i * 13 + j) % 89}" for j in range(20)),
             "questions": {"team": TEAM, "urgent": URGENT},
-            "answers": {"team": answer, "urgent": False},
+            "answers": {"team": {3: "Beta", 7: "Gamma"}.get(i % 10, "Alpha"), "urgent": i % 10 == 5},
         }
         for i in range(n)
     ]
@@ -83,7 +84,7 @@ def test_a_learnable_bias_is_adopted_and_reported(fitted: tuple[Path, list[Any]]
     by_id = {report["ids"][0]: report for report in reports}
     team = by_id["team"]
     assert team["adopted"] and team["labelled"] == 60 and team["method"] != "contextual"
-    assert team["after"]["accuracy"] == 1.0 and team["after"]["log_loss"] < team["before"]["log_loss"]
+    assert team["after"]["accuracy"] >= 0.8 and team["after"]["log_loss"] < team["before"]["log_loss"]
     assert {"accuracy", "brier", "ece", "reliability", "n"} <= set(team["after"])
 
 
@@ -99,7 +100,7 @@ def test_a_fit_answers_its_question_by_content_and_says_so(
         request = SystemOneRequest.model_validate(body("A brand new ticket about nothing in particular.", renamed))
         with_fit = service.answer(request).wire()["answers"]
         without = plain.answer(request).wire()["answers"]
-        assert with_fit["queue"]["choice"] == "Alpha" and with_fit["queue"]["probabilities"]["Alpha"] > 0.9
+        assert with_fit["queue"]["choice"] == "Alpha" and with_fit["queue"]["probabilities"]["Alpha"] > 0.6
         used = with_fit["queue"]["x_calibration"]
         assert used["examples"] == 60 and used["method"] != "contextual" and len(used["id"]) == 16
         assert with_fit["queue"]["x_raw"] == without["queue"]["x_raw"]  # the model's own answer, unchanged
@@ -319,7 +320,7 @@ def test_a_probe_learns_a_rule_the_label_readout_misses_and_answers_by_it_bit_fo
     uncached = served(tiny_chat_path, tmp_path, session_cache_entries=0)
     try:
         parsed = parse_examples(coloured(60, seed=0))
-        evidence = answer_all(service, parsed, Progress(len(parsed), "examples", show=False))
+        evidence = answer_all(service, parsed, Progress(len(parsed), "examples", show=False)).evidence
         reports, records = fit_all(parsed, evidence, service.calibration_temperature, question_set=False)
         (report,) = (r.to_json() for r in reports)
         assert report["method"].startswith("probe/") and report["adopted"]

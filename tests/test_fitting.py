@@ -3,14 +3,18 @@ choice is cross-validated, and a fit that does not beat contextual calibration i
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from app.answering.fitting import (
+    MIN_LABELLED,
     PROBE_MAX_LABELS,
     Example,
     Fit,
     SetRow,
+    TooFewExamples,
     apply,
     apply_fit,
     apply_set,
@@ -19,9 +23,12 @@ from app.answering.fitting import (
     fit_probe,
     fit_set,
     fit_vector,
+    fold_count,
+    folds,
     log_ratio,
     scores,
     softmax,
+    uncovered,
 )
 
 LABELS = ("A", "B", "C")
@@ -209,3 +216,32 @@ def test_no_probe_is_tried_without_hidden_states_or_with_too_many_labels() -> No
         for _ in range(40)
     ]
     assert not any(name.startswith("probe/") for name in choose(many, temperature=1.0).candidates)
+
+
+def test_few_examples_are_cross_validated_in_fewer_folds_and_too_few_are_not_fitted() -> None:
+    examples = biased(40, 7, (2.0, 0.0, -1.0), 0.3)
+    assert [fold_count(n) for n in (4, 8, 9, 10, 40)] == [2, 4, 4, 5, 5]
+    with pytest.raises(
+        TooFewExamples, match=f"7 labelled examples: a cross-validated fit needs at least {MIN_LABELLED}"
+    ):
+        choose(examples[:7], temperature=1.0)
+    for n in (MIN_LABELLED, 9):
+        few = [*[e for e in examples if e.right != 0][: n - 1], next(e for e in examples if e.right == 0)]
+        choice = choose(few, temperature=1.0)
+        assert choice.folds == 4 and set(choice.candidates) > {"temperature", "batch"}
+        assert all(np.isfinite(loss) for loss in choice.candidates.values())
+    with pytest.raises(ValueError, match="cannot be split into 5 folds"):
+        folds(4, 5)
+
+
+def test_labels_no_example_picks_get_no_per_label_fit() -> None:
+    # every right answer is A or B: a vector fit would learn "never C", which no held-out fold can check
+    examples = [e for e in biased(150, 8, (2.0, 0.0, -1.0), 0.3) if e.right != 2]
+    assert uncovered(examples) == ["C"]
+    hidden = [replace(e, hidden=np.ones(4, dtype=np.float32) * i) for i, e in enumerate(examples)]
+    rows = [SetRow({"q": (LABELS, log_ratio(e.raw, e.prior))}) for e in examples]
+    choice = choose(hidden, 1.0, set_rows=rows, key="q")
+    assert set(choice.candidates) == {"temperature", "batch"}
+    assert choice.not_tried is not None and "no example's answer is C (2 of 3 labels seen)" in choice.not_tried
+    every = choose(biased(150, 8, (2.0, 0.0, -1.0), 0.3), 1.0)
+    assert every.not_tried is None and any(name.startswith("vector/") for name in every.candidates)

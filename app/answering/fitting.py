@@ -17,8 +17,13 @@ With r = log p_raw - log q (q: a label prior to divide out, as in contextual cal
   the policy badly. It reads nothing but this question about this state.
 
 Fitted by Newton's method on the cross-entropy (convex in each candidate's parameters), chosen by
-5-fold cross-validated log loss, and adopted only when that beats contextual calibration on the
-same examples. Parameters are kept by label name, so a fit applies whatever the options' order.
+cross-validated log loss (5 folds, fewer where the examples are few: at least MIN_FOLD_SIZE held
+out per fold, at least MIN_FOLDS folds, so a question needs MIN_LABELLED labelled examples), and
+adopted only when that beats contextual calibration on the same examples. The candidates that learn
+a parameter per label (vector, probe, question set) are tried only when every label is the right
+answer of some example: a label no example shows would be learned as never right, and no held-out
+fold could tell whether it is. Parameters are kept by label name, so a fit applies whatever the
+options' order.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ from numpy.typing import NDArray
 
 Array = NDArray[np.float64]
 FOLDS = 5
+MIN_FOLDS = 2
+MIN_FOLD_SIZE = 2  # held-out examples per fold, at least: a fold of one scores a fit on a single answer
+# Fewer, and the choice among the candidates would be decided by a handful of answers.
+MIN_LABELLED = 8
 BINS = 10
 TINY = 1e-300
 VECTOR_PENALTIES = (0.0003, 0.003, 0.03, 0.3)
@@ -422,15 +431,22 @@ def scores(probabilities: Array, right: NDArray[np.int64]) -> Scores:
 Trainer = Callable[[Sequence[int]], Callable[[Sequence[int]], Array]]  # train indices -> (indices -> probabilities)
 
 
+def fold_count(n: int) -> int:
+    """How many folds `n` labelled examples are cross-validated in; below MIN_FOLDS, none can be."""
+    return min(FOLDS, n // MIN_FOLD_SIZE)
+
+
 def folds(n: int, count: int = FOLDS) -> list[list[int]]:
+    if not MIN_FOLDS <= count <= n:
+        raise ValueError(f"{n} examples cannot be split into {count} folds")
     order = np.random.default_rng(n).permutation(n)
     return [sorted(int(i) for i in order[f::count]) for f in range(count)]
 
 
-def cross_validated(trainer: Trainer, n: int) -> Array:
+def cross_validated(trainer: Trainer, n: int, count: int = FOLDS) -> Array:
     """Each example's probabilities from a fit on the other folds."""
     found: Array | None = None
-    for held in folds(n):
+    for held in folds(n, count):
         train = [i for i in range(n) if i not in set(held)]
         predicted = trainer(train)(held)
         if found is None:
@@ -450,6 +466,18 @@ class Choice:
     before: Scores  # contextual calibration, on every example
     after: Scores  # the chosen candidate, cross-validated
     candidates: dict[str, float]  # cross-validated log loss of each candidate
+    folds: int = FOLDS
+    not_tried: str | None = None  # why the per-label candidates were left out, if they were
+
+
+class TooFewExamples(ValueError):
+    """Fewer labelled examples than a cross-validated choice needs (MIN_LABELLED)."""
+
+
+def uncovered(examples: Sequence[Example]) -> list[str]:
+    """The labels no example has as its right answer."""
+    seen = {e.right for e in examples}
+    return [label for i, label in enumerate(examples[0].labels) if i not in seen]
 
 
 def choose(
@@ -464,10 +492,23 @@ def choose(
     contextual calibration's log loss on the same examples. `set_rows` (the opt-in question-set
     fit): every question's readout about each example's state, `key` this question's key in them;
     `ordered`: the labels are a score's levels, which adds the ordinal question-set candidate. The
-    probe is a candidate when every example carries its hidden state (probe_ready)."""
+    probe is a candidate when every example carries its hidden state (probe_ready). Raises
+    TooFewExamples below MIN_LABELLED examples."""
+    n = len(examples)
+    if n < MIN_LABELLED:
+        raise TooFewExamples(f"{n} labelled examples: a cross-validated fit needs at least {MIN_LABELLED}")
+    count = fold_count(n)
+    missing = uncovered(examples)
+    not_tried = None
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        not_tried = (
+            f"no example's answer is {shown} ({len(examples[0].labels) - len(missing)} of "
+            f"{len(examples[0].labels)} labels seen): the per-label fits (vector, probe, question set) were not tried"
+        )
+        set_rows = None
     right = _rights(examples)
     r = _ratios(examples)
-    n = len(examples)
     shipped = softmax(r / temperature)
     before = scores(shipped, right)
     sample = list(unlabelled) or [Example(e.labels, e.raw, e.prior, None) for e in examples]
@@ -491,16 +532,18 @@ def choose(
         return lambda chosen: fit_probe(chosen, temperature, penalty)
 
     makers: dict[str, Callable[[Sequence[Example]], Fit]] = {
-        "temperature": lambda chosen: fit_temperature(chosen, temperature),
-        **{f"vector/{p:g}": vector(p) for p in VECTOR_PENALTIES},
-        **({f"probe/{p:g}": probe(p) for p in PROBE_PENALTIES} if probe_ready(examples) else {}),
+        "temperature": lambda chosen: fit_temperature(chosen, temperature)
     }
+    if not missing:
+        makers.update({f"vector/{p:g}": vector(p) for p in VECTOR_PENALTIES})
+        if probe_ready(examples):
+            makers.update({f"probe/{p:g}": probe(p) for p in PROBE_PENALTIES})
     batch = fit_batch(sample, temperature)  # label-free: the same fit whatever the fold
     predicted: dict[str, Array] = {
         "batch": np.asarray([apply(batch, e.labels, e.raw, e.prior) for e in examples]),
     }
     for name, make in makers.items():
-        predicted[name] = cross_validated(single(make), n)
+        predicted[name] = cross_validated(single(make), n, count)
     set_makers: dict[str, Callable[[Sequence[int]], Fit]] = {}
     if set_rows is not None:
         rows = set_rows
@@ -521,12 +564,12 @@ def choose(
         for prefix, ordinal in variants:
             for p in SET_PENALTIES:
                 set_makers[f"{prefix}/{p:g}"] = on_set(p, ordinal)
-                predicted[f"{prefix}/{p:g}"] = cross_validated(set_trainer(set_makers[f"{prefix}/{p:g}"]), n)
+                predicted[f"{prefix}/{p:g}"] = cross_validated(set_trainer(set_makers[f"{prefix}/{p:g}"]), n, count)
     losses = {name: scores(p, right).log_loss for name, p in predicted.items()}
     best = min(losses, key=lambda name: (losses[name], name))
     adopted = losses[best] < before.log_loss
     if not adopted:
-        return Choice(None, "contextual", False, before, before, losses)
+        return Choice(None, "contextual", False, before, before, losses, count, not_tried)
     if best == "batch":
         fit = batch
     elif best in set_makers:
@@ -537,4 +580,5 @@ def choose(
     held_out = np.log(np.maximum(predicted[best], TINY))
     sharpen = float(_newton(held_out[:, :, None], right, np.ones(1), np.full(1, 1e-6), np.ones(1))[0])
     fit = replace(fit, sharpen=sharpen)
-    return Choice(fit, best, True, before, scores(_sharpened(predicted[best], sharpen), right), losses)
+    after = scores(_sharpened(predicted[best], sharpen), right)
+    return Choice(fit, best, True, before, after, losses, count, not_tried)

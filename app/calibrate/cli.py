@@ -12,7 +12,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.calibrate.report import markdown, reliability_png
-from app.calibrate.runner import ExampleError, answer_all, fit_all, parse_examples, read_jsonl
+from app.calibrate.runner import (
+    ExampleError,
+    answer_all,
+    fit_all,
+    journal_for,
+    parse_examples,
+    read_jsonl,
+    store_all,
+)
 from app.config import DEFAULT_CONFIG_PATH, ConfigError, load_settings
 from app.progress import Progress
 from app.serving.loading import load_spec
@@ -49,25 +57,45 @@ def main(argv: Sequence[str]) -> None:
     began = time.monotonic()
     service = load_spec(spec)
     try:
-        evidence = answer_all(service, examples, Progress(len(examples), "answering"))
-        reports, records = fit_all(examples, evidence, service.calibration_temperature, ours.question_set)
-        fits = service.fits
-        assert fits is not None
-        stored = [fits.put(record) for record in records]
+        fits, journal = service.fits, journal_for(service)
+        assert fits is not None and journal is not None
+        progress = Progress(len(examples), "answering")
+        try:
+            answered = answer_all(service, examples, progress, journal=journal)
+        except KeyboardInterrupt:
+            sys.exit(
+                f"\nonepass calibrate: interrupted after {progress.done} of {len(examples)} examples; their evidence "
+                f"is kept in {journal.folder}: run the same command again to resume"
+            )
+        if answered.reused:
+            print(
+                f"reused the evidence of {answered.reused} of {len(examples)} examples answered before "
+                f"({journal.folder})"
+            )
+        reports, records = fit_all(examples, answered.evidence, service.calibration_temperature, ours.question_set)
+        stored, reports = store_all(fits, reports, records)
     finally:
         service.close()
     shown = [r.to_json() for r in reports]
     report = ours.report or ours.examples.with_suffix(".report.md")
-    report.write_text(markdown(shown, spec.name, len(examples), time.monotonic() - began), encoding="utf-8")
+    report.write_text(
+        markdown(shown, spec.name, len(examples), time.monotonic() - began, answered.reused), encoding="utf-8"
+    )
     picture = report.with_suffix(".png")
     drawn = reliability_png(shown, picture)
     for r in shown:
+        if r["error"]:
+            print(f"{r['name']}: {r['labelled']} labelled, NOT FITTED: {r['error']}")
+            continue
         verdict = f"adopted {r['method']}" if r["adopted"] else "kept contextual calibration"
         after = r["after"] or r["before"]
         accuracy = "" if after is None else f", accuracy {r['before']['accuracy']:.3f} -> {after['accuracy']:.3f}"
-        print(f"{', '.join(r['ids'])}: {r['labelled']} labelled, {verdict}{accuracy}")
+        print(f"{r['name']}: {r['labelled']} labelled, {verdict}{accuracy}")
         if r["warning"]:
             print(f"  warning: {r['warning']}", file=sys.stderr)
     print(f"{len(stored)} fits stored in {fits.folder}")
     print(f"report: {report}" + (f", diagram: {picture}" if drawn else " (no diagram: matplotlib is not installed)"))
     print(json.dumps({"fits": [{k: s[k] for k in ("id", "key", "method", "examples")} for s in stored]}))
+    errors = [r for r in shown if r["error"]]
+    if errors:
+        sys.exit(f"onepass calibrate: {len(errors)} question(s) could not be fitted (above); the other fits are stored")

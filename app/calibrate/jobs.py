@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.answering.service import ModelService
-from app.calibrate.runner import Parsed, answer_all, fit_all
+from app.calibrate.runner import Parsed, answer_all, fit_all, journal_for, store_all
 from app.progress import Progress
 
 log = logging.getLogger("onepass.fit_jobs")
@@ -26,10 +26,12 @@ class FitJob:
     id: str
     model: str
     progress: Progress
-    status: str = "running"  # running, done, failed, cancelled
+    status: str = "running"  # running, done, "done, with errors", failed, cancelled
     report: list[dict[str, Any]] | None = None
     fits: list[dict[str, Any]] = field(default_factory=list)  # the stored fits: id, key, method, examples
     error: str | None = None
+    errors: list[dict[str, Any]] = field(default_factory=list)  # the questions that could not be fitted
+    reused: int = 0  # examples whose evidence an earlier run had answered
     cancel: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
 
@@ -42,9 +44,11 @@ class FitJob:
             "done": self.progress.done,
             "total": self.progress.total,
             "eta_s": None if eta is None or self.status != "running" else round(eta, 1),
+            "reused": self.reused,
             "fits": self.fits,
             "report": self.report,
             "error": self.error,
+            "errors": self.errors,
         }
 
 
@@ -88,15 +92,29 @@ class FitJobs:
     def _run(job: FitJob, lease: Lease, examples: list[Parsed], question_set: bool) -> None:
         try:
             with lease() as service:
-                evidence = answer_all(service, examples, job.progress, job.cancel.is_set)
-                reports, records = fit_all(examples, evidence, service.calibration_temperature, question_set)
-                if service.fits is None:
+                journal = journal_for(service)
+                if service.fits is None or journal is None:
                     raise RuntimeError("this model has no folder for fits")
-                stored = [service.fits.put(record) for record in records]
+                answered = answer_all(service, examples, job.progress, job.cancel.is_set, journal)
+                job.reused = answered.reused
+                temperature = service.calibration_temperature
+                reports, records = fit_all(examples, answered.evidence, temperature, question_set)
+                stored, reports = store_all(service.fits, reports, records)
             job.fits = [{k: r[k] for k in ("id", "key", "method", "examples")} for r in stored]
             job.report = [report.to_json() for report in reports]
-            job.status = "done"
-            log.info("fitting job %s for %s: %d fits stored", job.id, job.model, len(stored))
+            job.errors = [
+                {"key": r["key"], "name": r["name"], "ids": r["ids"], "error": r["error"]}
+                for r in job.report
+                if r["error"]
+            ]
+            job.status = "done, with errors" if job.errors else "done"
+            log.info(
+                "fitting job %s for %s: %d fits stored, %d questions failed",
+                job.id,
+                job.model,
+                len(stored),
+                len(job.errors),
+            )
         except InterruptedError:
             job.status = "cancelled"
         except Exception as error:

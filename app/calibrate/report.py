@@ -11,32 +11,46 @@ def _cell(scores: dict[str, Any] | None, name: str) -> str:
     return "-" if scores is None else f"{scores[name]:.3f}"
 
 
-def markdown(reports: list[dict[str, Any]], model: str, examples: int, seconds: float) -> str:
+def markdown(reports: list[dict[str, Any]], model: str, examples: int, seconds: float, reused: int = 0) -> str:
+    answered = f"{examples} examples answered in {seconds:.0f} s" + (
+        f" ({reused} of them reused from an earlier run's evidence)" if reused else ""
+    )
     lines = [
         f"# Calibration fitted to your examples: {model}",
         "",
-        f"{examples} examples answered in {seconds:.0f} s. Scores are cross-validated (5 folds): each example is "
-        "scored by a fit that never saw it. 'before' is the calibration each question gets without a fit.",
+        f"{answered}. Scores are cross-validated (5 folds, fewer where a question has few examples: the folds "
+        "column): each example is scored by a fit that never saw it. 'before' is the calibration each question "
+        "gets without a fit.",
         "",
-        "| question | ids | labelled | method | adopted | accuracy before -> after | Brier before -> after "
+        "| question | ids | labelled | method | adopted | folds | accuracy before -> after | Brier before -> after "
         "| ECE before -> after |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in reports:
         text = str(r["question"].get("instructions") or r["question"]["type"])[:60].replace("|", "/")
         before, after = r["before"], r["after"]
+        method = "**not fitted: error**" if r["error"] else r["method"]
         lines.append(
-            f"| {text} ({r['question']['type']}) | {', '.join(r['ids'])} | {r['labelled']} | {r['method']} "
-            f"| {'yes' if r['adopted'] else 'no'} | {_cell(before, 'accuracy')} -> {_cell(after, 'accuracy')} "
+            f"| {text} ({r['question']['type']}) | {r['name']} | {r['labelled']} | {method} "
+            f"| {'yes' if r['adopted'] else 'no'} | {r['folds'] or '-'} "
+            f"| {_cell(before, 'accuracy')} -> {_cell(after, 'accuracy')} "
             f"| {_cell(before, 'brier')} -> {_cell(after, 'brier')} | {_cell(before, 'ece')} -> {_cell(after, 'ece')} |"
         )
-    warnings = [f"- {', '.join(r['ids'])}: {r['warning']}" for r in reports if r["warning"]]
+    errors = [f"- {r['name']} ({r['key']}): {r['error']}" for r in reports if r["error"]]
+    if errors:
+        lines += [
+            "",
+            "## Errors (these questions keep the calibration they had; every other fit is stored)",
+            "",
+            *errors,
+        ]
+    warnings = [f"- {r['name']}: {r['warning']}" for r in reports if r["warning"]]
     if warnings:
         lines += ["", "## Warnings", "", *warnings]
     for r in reports:
         if r["before"] is None:
             continue
-        lines += ["", f"## {', '.join(r['ids'])}: reliability (confidence bins)", ""]
+        lines += ["", f"## {r['name']}: reliability (confidence bins)", ""]
         lines += [
             "| bin | n before | confidence | accuracy | n after | confidence | accuracy |",
             "|---|---|---|---|---|---|---|",
@@ -84,7 +98,7 @@ def reliability_png(reports: list[dict[str, Any]], path: Path) -> bool:
                 color=colour,
                 label=f"{name}: ECE {r[name]['ece']:.3f}",
             )
-        ax.set_title(", ".join(r["ids"])[:40], fontsize=9)
+        ax.set_title(r["name"][:40], fontsize=9)
         ax.set_xlabel("confidence")
         ax.set_ylabel("accuracy")
         ax.set_xlim(0, 1)

@@ -9,15 +9,20 @@ answers are unlabelled: they feed the label-free batch calibration only.
 from __future__ import annotations
 
 import json
+import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from app.answering.fits import question_key
-from app.answering.fitting import Choice, Example, SetRow, choose, fit_batch, readout_ratios
+from app.answering.fits import FitStore, question_key
+from app.answering.fitting import FOLDS, MIN_LABELLED, Choice, Example, SetRow, choose, fit_batch, readout_ratios
 from app.answering.service import Evidence, ModelService
+from app.calibrate.journal import EvidenceJournal
 from app.contract import ChoiceQuestion, NoulQuestion, Question, SystemOneRequest, canonical_json
 from app.progress import Progress
+
+log = logging.getLogger("onepass.calibrate")
 
 # Below this many labelled examples a question's fit is reported as not to be trusted
 # (docs/calibration.md: the held-out curve against the number of examples).
@@ -88,25 +93,45 @@ class QuestionReport:
     question: dict[str, Any]
     labelled: int
     unlabelled: int
-    choice: Choice | None  # None: no labelled example
+    choice: Choice | None  # None: not fitted on labels (none, too few, or an error)
     warning: str | None
     label_free: str | None = None  # the label-free method adopted for a question without labels
+    error: str | None = None  # what went wrong fitting it: its fit is not stored, the others are
+    name: str = ""  # how the report names it: its ids, and its options where other questions share the ids
 
     def to_json(self) -> dict[str, Any]:
         choice = self.choice
         return {
             "key": self.key,
+            "name": self.name or ", ".join(self.ids),
             "ids": self.ids,
             "question": self.question,
             "labelled": self.labelled,
             "unlabelled": self.unlabelled,
             "method": choice.method if choice else self.label_free or "contextual",
-            "adopted": bool(choice and choice.adopted) or self.label_free is not None,
+            "adopted": (bool(choice and choice.adopted) or self.label_free is not None) and self.error is None,
+            "folds": choice.folds if choice else None,
             "before": choice.before.to_json() if choice else None,
             "after": choice.after.to_json() if choice else None,
             "candidates": choice.candidates if choice else {},
             "warning": self.warning,
+            "error": self.error,
         }
+
+
+@dataclass(frozen=True)
+class Answered:
+    evidence: list[dict[str, Evidence]]  # per example, by question id
+    reused: int  # how many examples' evidence came from the journal rather than the model
+
+
+def journal_for(service: ModelService) -> EvidenceJournal | None:
+    """Where this model's answered evidence is kept: beside its fits, valid for this build too."""
+    if service.fits is None:
+        return None
+    engine = service.engine
+    identity = f"{service.fits.identity}\0{engine.build}\0{engine.kv_settings}"
+    return EvidenceJournal(service.fits.folder / "evidence", identity)
 
 
 def answer_all(
@@ -114,88 +139,169 @@ def answer_all(
     examples: Sequence[Parsed],
     progress: Progress,
     stop: Callable[[], bool] = lambda: False,
-) -> list[dict[str, Evidence]]:
-    """Each example's evidence, through the answering path and its cache, counted in `progress`."""
+    journal: EvidenceJournal | None = None,
+) -> Answered:
+    """Each example's evidence, through the answering path and its cache, counted in `progress`. With
+    a `journal`, evidence answered before is reused, and each newly answered example's is kept there
+    as soon as it is answered, so an interrupted run resumes where it stopped."""
+    kept = [journal.load(e.request, hidden=True) if journal else None for e in examples]
+    reused = sum(found is not None for found in kept)
+    progress.skip(reused)
     found = []
-    for example in examples:
+    for example, known in zip(examples, kept, strict=True):
+        if known is not None:
+            found.append(known)
+            continue
         if stop():
             raise InterruptedError("the fitting run was cancelled")
-        found.append(service.evidence(example.request, hidden=True))  # hidden: for the probe candidate
+        evidence = service.evidence(example.request, hidden=True)  # hidden: for the probe candidate
+        if journal is not None:
+            try:
+                journal.save(example.request, True, evidence)
+            except OSError as error:  # a full disk costs the resumability, not the run
+                log.warning("could not keep the answered evidence in %s: %s", journal.folder, error)
+        found.append(evidence)
         progress.step()
-    return found
+    return Answered(found, reused)
 
 
 def fit_all(
     examples: Sequence[Parsed], evidence: Sequence[dict[str, Evidence]], temperature: float, question_set: bool
 ) -> tuple[list[QuestionReport], list[dict[str, Any]]]:
-    """Per question content: the choice among the candidates, and the records of the adopted fits."""
+    """Per question content: the choice among the candidates, and the records of the adopted fits.
+    A question whose fitting raises is reported with its error; the others are fitted as ever."""
     groups: dict[str, list[tuple[int, str]]] = {}
     for i, example in enumerate(examples):
         for qid, question in example.request.questions.items():
             groups.setdefault(question_key(question), []).append((i, qid))
     reports, records = [], []
     for key, members in groups.items():
-        first_i, first_q = members[0]
-        question = examples[first_i].request.questions[first_q]
-        rows = [(i, qid, evidence[i][qid]) for i, qid in members]
-        labelled = [(i, e, examples[i].answers[qid]) for i, qid, e in rows if qid in examples[i].answers]
-        shown = json.loads(canonical_json(question.model_dump(mode="json")))
-        choice, warning, label_free = None, None, None
-        if not labelled and question.type in LABEL_FREE_TYPES and len(rows) >= FEW_STATES:
+        try:
+            report, record = fit_question(examples, evidence, temperature, question_set, key, members)
+        except Exception as error:  # one question's failure never costs the others
+            log.exception("fitting question %s failed", key)
+            first_i, first_q = members[0]
+            question = examples[first_i].request.questions[first_q]
+            labelled = sum(qid in examples[i].answers for i, qid in members)
+            report = QuestionReport(
+                key,
+                sorted({qid for _, qid in members}),
+                json.loads(canonical_json(question.model_dump(mode="json"))),
+                labelled,
+                len(members) - labelled,
+                None,
+                None,
+                error=f"{type(error).__name__}: {error}",
+            )
+            record = None
+        reports.append(report)
+        if record is not None:
+            records.append(record)
+    return _named(reports), records
+
+
+def _named(reports: list[QuestionReport]) -> list[QuestionReport]:
+    """Each report named by its ids; where several questions share ids (a question whose options vary
+    from example to example), by its options as well."""
+    sharing = Counter(tuple(r.ids) for r in reports)
+    named = []
+    for r in reports:
+        name = ", ".join(r.ids)
+        criteria = r.question.get("criteria")
+        if sharing[tuple(r.ids)] > 1 and criteria:
+            options = list(criteria)
+            name += f" [{', '.join(options[:6])}{', ...' if len(options) > 6 else ''}]"
+        named.append(replace(r, name=name))
+    return named
+
+
+def fit_question(
+    examples: Sequence[Parsed],
+    evidence: Sequence[dict[str, Evidence]],
+    temperature: float,
+    question_set: bool,
+    key: str,
+    members: list[tuple[int, str]],
+) -> tuple[QuestionReport, dict[str, Any] | None]:
+    """One question's report, and the record of its fit if one is adopted. `members`: the (example,
+    question id) pairs that ask it."""
+    first_i, first_q = members[0]
+    question = examples[first_i].request.questions[first_q]
+    rows = [(i, qid, evidence[i][qid]) for i, qid in members]
+    labelled = [(i, e, examples[i].answers[qid]) for i, qid, e in rows if qid in examples[i].answers]
+    shown = json.loads(canonical_json(question.model_dump(mode="json")))
+    ids = sorted({qid for _, qid in members})
+    choice, warning, label_free, record = None, None, None, None
+    if len(labelled) < MIN_LABELLED:
+        if question.type in LABEL_FREE_TYPES and len(rows) >= FEW_STATES:
             canonical = sorted(tuple(rows[0][2].labels))
             fit = fit_batch([_canonical(e, None, canonical) for _, _, e in rows], temperature)
             label_free = "batch (label-free)"
-            records.append(
-                {
-                    "key": key,
-                    "question": shown,
-                    "method": label_free,
-                    "fit": fit.to_json(),
-                    "examples": 0,
-                    "states": len(rows),
-                }
+            record = {
+                "key": key,
+                "question": shown,
+                "method": label_free,
+                "fit": fit.to_json(),
+                "examples": 0,
+                "states": len(rows),
+            }
+        if labelled:
+            warning = (
+                f"only {len(labelled)} labelled example{'s' if len(labelled) > 1 else ''}: a fit needs at least "
+                f"{MIN_LABELLED} to be cross-validated, so "
+                + ("label-free batch calibration applies" if label_free else "it keeps contextual calibration")
             )
-        elif not labelled:
+        elif not label_free:
             warning = (
                 f"no labels: label-free calibration applies to {' and '.join(LABEL_FREE_TYPES)} questions with at "
                 f"least {FEW_STATES} states"
             )
-        if labelled:
-            canonical = sorted(tuple(labelled[0][1].labels))
-            train = [_canonical(e, right, canonical) for _, e, right in labelled]
-            sets = set_rows(examples, evidence, [i for i, _, _ in labelled]) if question_set else None
-            if sets is not None and len({frozenset(row.readouts) for row in sets}) > 1:
-                sets = None  # a question-set fit needs every example to ask the same set
-            sample = [_canonical(e, None, canonical) for _, _, e in rows]  # every state, labelled or not
-            choice = choose(train, temperature, sample, sets, key, ordered=question.type == "score")
-            if len(labelled) < FEW_EXAMPLES:
-                warning = f"only {len(labelled)} labelled examples: a fit needs about {FEW_EXAMPLES} to be trusted"
-            if choice.adopted and choice.fit is not None:
-                record = {
-                    "key": key,
-                    "question": shown,
-                    "method": choice.method,
-                    "fit": choice.fit.to_json(),
-                    "examples": len(labelled),
-                    "before": choice.before.to_json(),
-                    "after": choice.after.to_json(),
-                }
-                if choice.fit.method == "question_set":
-                    record["set"] = sorted({f[0] for f in choice.fit.features})
-                records.append(record)
-        reports.append(
-            QuestionReport(
-                key,
-                sorted({qid for _, qid in members}),
-                shown,
-                len(labelled),
-                len(rows) - len(labelled),
-                choice,
-                warning,
-                label_free,
-            )
-        )
-    return reports, records
+        return QuestionReport(
+            key, ids, shown, len(labelled), len(rows) - len(labelled), None, warning, label_free
+        ), record
+    canonical = sorted(tuple(labelled[0][1].labels))
+    train = [_canonical(e, right, canonical) for _, e, right in labelled]
+    sets = set_rows(examples, evidence, [i for i, _, _ in labelled]) if question_set else None
+    if sets is not None and len({frozenset(row.readouts) for row in sets}) > 1:
+        sets = None  # a question-set fit needs every example to ask the same set
+    sample = [_canonical(e, None, canonical) for _, _, e in rows]  # every state, labelled or not
+    choice = choose(train, temperature, sample, sets, key, ordered=question.type == "score")
+    notes = []
+    if len(labelled) < FEW_EXAMPLES:
+        notes.append(f"only {len(labelled)} labelled examples: a fit needs about {FEW_EXAMPLES} to be trusted")
+    if choice.folds < FOLDS:
+        notes.append(f"cross-validated with {choice.folds} folds, not {FOLDS}, as the examples are few")
+    if choice.not_tried:
+        notes.append(choice.not_tried)
+    warning = "; ".join(notes) or None
+    if choice.adopted and choice.fit is not None:
+        record = {
+            "key": key,
+            "question": shown,
+            "method": choice.method,
+            "fit": choice.fit.to_json(),
+            "examples": len(labelled),
+            "before": choice.before.to_json(),
+            "after": choice.after.to_json(),
+        }
+        if choice.fit.method == "question_set":
+            record["set"] = sorted({f[0] for f in choice.fit.features})
+    return QuestionReport(key, ids, shown, len(labelled), len(rows) - len(labelled), choice, warning), record
+
+
+def store_all(
+    fits: FitStore, reports: list[QuestionReport], records: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[QuestionReport]]:
+    """Store each adopted fit; one that cannot be stored is reported against its question (and the
+    others are still stored). Returns the stored records and the reports."""
+    stored, failed = [], {}
+    for record in records:
+        try:
+            stored.append(fits.put(record))
+        except Exception as error:
+            log.exception("storing the fit of question %s failed", record["key"])
+            failed[record["key"]] = f"could not store its fit: {type(error).__name__}: {error}"
+    return stored, [replace(r, error=failed[r.key]) if r.key in failed else r for r in reports]
 
 
 def _canonical(evidence: Evidence, right: int | None, labels: list[str]) -> Example:
