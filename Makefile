@@ -5,25 +5,51 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
+# Python 3.11 or newer, checked before anything is built: PYTHON=python3.12 make run for another one.
+ifneq ($(filter-out clean,$(or $(MAKECMDGOALS),run)),)
+PYTHON_OK := $(shell $(PYTHON) -c 'import sys; print(int(sys.version_info >= (3, 11)))' 2>/dev/null)
+ifneq ($(PYTHON_OK),1)
+$(error onepass needs Python 3.11 or newer; '$(PYTHON)' is $(or $(shell $(PYTHON) --version 2>&1),not found). Name another: PYTHON=python3.12 make run)
+endif
+endif
+
 LLAMA_CPP_VERSION := 0.3.36
-# The CPU flags come from this machine (app/platform/cpu.py: every x86 instruction set named ON or OFF
-# from /proc/cpuinfo or sysctl, AMX always off; ggml's own detection on arm64). A user's
-# CMAKE_ARGS go after them and win: make setup CMAKE_ARGS="-DGGML_CUDA=on"
+# The build: make setup GPU=cuda (NVIDIA), GPU=metal (Apple silicon), GPU=vulkan (AMD, Intel, any Vulkan
+# driver) or GPU=cpu (the default). The choice is recorded beside the venv ($(VENV)/build-choice.mk), and
+# every later target (run, test, check-gpu, ...) builds and installs that one until you choose again.
+# CMAKE_ARGS adds flags of your own (recorded too); they go after the CPU flags and the GPU's, and win.
+BUILD_CHOICE := $(VENV)/build-choice.mk
+-include $(BUILD_CHOICE)
+GPU ?= cpu
 CMAKE_ARGS ?=
+ifeq ($(filter $(GPU),cpu cuda metal vulkan),)
+$(error GPU=$(GPU): choose cpu, cuda, metal or vulkan)
+endif
+# The CPU flags come from this machine (app/platform/cpu.py: every x86 instruction set named ON or OFF
+# from /proc/cpuinfo or sysctl, AMX always off; ggml's own detection on arm64).
 # ONEPASS_CPUINFO=FILE builds for a recorded /proc/cpuinfo instead of this CPU (tests/cpuinfo/).
 ONEPASS_CPUINFO ?=
 export ONEPASS_CPUINFO
 CPU_CMAKE_ARGS := $(shell ONEPASS_CPUINFO='$(ONEPASS_CPUINFO)' $(PYTHON) -m app.platform.cpu cmake-args)
-# A Vulkan build (AMD and Intel GPUs; Mesa's lavapipe runs it on any CPU): make setup CMAKE_ARGS="-DGGML_VULKAN=on".
-# On Debian 12 its headers are too old for ggml-vulkan.cpp: models/vulkan_headers.py unpacks Debian 13's.
+# CUDA: the GPU architectures to compile for (docs/gpu.md): Turing, Ampere (A100, RTX 30), Ada (RTX 40),
+# Hopper (H100, H200), Blackwell (RTX 50). Fewer compile faster: make setup GPU=cuda CUDA_ARCHS=89
+CUDA_ARCHS ?= 75;80;86;89;90;120
+# A CUDA toolkit on this machine (nvcc with cuBLAS) is used; without one, tools/cuda_toolkit.py puts
+# together one from NVIDIA's wheels on the package index (the build log says which).
+CUDA_TOOLKITS := $(HOME)/.cache/onepass/cuda
+# Vulkan on Debian 12: its headers are too old for ggml-vulkan.cpp, so models/vulkan_headers.py unpacks Debian 13's.
 VULKAN_HEADERS := $(HOME)/.cache/onepass/vulkan-headers-trixie
-ifneq ($(findstring GGML_VULKAN=on,$(CMAKE_ARGS)),)
+GPU_CMAKE_ARGS_cpu :=
+GPU_CMAKE_ARGS_cuda := -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCHS)
+GPU_CMAKE_ARGS_metal := -DGGML_METAL=on
+GPU_CMAKE_ARGS_vulkan := -DGGML_VULKAN=on
+ifeq ($(GPU),vulkan)
 VULKAN_DEPS := vulkan-deps
 ifneq ($(wildcard /usr/bin/apt-get),)
 VULKAN_ARGS := -DVulkan_INCLUDE_DIR=$(VULKAN_HEADERS)/usr/include
 endif
 endif
-BUILD_ARGS := $(strip $(CPU_CMAKE_ARGS) $(CMAKE_ARGS) $(VULKAN_ARGS))
+BUILD_ARGS := $(strip $(CPU_CMAKE_ARGS) $(GPU_CMAKE_ARGS_$(GPU)) $(CMAKE_ARGS) $(VULKAN_ARGS))
 
 # pip's own wheel cache ignores CMAKE_ARGS, so we keep our wheel in a folder named by the
 # version, the flags and this CPU's features: a shared or copied cache never hands a wheel
@@ -33,6 +59,7 @@ WHEEL_KEY := $(shell ONEPASS_CPUINFO='$(ONEPASS_CPUINFO)' $(PYTHON) -m app.platf
 WHEEL_DIR := $(WHEEL_CACHE)/$(WHEEL_KEY)
 WHEEL_STAMP := $(WHEEL_DIR)/.built
 INSTALL_STAMP := $(VENV)/.installed-$(WHEEL_KEY)
+DEV_STAMP := $(VENV)/.dev-installed
 
 DEFAULT_MODEL := $(shell $(PYTHON) models/fetch.py default --print-path)
 SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
@@ -40,29 +67,47 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?=
 PORT ?=
 
-.PHONY: setup vulkan-deps test-gpu native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet bench-calibration eval load check-gpu clean clean-build
+.PHONY: setup vulkan-deps test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet bench-calibration eval load check-gpu clean clean-build
 
+# `make setup` records the choice even when that build is installed already (choosing it again).
 setup: $(INSTALL_STAMP)
+	@printf 'GPU := %s\nCMAKE_ARGS := %s\n' '$(GPU)' '$(CMAKE_ARGS)' > $(BUILD_CHOICE)
+	@echo "llama-cpp-python $(LLAMA_CPP_VERSION), GPU=$(GPU): installed in $(VENV) and recorded in $(BUILD_CHOICE)"
 
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV) || { echo "creating the venv failed: on Debian or Ubuntu, apt-get install python3-venv"; exit 1; }
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(WHEEL_STAMP): | $(BIN)/python $(VULKAN_DEPS)
-	@echo "building llama-cpp-python $(LLAMA_CPP_VERSION) into $(WHEEL_DIR) (a few minutes, once)"
-	@echo "  CMAKE_ARGS=$(BUILD_ARGS)"
+	@echo "building llama-cpp-python $(LLAMA_CPP_VERSION) (GPU=$(GPU)) into $(WHEEL_DIR) (minutes, once)"
 	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)
-	CMAKE_ARGS="$(BUILD_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(getconf _NPROCESSORS_ONLN) \
+	@set -e; toolkit=""; \
+	if [ "$(GPU)" = cuda ]; then toolkit="$$($(PYTHON) tools/cuda_toolkit.py --cache $(CUDA_TOOLKITS) --record $(WHEEL_DIR)/cuda-toolkit.json)"; fi; \
+	echo "  CMAKE_ARGS=$(BUILD_ARGS) $$toolkit"; \
+	CMAKE_ARGS="$(BUILD_ARGS) $$toolkit" CMAKE_BUILD_PARALLEL_LEVEL=$$(getconf _NPROCESSORS_ONLN) \
 		$(BIN)/python -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python \
 		-w $(WHEEL_DIR) llama-cpp-python==$(LLAMA_CPP_VERSION)
-	$(PYTHON) -m app.platform.cpu describe '$(LLAMA_CPP_VERSION)' '$(BUILD_ARGS)' > $(WHEEL_DIR)/built-for.json
+	$(PYTHON) -m app.platform.cpu describe '$(LLAMA_CPP_VERSION)' '$(BUILD_ARGS)' '$(GPU)' > $(WHEEL_DIR)/built-for.json
 	touch $@
 
+# What running needs: the wheel, onepass and its dependencies (make test adds the dev extras), and for a
+# CUDA build made with NVIDIA's wheels, the CUDA libraries it links (app/engine/__init__.py loads them).
 $(INSTALL_STAMP): $(WHEEL_STAMP) pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --force-reinstall --no-deps $(WHEEL_DIR)/llama_cpp_python-*.whl
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e .
+	@if [ -f $(WHEEL_DIR)/cuda-toolkit.json ]; then \
+		runtime=$$($(PYTHON) tools/cuda_toolkit.py --runtime-of $(WHEEL_DIR)/cuda-toolkit.json); \
+		if [ -n "$$runtime" ]; then echo "installing the CUDA libraries the build links: $$runtime"; \
+			$(BIN)/python -m pip install -q $$runtime; fi; \
+	fi
 	cp $(WHEEL_DIR)/built-for.json $(VENV)/llama-build.json
-	rm -f $(VENV)/.installed-*
+	rm -f $(VENV)/.installed-* $(DEV_STAMP)
+	@printf 'GPU := %s\nCMAKE_ARGS := %s\n' '$(GPU)' '$(CMAKE_ARGS)' > $(BUILD_CHOICE)
+	touch $@
+
+# The dev extras (pytest, ruff, mypy, the SDK, ...): for make test and lint, not for make run.
+$(DEV_STAMP): $(INSTALL_STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
 # What the Vulkan build needs from Debian (glslc, headers, SPIR-V headers) and what it runs on (lavapipe).
@@ -106,7 +151,7 @@ fleet: model
 	$(BIN)/python -m app.fleet.supervisor --replicas $(N) $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) -- $(ARGS)
 
 # tests/test_install.py installs the package into a fresh venv with the wheel built here.
-test: model model-decision lint check-build test-tools
+test: model model-decision $(DEV_STAMP) lint check-build test-tools
 	ONEPASS_TEST_WHEEL_DIR=$(WHEEL_DIR) $(BIN)/python -m pytest -q
 
 # tests/test_cpu_emulated.py runs the build on an emulated AVX2-only CPU with qemu's user mode;
@@ -138,10 +183,10 @@ check-build: setup
 doctor:
 	@$(PYTHON) -m app.platform.doctor --venv $(VENV) --wheel-dir $(WHEEL_DIR)
 
-lint: setup
-	$(BIN)/ruff check app tests bench models
-	$(BIN)/ruff format --check app tests bench models
-	$(BIN)/mypy --strict app tests bench
+lint: $(DEV_STAMP)
+	$(BIN)/ruff check app tests bench models tools
+	$(BIN)/ruff format --check app tests bench models tools
+	$(BIN)/mypy --strict app tests bench tools
 
 BENCH_STAMP := $(VENV)/.bench-installed
 
@@ -214,22 +259,45 @@ eval: model
 eval-decision: model-decision
 	$(BIN)/python -m bench.eval --model $(DECISION_MODEL) $(EVAL_ARGS)
 
-# The GPU path on Mesa's lavapipe (a Vulkan device that runs on the CPU), in a venv of its own with the
-# Vulkan build: the engine, cache, disk-tier, layout and property tests with every layer on the device,
-# the device tests (tests/test_gpu.py) and a small-model smoke test. .ci/run runs it after make test.
+# The GPU suite: the engine, cache, disk-tier, layout and property tests with every layer on the device,
+# the device tests (tests/test_gpu.py) and a small-model smoke test, run with this venv's GPU build. With a
+# CPU build here it runs the Vulkan build on Mesa's lavapipe (a Vulkan device that runs on the CPU) in a
+# venv of its own, as CI does (.ci/run, after make test).
+ifeq ($(GPU),cpu)
 GPU_VENV := .venv-vulkan
+GPU_OF_VENV := vulkan
+GPU_TEST_ENV := GGML_VK_VISIBLE_DEVICES=0
+else
+GPU_VENV := $(VENV)
+GPU_OF_VENV := $(GPU)
+GPU_TEST_ENV :=
+endif
 GPU_TESTS := tests/test_gpu.py tests/test_engine.py tests/test_cache.py tests/test_disk_tier.py tests/test_layouts.py \
 	tests/test_properties.py
 test-gpu: model-small
-	$(MAKE) setup VENV=$(GPU_VENV) CMAKE_ARGS="-DGGML_VULKAN=on"
-	GGML_VK_VISIBLE_DEVICES=0 ONEPASS_TEST_GPU_LAYERS=-1 ONEPASS_SKIP_REAL_MODEL=1 ONEPASS_TEST_SMALL_MODEL=$(SMALL_MODEL) \
+	$(MAKE) setup VENV=$(GPU_VENV) GPU=$(GPU_OF_VENV)
+	$(MAKE) VENV=$(GPU_VENV) $(GPU_VENV)/.dev-installed
+	$(GPU_TEST_ENV) ONEPASS_TEST_GPU_LAYERS=-1 ONEPASS_SKIP_REAL_MODEL=1 ONEPASS_TEST_SMALL_MODEL=$(SMALL_MODEL) \
 		$(GPU_VENV)/bin/python -m pytest -q $(GPU_TESTS)
+
+# After make test-gpu (CI): make run, make check-gpu and make test-gpu in the Vulkan venv keep its wheel.
+test-build-choice: model-small
+	ONEPASS_BUILD_CHOICE_VENV=.venv-vulkan GGML_VK_VISIBLE_DEVICES=0 ONEPASS_TEST_SMALL_MODEL=$(SMALL_MODEL) \
+		$(BIN)/python -m pytest -q tests/test_build_choice.py
 
 # Load a model with every layer offloaded, step by step, each step under its own timeout: the step that
 # fails or hangs is named. make check-gpu GPU_CHECK_MODEL=models/x.gguf
 GPU_CHECK_MODEL ?= $(SMALL_MODEL)
 check-gpu: model-small
 	$(BIN)/python -m app.platform.check_gpu $(GPU_CHECK_MODEL)
+
+# What this venv builds and installs, from its recorded choice and the command line (no build).
+build-info:
+	@echo "venv: $(VENV)"
+	@echo "GPU: $(GPU)"
+	@echo "CMAKE_ARGS: $(BUILD_ARGS)"
+	@echo "wheel: $(WHEEL_DIR)"
+	@echo "installed: $(if $(wildcard $(INSTALL_STAMP)),yes,no)"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import uvicorn
 
 from app.config import DEFAULT_CONFIG_PATH, ConfigError, SettingsSource
+from app.engine.devices import backends, devices, gpu_layers_problem
 from app.fleet.processes import listening_socket, url_of
 from app.fleet.routing import replica_name
 from app.http.server import create_app
@@ -41,6 +42,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     problem = run_check()  # a llama.cpp built for another CPU explains itself here, not with SIGILL later
     if problem is not None:
         sys.exit(problem)
+    started.info("llama.cpp backends: %s; devices: %s", ", ".join(backends()), "; ".join(map(str, devices())))
+    for spec in models.models:  # layers asked for and no GPU to put them on: say so, do not run on the CPU
+        problem = gpu_layers_problem(spec.settings.n_gpu_layers)
+        if problem is not None:
+            sys.exit(f"onepass: model {spec.name}: {problem}")
     # We bind the socket ourselves so that with --port 0 the port the OS picked can be logged.
     try:
         listener = listening_socket(settings.host, settings.port)

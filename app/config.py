@@ -1,6 +1,6 @@
 """Settings: one frozen object. Precedence: CLI flag > ONEPASS_<FLAG> env var > the config file
 (a model's [[models]] entry > its [server] section) > the settings that belong to the model file
-(app/serving/known_models.toml) > default.
+(app/known_models.toml) > default.
 
 Every option is declared once, as a field of `Settings` with its help text; the argparse flags,
 their env var fallbacks, the config keys and the per-model keys are generated from those fields.
@@ -256,7 +256,8 @@ class Settings:
     models_max: int = _option(2, "models resident at once; the least recently used idle one is unloaded", _integer(1))
     api_key: str | None = _option(
         None,
-        "require 'Authorization: Bearer <key>' on every route but /health and /health/live (default: no auth; "
+        "require 'Authorization: Bearer <key>' on every route but /health, /health/live and the page's own files "
+        "(default: no auth; "
         "prefer the env var or --api-key-file, which ps does not show)",
         _optional_str,
     )

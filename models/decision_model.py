@@ -2,7 +2,7 @@
 
 Usage: python models/decision_model.py SOURCE.gguf DEST.gguf [--temperature T]
 
-T defaults to the source's calibration temperature when onepass knows the file (app/serving/known_models.toml).
+T defaults to the source's calibration temperature when onepass knows the file (app/known_models.toml).
 
 The copy carries what llama.cpp's server reads from a decision GGUF: `<arch>.decision.type` =
 openjev (labels A-Z, a-z by option position, noul true first), a temperature per question type

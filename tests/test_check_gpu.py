@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from app.engine.devices import backends, gpus
 from app.engine.llama import Engine
 from app.paths import REPO_ROOT
 
@@ -42,12 +46,17 @@ def test_every_step_runs_and_reports_on_the_tiny_model(tiny_chat_path: Path) -> 
         text=True,
         timeout=300,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
     started = [line for line in done.stdout.splitlines() if line.startswith("[start]")]
     finished = [line for line in done.stdout.splitlines() if line.startswith("[done]")]
-    assert len(started) == len(finished) == 8
+    assert len(started) == len(finished) == 8, done.stdout + done.stderr
     assert "bit-identity" in started[-1] and "identical" in done.stdout
     assert "KV buffer size" in done.stdout  # where llama.cpp put the KV cache
+    assert f"ggml backends loaded: {', '.join(backends())}" in done.stdout
+    if gpus():
+        assert done.returncode == 0 and "check-gpu: every step passed" in done.stdout
+    else:  # every step ran, on the CPU: that is not a GPU check passing
+        assert done.returncode == 1 and "FAILED: no layer went to a GPU" in done.stdout
+        assert "make setup GPU=cuda" in done.stdout
 
 
 def test_the_build_identity_names_the_ggml_backends_it_ships(tiny_chat_path: Path) -> None:
@@ -57,3 +66,20 @@ def test_the_build_identity_names_the_ggml_backends_it_ships(tiny_chat_path: Pat
         assert f"ggml backends {'+'.join(Engine.backends())}; n_gpu_layers=0;" in engine.build
     finally:
         engine.close()
+
+
+@pytest.mark.skipif(bool(gpus()), reason="this build has a GPU device: the layers have somewhere to go")
+def test_asking_for_gpu_layers_without_a_gpu_stops_the_server_at_start_with_the_fix(tiny_chat_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPASS_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "-m", str(tiny_chat_path), "--n-gpu-layers", "-1", "--port", "0"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "n_gpu_layers=-1 asks for GPU layers, but this llama.cpp is a CPU build (backends: CPU)" in done.stderr
+    assert "make setup GPU=cuda" in done.stderr and "or set n_gpu_layers = 0" in done.stderr
+    assert "listening on" not in done.stderr

@@ -340,7 +340,7 @@ def test_python_m_app_help_exits_zero_and_lists_the_flags() -> None:
 
 
 def test_the_shipped_config_serves_the_pinned_default_model_from_its_own_folder() -> None:
-    # app/serving/known_models.toml names the model files once; the user-editable config must point at the same file,
+    # app/known_models.toml names the model files once; the user-editable config must point at the same file,
     # written relative to the config's folder
     settings = load_settings([], {}, default_config=DEFAULT_CONFIG_PATH)
     config = read_models_config(settings)

@@ -1,27 +1,605 @@
-"""The pages hold together: the README stays a page a user reads to the end, every link between
-the pages leads somewhere, and the configuration reference is the settings as declared."""
+"""The pages hold together and say what the repository has: every path, section, make target, flag,
+route and module that the README, docs/ and the config files' comments name is one that is there.
+
+Each check reports every offence at once (file:line: what is wrong), so that the pages can be fixed
+in one pass. CHANGELOG.md is left out: history may name what is gone.
+"""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import re
+import shlex
+from collections.abc import Iterator, Mapping, Sequence
+from functools import cache
+from pathlib import Path
 
+from starlette.routing import Route
+
+from app.config import DEFAULT_MODEL_FILENAME, OPTIONS, flag
+from app.http.server import API_ROUTES
 from app.paths import REPO_ROOT
 from app.serving import settings_reference
 
-PAGES = [REPO_ROOT / "README.md", REPO_ROOT / "CHANGELOG.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
-LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+CONFIG_FILES = [REPO_ROOT / "models" / "onepass.toml", REPO_ROOT / "deploy" / "haproxy.cfg"]  # their comments
+# The code's comments and docstrings cite files and pages too (this file is left out: it names some as examples).
+CODE_FOLDERS = ("app", "bench", "models", "tools", "tests")
+CODE_FILES = [
+    *sorted(p for f in CODE_FOLDERS for p in (REPO_ROOT / f).rglob("*.py") if p != Path(__file__).resolve()),
+    *(REPO_ROOT / name for name in ("pyproject.toml", "Makefile", ".ci/run")),
+]
+
+# A cited repository path starts with a top-level folder, or is a top-level file.
+TOP_FOLDERS = ("app", "bench", "docs", "tests", "models", "deploy", "tools", "examples", ".ci")
+TOP_FILES = ("README.md", "CHANGELOG.md", "LICENSE", "Makefile", "pyproject.toml")
+
+# Cited paths that are not in a checkout, each for the reason its page gives. Globs and placeholders
+# (`*`, `{json,md}`, `<model>`) are not checked; every other cited path must exist.
+NOT_IN_A_CHECKOUT = {
+    f"models/{DEFAULT_MODEL_FILENAME}": "`make model` assembles it (models/*.gguf is git-ignored)",
+    # llama.cpp's repository, where docs/decision-models.md learnt the decision format
+    "tools/server/server-decision.cpp": "llama.cpp's",
+}
+# The code's example command lines name files a user chooses or the command writes.
+EXAMPLES_IN_THE_CODE = {
+    "models/x.gguf": "the Makefile: make bench / make check-gpu with another model",
+    "models/other.gguf": "the Makefile: make eval with another model",
+    "models/twin.gguf": "bench/twin.py: what `python -m bench.twin write` makes",
+}
+
+# Flags the pages give, in code of their own, for programs that are not onepass's.
+OTHER_PROGRAMS_FLAGS = {
+    "--no-repack": "llama-server's (docs/performance.md: how the bench passes it the setting)",
+    "-march": "the compiler's (docs/troubleshooting.md: never used)",
+}
+
+
+def report(problems: Sequence[str], what: str) -> str:
+    return f"{len(problems)} {what}:\n" + "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reading the pages
+
+
+@dataclasses.dataclass(frozen=True)
+class Text:
+    """Some text of a file, from the line it starts on (it may run over several lines)."""
+
+    source: Path
+    line: int
+    text: str
+
+    def line_at(self, offset: int) -> int:
+        return self.line + self.text.count("\n", 0, offset)
+
+    def at(self, offset: int = 0) -> str:
+        """file:line of the character at `offset`."""
+        return f"{self.source.relative_to(REPO_ROOT)}:{self.line_at(offset)}"
+
+
+@dataclasses.dataclass
+class Page:
+    source: Path
+    plain: list[Text] = dataclasses.field(default_factory=list)  # all of it, without backticks and link targets
+    code: list[Text] = dataclasses.field(default_factory=list)  # inline code, and code blocks' shell lines
+    comments: list[Text] = dataclasses.field(default_factory=list)  # code blocks' and config files' comments
+    links: list[Text] = dataclasses.field(default_factory=list)  # markdown links' targets
+    headings: list[str] = dataclasses.field(default_factory=list)
+
+
+FENCE = re.compile(r"\s*(```|~~~)\s*([\w+-]*)")
+SHELL_BLOCKS = ("", "sh", "shell", "bash", "console")
+HEADING = re.compile(r"#{1,6}\s+(.+?)\s*#*\s*")
+CODE_SPAN = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)", re.DOTALL)
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^()\s<>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+COMMENT = re.compile(r"(?:^|\s)#")
+
+
+def _split_comment(line: str) -> tuple[str, str]:
+    """A shell line's command and its comment."""
+    found = COMMENT.search(line)
+    return (line, "") if found is None else (line[: found.start()], line[found.end() :])
+
+
+def _read_paragraph(page: Page, paragraph: Text) -> None:
+    text = paragraph.text
+    for link in LINK.finditer(text):
+        page.links.append(Text(page.source, paragraph.line_at(link.start(1)), link[1]))
+        text = text[: link.start(1)] + " " * len(link[1]) + text[link.end(1) :]  # offsets stay
+    for span in CODE_SPAN.finditer(text):
+        page.code.append(Text(page.source, paragraph.line_at(span.start()), " ".join(span[2].split())))
+    page.plain.append(dataclasses.replace(paragraph, text=text.replace("`", " ")))
+
+
+@cache
+def read_page(source: Path) -> Page:
+    """A markdown page: its prose and inline code by paragraph, its code blocks by line, its links."""
+    page = Page(source)
+    paragraph: list[str] = []
+    fence: tuple[str, str] | None = None  # the open code block's fence and info string
+    continued: list[str] = []  # a shell line continued with a backslash
+    for number, line in enumerate([*source.read_text(encoding="utf-8").splitlines(), ""], 1):
+        opened = FENCE.fullmatch(line)
+        if fence is not None:
+            if opened is not None and opened[1] == fence[0] and not opened[2]:
+                fence = None
+                continue
+            page.plain.append(Text(source, number, line))
+            if fence[1] in SHELL_BLOCKS:
+                command, comment = _split_comment(line)
+                page.comments.append(Text(source, number, comment))
+                continued.append(command.removesuffix("\\"))
+                if not command.endswith("\\"):
+                    page.code.append(Text(source, number + 1 - len(continued), " ".join(continued)))
+                    continued = []
+            continue
+        heading = HEADING.fullmatch(line)
+        if opened is None and heading is None and line.strip():
+            paragraph.append(line)
+            continue
+        if paragraph:
+            _read_paragraph(page, Text(source, number - len(paragraph), "\n".join(paragraph)))
+            paragraph = []
+        if opened is not None:
+            fence = (opened[1], opened[2].lower())
+        elif heading is not None:
+            page.headings.append(heading[1])
+            _read_paragraph(page, Text(source, number, line))
+    return page
+
+
+@cache
+def read_config(source: Path) -> Page:
+    """A config file: its comments only."""
+    page = Page(source)
+    for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), 1):
+        if "#" in line:
+            comment = Text(source, number, line[line.index("#") + 1 :])
+            page.plain.append(comment)
+            page.comments.append(comment)
+    return page
+
+
+def documents() -> list[Page]:
+    return [*map(read_page, PAGES), *map(read_config, CONFIG_FILES)]
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: its text lowercased, punctuation dropped, spaces to '-'."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading: its text
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    found: set[str] = set()
+    for heading in read_page(page).headings:
+        slug, n = anchor(heading), 1
+        while slug in found:  # GitHub numbers a repeated heading's anchor: -1, -2, ...
+            slug, n = f"{anchor(heading)}-{n}", n + 1
+        found.add(slug)
+    return found
+
+
+def test_anchors_follow_githubs_rules() -> None:
+    assert anchor("Every `error_type`") == "every-error_type"
+    assert anchor("Prompt layouts: repeated states or pipelines") == "prompt-layouts-repeated-states-or-pipelines"
+    assert anchor("Why the question-first layout loses `choice` (2026-11-30)") == (
+        "why-the-question-first-layout-loses-choice-2026-11-30"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1, 2: paths, and the sections they point into
+
+REPO_PATH = re.compile(
+    r"(?<![\w./~$-])"
+    rf"(?P<path>(?:{'|'.join(map(re.escape, TOP_FOLDERS))})/[\w./*{{}}<>-]*"
+    rf"|(?:{'|'.join(map(re.escape, TOP_FILES))})(?![\w.-]))"
+    r"(?::(?P<first>\d+)(?:-(?P<last>\d+))?)?"
+    r"(?:#(?P<anchor>[\w-]+))?"
+)
+TEMPLATE = re.compile(r"[*{}<>]")  # a glob or a placeholder, not one file
+# A page cited by a section's name: (README, "Deploying") or (docs/models.md, "Prompt layouts")
+SECTION = re.compile(r"(?P<page>README(?:\.md)?|[\w./-]+\.md),? \"(?P<section>[^\"]+)\"")
+
+
+def citation_problems(where: str, target: Path, shown: str, line: str | None, section: str | None) -> list[str]:
+    """What is wrong with a citation of `target`, with a line number or a section of a page."""
+    if not target.exists():
+        return [f"{where}: {shown} does not exist"]
+    problems = []
+    if line is not None:
+        lines = len(target.read_text(encoding="utf-8").splitlines()) if target.is_file() else 0
+        if int(line) > lines:
+            problems.append(f"{where}: {shown}:{line}: it has {lines} lines")
+    if section is not None and target.suffix == ".md" and section not in anchors(target):
+        problems.append(f"{where}: {shown}#{section}: it has no such heading")
+    return problems
+
+
+def path_problems(texts: Sequence[Text], allowed: Mapping[str, str], cited: set[str]) -> list[str]:
+    """Every repository path in `texts` exists (less globs, placeholders and the `allowed` ones)."""
+    problems = []
+    for text in texts:
+        for found in REPO_PATH.finditer(text.text):
+            path = found["path"].rstrip(".")
+            if TEMPLATE.search(path):
+                continue
+            cited.add(path)
+            if path not in allowed:
+                where = text.at(found.start())
+                last = found["last"] or found["first"]  # path:12 or path:12-30
+                problems += citation_problems(where, REPO_ROOT / path, path, last, found["anchor"])
+    return problems
+
+
+def section_problems(texts: Sequence[Text]) -> list[str]:
+    """A page cited by a section's name has a heading that starts so."""
+    problems = []
+    for text in texts:
+        for found in SECTION.finditer(text.text):
+            name = found["page"] if found["page"].endswith(".md") else "README.md"
+            page = REPO_ROOT / name if "/" in name or name == "README.md" else text.source.parent / name
+            if not page.is_file():
+                problems.append(f"{text.at(found.start())}: {name} does not exist")
+            elif not any(h.lower().startswith(found["section"].lower()) for h in read_page(page).headings):
+                problems.append(f'{text.at(found.start())}: {name} has no section "{found["section"]}"')
+    return problems
+
+
+def unused(allowed: Mapping[str, str], cited: set[str], name: str) -> list[str]:
+    return [f"{name}: {path} is cited nowhere now: drop it" for path in sorted(allowed.keys() - cited)]
+
+
+def test_every_cited_path_exists() -> None:
+    problems: list[str] = []
+    cited: set[str] = set()
+    for document in documents():
+        problems += path_problems(document.plain, NOT_IN_A_CHECKOUT, cited)
+        for link in document.links:
+            target, _, section = link.text.partition("#")
+            if target and not re.match(r"[a-z]+:|[/~]", target):  # not a URL, an absolute path, this page
+                problems += citation_problems(link.at(), link.source.parent / target, target, None, section or None)
+    problems += unused(NOT_IN_A_CHECKOUT, cited, "NOT_IN_A_CHECKOUT")
+    assert not problems, report(problems, "cited paths that are not there")
+
+
+def test_every_section_cited_is_a_heading() -> None:
+    problems = []
+    for document in documents():
+        for link in document.links:
+            if link.text.startswith("#") and link.text[1:] not in anchors(link.source):
+                problems.append(f"{link.at()}: {link.text}: this page has no such heading")
+        problems += section_problems(document.plain)
+    assert not problems, report(problems, "sections cited that are not there")
+
+
+def test_the_code_cites_only_files_and_sections_that_are_there() -> None:
+    problems: list[str] = []
+    cited: set[str] = set()
+    for source in CODE_FILES:
+        text = [Text(source, 1, source.read_text(encoding="utf-8"))]
+        problems += path_problems(text, {**NOT_IN_A_CHECKOUT, **EXAMPLES_IN_THE_CODE}, cited)
+        problems += section_problems(text)
+    problems += unused(EXAMPLES_IN_THE_CODE, cited, "EXAMPLES_IN_THE_CODE")
+    assert not problems, report(problems, "files or sections the code cites that are not there")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Commands the pages give: make, onepass, python -m
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    where: str
+    program: str  # "make", or the module run (`onepass` runs "app")
+    args: tuple[str, ...]
+    text: str  # as the page writes it
+
+
+SEPARATORS = re.compile(r"&&|\|\||[|;]")
+PYTHON = re.compile(r"python(?:3(?:\.\d+)?)?")
+# In a comment, a command is `python -m MODULE ...` up to a comma or a parenthesis, or `make TARGET`.
+IN_A_COMMENT = re.compile(r"(?<![\w.-])(?:(?:\S*/)?python3?\s+-m\s+[\w.]+[^;,()#|]*|make\s+[\w.-]+)")
+
+
+def words(text: str) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError:  # an unbalanced quote: an apostrophe
+        return text.split()
+
+
+def parse_command(where: str, text: str) -> Command | None:
+    """`text` as a command of onepass's (make, onepass, python -m), or None for any other program."""
+    given = words(text)
+    while given and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", given[0]):  # VAR=value before the program
+        given.pop(0)
+    program = given[0].rsplit("/", 1)[-1] if given else ""
+    if program == "make":
+        return Command(where, "make", tuple(given[1:]), text.strip())
+    if program == "onepass":
+        return Command(where, "app", tuple(given[1:]), text.strip())
+    if PYTHON.fullmatch(program) and len(given) > 2 and given[1] == "-m":
+        return Command(where, given[2], tuple(given[3:]), text.strip())
+    return None
+
+
+def commands() -> Iterator[Command]:
+    """Every command in inline code and code blocks, and in comments `python -m ...` and `make TARGET`."""
+    for document in documents():
+        for text in document.code:
+            for piece in SEPARATORS.split(text.text):
+                if (found := parse_command(text.at(), piece)) is not None:
+                    yield found
+        for text in document.comments:
+            for match in IN_A_COMMENT.finditer(text.text):
+                if (found := parse_command(text.at(), match[0].rstrip(" .:"))) is not None:
+                    yield found
+
+
+# ---------------------------------------------------------------------------------------------------
+# 3: make targets
+
+
+@cache
+def makefile_rules() -> dict[str, list[str]]:
+    """The Makefile's targets (less those a variable names) and their recipes, continued lines joined."""
+    rules: dict[str, list[str]] = {}
+    recipe: list[str] | None = None
+    for line in (REPO_ROOT / "Makefile").read_text(encoding="utf-8").replace("\\\n", " ").splitlines():
+        if line.startswith("\t"):
+            if recipe is not None:
+                recipe.append(line.strip())
+            continue
+        rule = re.match(r"([^\s:=#$][^:=#]*?)\s*::?(?!=)", line)
+        if rule is not None:
+            recipe = []
+            rules.update((t, recipe) for t in rule[1].split() if not t.startswith(".") and "$" not in t)
+        elif line.strip() and not line.startswith("#"):
+            recipe = None
+    return rules
+
+
+def make_targets(run: Command) -> list[str]:
+    return [w for w in run.args if not w.startswith("-") and "=" not in w]
+
+
+def make_assignments(run: Command) -> dict[str, str]:
+    return dict(w.split("=", 1) for w in run.args if re.fullmatch(r"[A-Za-z_]\w*=.*", w))
+
+
+def test_every_make_target_is_in_the_makefile() -> None:
+    problems = [
+        f"{run.where}: `{run.text}`: the Makefile has no target {target!r}"
+        for run in commands()
+        if run.program == "make"
+        for target in make_targets(run)
+        if target not in makefile_rules()
+    ]
+    assert not problems, report(problems, "make targets that are not in the Makefile")
+
+
+# ---------------------------------------------------------------------------------------------------
+# 4, 6: flags, modules and subcommands
+
+
+@dataclasses.dataclass(frozen=True)
+class Cli:
+    """What the command line of one of onepass's programs takes."""
+
+    flags: frozenset[str]
+    subcommands: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)  # and their own flags
+    needs_subcommand: bool = False
+
+
+HELP = frozenset({"-h", "--help"})
+# The server's: a flag per setting and its aliases (app/config.py's build_parser makes them so).
+SERVER_FLAGS = HELP | {"--version"} | {name for f in OPTIONS for name in (flag(f.name), *f.metadata["aliases"])}
+
+
+def module_file(module: str) -> Path | None:
+    """The file `python -m module` runs, if the repository has it."""
+    path = REPO_ROOT.joinpath(*module.split("."))
+    return next((p for p in (path.with_name(path.name + ".py"), path / "__main__.py") if p.is_file()), None)
+
+
+def is_ours(module: str) -> bool:
+    """A module of this repository's (python -m pip, pytest and venv are not)."""
+    return (REPO_ROOT / module.split(".")[0]).is_dir()
+
+
+def _strings(call: ast.Call) -> list[str]:
+    return [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+
+
+def _method(call: ast.Call) -> str:
+    """The name a call calls: `add_argument` of `parser.add_argument(...)`."""
+    if isinstance(call.func, ast.Attribute):
+        return call.func.attr
+    return call.func.id if isinstance(call.func, ast.Name) else ""
+
+
+@cache
+def argparse_cli(source: Path) -> Cli | None:
+    """The flags and subcommands a module's argparse parser declares, read from its source (nothing is
+    run); None for a module that reads its arguments without argparse."""
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    if not any(_method(call) == "ArgumentParser" for call in calls):
+        return None
+    parser_of: dict[str, str] = {}  # a variable holding a subcommand's parser -> the subcommand
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and _method(node.value) == "add_parser":
+            parser_of.update((t.id, _strings(node.value)[0]) for t in node.targets if isinstance(t, ast.Name))
+    flags: dict[str | None, set[str]] = {None: set(HELP)}  # None: the program's own
+    needs_subcommand = False
+    for call in calls:
+        if _method(call) == "add_parser":
+            flags.setdefault(_strings(call)[0], set(HELP))
+        elif _method(call) == "add_subparsers":
+            needs_subcommand |= any(
+                k.arg == "required" and isinstance(k.value, ast.Constant) and k.value.value is True
+                for k in call.keywords
+            )
+        elif _method(call) == "add_argument" and isinstance(call.func, ast.Attribute):
+            owner = parser_of.get(call.func.value.id) if isinstance(call.func.value, ast.Name) else None
+            flags.setdefault(owner, set(HELP)).update(s for s in _strings(call) if s.startswith("-"))
+    own = frozenset(flags.pop(None))
+    return Cli(own, {name: frozenset(f) for name, f in flags.items() if name is not None}, needs_subcommand)
+
+
+@cache
+def cli_of(module: str) -> Cli | None:
+    """What `python -m module` takes; None where that is not known (not ours, not there, no argparse)."""
+    if module == "app":  # the server; `onepass calibrate` takes flags of its own and every server flag
+        calibrate = argparse_cli(REPO_ROOT / "app" / "calibrate" / "cli.py")
+        assert calibrate is not None
+        return Cli(SERVER_FLAGS, {"calibrate": calibrate.flags | SERVER_FLAGS})
+    source = module_file(module) if is_ours(module) else None
+    return None if source is None else argparse_cli(source)
+
+
+def onepass_flags() -> frozenset[str]:
+    """What `onepass` and `onepass calibrate` take."""
+    server = cli_of("app")
+    assert server is not None
+    return server.flags | server.subcommands["calibrate"]
+
+
+def flag_name(word: str) -> str | None:
+    """`--name` of a flag (`--name`, `--name=value`, `-m`); None for a value such as `-1`."""
+    found = re.fullmatch(r"(--?[A-Za-z][\w-]*)(?:=.*)?", word)
+    return None if found is None else found[1]
+
+
+def flag_problems(where: str, shown: str, module: str, args: Sequence[str]) -> list[str]:
+    """The flags in `args` that `python -m module` does not take. Flags after a bare `--` go to the
+    server: app.fleet.supervisor and bench.screenshot hand them to `python -m app`."""
+    cli = cli_of(module)
+    if cli is None:
+        return []
+    ours, server = (list(args), []) if "--" not in args else (args[: args.index("--")], args[args.index("--") + 1 :])
+    subcommand = ours[0] if ours and not ours[0].startswith("-") and ours[0] in cli.subcommands else ""
+    takes = cli.flags | cli.subcommands.get(subcommand, frozenset())
+    name = ("onepass" if module == "app" else f"python -m {module}") + (f" {subcommand}" if subcommand else "")
+    problems = [f"{where}: `{shown}`: {name} has no flag {f}" for w in ours if (f := flag_name(w)) and f not in takes]
+    return problems + [
+        f"{where}: `{shown}`: onepass has no flag {f}" for w in server if (f := flag_name(w)) and f not in SERVER_FLAGS
+    ]
+
+
+def make_program(target: str, variable: str) -> str | None:
+    """The module that `make target` hands $(variable) to: its recipe's `-m MODULE`; after `--`, the server."""
+    for line in makefile_rules().get(target, []):
+        run = re.search(r"-m\s+([\w.]+)", line)
+        if run is not None and f"$({variable})" in line[run.end() :]:
+            return "app" if " -- " in line[run.end() : line.index(f"$({variable})")] else run[1]
+    return None
+
+
+def test_every_flag_is_one_its_program_takes() -> None:
+    problems = []
+    for run in commands():
+        if run.program != "make":
+            problems += flag_problems(run.where, run.text, run.program, run.args)
+            continue
+        for variable, value in make_assignments(run).items():  # make run ARGS="--n-gpu-layers -1"
+            for module in {m for t in make_targets(run) if (m := make_program(t, variable)) is not None}:
+                problems += flag_problems(run.where, run.text, module, words(value))
+    for document in documents():
+        for text in document.code:  # a flag alone (`--n-ctx`, `-m`, `--calibration none`) is onepass's
+            given = words(text.text)
+            if given and flag_name(given[0]):
+                for name in filter(None, map(flag_name, given)):
+                    if name not in onepass_flags() and name not in OTHER_PROGRAMS_FLAGS:
+                        problems.append(f"{text.at()}: `{text.text}`: onepass has no flag {name}")
+    assert not problems, report(problems, "flags that their program does not take")
+
+
+def test_every_flag_of_onepass_calibrate_is_documented() -> None:
+    """The server's flags are the generated table of docs/configuration.md; calibrate's are not."""
+    calibrate = argparse_cli(REPO_ROOT / "app" / "calibrate" / "cli.py")
+    assert calibrate is not None
+    named = {n for d in documents() for t in d.code for w in words(t.text) if (n := flag_name(w)) is not None}
+    missing = [
+        f"app/calibrate/cli.py: onepass calibrate {f} is in no page" for f in sorted(calibrate.flags - HELP - named)
+    ]
+    assert not missing, report(missing, "flags of onepass calibrate that no page gives")
+
+
+MODULE = re.compile(r"(?<![\w.-])(?:\S*/)?python3?\s+-m\s+(?P<module>[\w.]*\w)")
+
+
+def test_every_module_run_is_there_with_its_subcommand() -> None:
+    problems = []
+    for document in documents():
+        for text in document.plain:
+            for found in MODULE.finditer(text.text):
+                module, source = found["module"], module_file(found["module"])
+                if not is_ours(module):
+                    continue
+                if source is None:
+                    problems.append(f"{text.at(found.start())}: python -m {module}: there is no such module")
+                elif source.name != "__main__.py" and '__name__ == "__main__"' not in source.read_text():
+                    problems.append(f"{text.at(found.start())}: python -m {module}: it runs nothing")
+    for run in commands():
+        cli = None if run.program == "make" else cli_of(run.program)
+        if cli is not None and cli.needs_subcommand and (not run.args or run.args[0] not in cli.subcommands):
+            choices = ", ".join(sorted(cli.subcommands))
+            problems.append(f"{run.where}: `{run.text}`: python -m {run.program} needs a subcommand ({choices})")
+    assert not problems, report(problems, "modules that are not there, or run without their subcommand")
+
+
+# ---------------------------------------------------------------------------------------------------
+# 5: HTTP routes
+
+METHODS = "GET|HEAD|POST|PUT|PATCH|DELETE"
+# A path of the server's, with the methods before it: `GET /v1/models`, `GET` and `DELETE /v1/calibrations/{id}`
+ROUTE = re.compile(
+    rf"(?:(?P<methods>(?:{METHODS})(?:\s*(?:,|/|\band\b|\bor\b)\s*(?:{METHODS}))*)\s+)?"
+    r"(?<![A-Za-z_./~-])(?P<path>/(?:v1|health|metrics|openapi\.json)(?:/[\w{}:.-]*)*)"
+)
+
+
+def route_pattern(path: str) -> re.Pattern[str]:
+    """A route's path as a pattern a page's path matches: each parameter by its name (`{id}`) or a value."""
+    parts = re.split(r"\{(\w+)(?::(\w+))?\}", path)
+    pattern = re.escape(parts[0])
+    for name, convertor, rest in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
+        value = "[^{}]+" if convertor == "path" else "[^/{}]+"
+        pattern += rf"(?:\{{{name}\}}|{value}){re.escape(rest)}"
+    return re.compile(pattern)
+
+
+def test_every_route_is_one_the_server_defines() -> None:
+    routes = [(route_pattern(r.path), r.methods or set()) for r in API_ROUTES if isinstance(r, Route)]
+    problems = []
+    for document in documents():
+        for text in document.plain:
+            for found in ROUTE.finditer(text.text):
+                path = found["path"].rstrip(".:")
+                served: set[str] = set().union(*(methods for pattern, methods in routes if pattern.fullmatch(path)))
+                asked = set(re.findall(METHODS, found["methods"] or ""))
+                if not served:
+                    problems.append(f"{text.at(found.start('path'))}: {path}: the server has no such route")
+                elif asked - served:
+                    problems.append(
+                        f"{text.at(found.start())}: {' and '.join(sorted(asked - served))} {path}: "
+                        f"the server answers only {', '.join(sorted(served - {'HEAD'}))} there"
+                    )
+    assert not problems, report(problems, "routes the server does not define")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The README's length, and the configuration reference
 
 
 def test_the_readme_is_one_page() -> None:
     assert len((REPO_ROOT / "README.md").read_text().splitlines()) <= 160
-
-
-def test_every_relative_link_leads_to_a_file() -> None:
-    for page in PAGES:
-        for target in LINK.findall(page.read_text()):
-            if "://" in target:
-                continue
-            assert (page.parent / target).exists(), f"{page.relative_to(REPO_ROOT)} links to a missing {target}"
 
 
 def test_the_configuration_reference_is_the_settings_as_declared() -> None:
@@ -31,10 +609,3 @@ def test_the_configuration_reference_is_the_settings_as_declared() -> None:
     )
     for option in ("n_ctx", "session_cache_disk_bytes", "calibration_dir", "layout"):
         assert f"| `{option}` |" in page
-
-
-def test_no_page_or_module_cites_a_file_that_is_not_there() -> None:
-    cited = re.compile(r"\b([A-Z][A-Z_]+\.md)\b")
-    for path in [REPO_ROOT / "pyproject.toml", *sorted((REPO_ROOT / "app").rglob("*.py"))]:
-        for name in cited.findall(path.read_text()):
-            assert (REPO_ROOT / name).exists(), f"{path.relative_to(REPO_ROOT)} cites {name}"

@@ -121,3 +121,35 @@ def test_make_run_passes_host_and_port_only_when_given() -> None:
 
     assert "--host" not in run_line() and "--port" not in run_line()  # the config's [server] host and port apply
     assert "--host 0.0.0.0 --port 9000" in run_line("HOST=0.0.0.0", "PORT=9000")
+
+
+def test_the_readmes_sdk_example_prints_its_answer_after_installing_the_sdk(
+    installed: Path, elsewhere: Path, tiny_chat_path: Path
+) -> None:
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    (example,) = [block for block in readme.split("```python\n")[1:] if "TypeSafeClient" in block]
+    example = example.split("```")[0]
+    assert "pip install '.[sdk]'" in readme
+    done = run(
+        [str(installed / "pip"), "install", "-q", "--disable-pip-version-check", "typesafe-sdk[zstd]>=0.7.5,<0.8"],
+        elsewhere,
+    )
+    assert done.returncode == 0, done.stderr
+    env = {**clean_env(), "ONEPASS_SESSION_CACHE_DIR": str(elsewhere / "snapshots")}
+    server = ServerProcess(
+        ["-m", str(tiny_chat_path), "-t", "1"],
+        env=env,
+        timeout=120,
+        command=[str(installed / "onepass")],
+        cwd=elsewhere,
+    )
+    try:
+        server.wait_for("ready: serving", timeout=120)
+        script = elsewhere / "example.py"
+        script.write_text(example.replace("http://127.0.0.1:8080", server.url), encoding="utf-8")
+        printed = run([str(installed / "python"), str(script)], elsewhere, clean_env())
+    finally:
+        server.stop()
+    assert printed.returncode == 0, printed.stderr
+    probability, tone = printed.stdout.split()
+    assert 0.0 <= float(probability) <= 1.0 and tone in ("calm", "angry")

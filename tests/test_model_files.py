@@ -1,5 +1,5 @@
 """A model file is known by every byte: its fingerprint, the snapshots the disk tier trusts for it,
-and the settings that belong to it (app/serving/known_models.toml), whatever path or config serves it."""
+and the settings that belong to it (app/known_models.toml), whatever path or config serves it."""
 
 from __future__ import annotations
 

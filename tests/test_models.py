@@ -282,6 +282,21 @@ def test_a_reload_keeps_flag_over_env_over_file_and_reports_what_changed(
         assert client.post("/v1/systemone", json=two).status_code == 422  # the new limit is live
 
 
+def test_a_server_started_with_a_model_alone_reloads_its_api_key_file(tmp_path: Path, ggufs: dict[str, Path]) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("first\n")
+    source = SettingsSource(("-m", str(ggufs["one"]), "--api-key-file", str(keys), "-t", "1"), {})
+    app = create_app(source.load(), source=source)
+    with TestClient(app) as client:
+        assert app.state.runtime.loaded.wait(30)
+        assert client.get("/v1/models", headers={"Authorization": "Bearer first"}).status_code == 200
+        keys.write_text("second\n")  # a key rotated: no config file, yet a reload applies it
+        reloaded = client.post("/v1/config/reload", headers={"Authorization": "Bearer first"})
+        assert reloaded.status_code == 200 and reloaded.json()["changed"] == [], reloaded.text
+        assert client.get("/v1/models", headers={"Authorization": "Bearer first"}).status_code == 401
+        assert client.get("/v1/models", headers={"Authorization": "Bearer second"}).status_code == 200
+
+
 def test_a_changed_model_reloads_with_its_new_settings(served: tuple[TestClient, Path], ggufs: dict[str, Path]) -> None:
     client, config = served
     ask(client, "one")

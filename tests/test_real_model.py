@@ -221,7 +221,7 @@ def test_n_questions_cost_one_prefill_and_one_decode(real_service: ModelService)
 
 def test_questions_that_begin_alike_share_rows_and_answer_as_if_decoded_whole(real_model_path: Path) -> None:
     # Under 64 rows, with flash attention and plain kernels, a row's numbers do not depend on the
-    # rest of the batch (docs/prompt-experiments.md), so sharing must change nothing at all.
+    # rest of the batch (docs/notes/2026-11-30-prompt-experiments.md), so sharing must change nothing at all.
     service = load_model(
         Settings(model=real_model_path, n_ctx=2048, session_cache_disk_bytes=0, repack="off", flash_attn="on")
     )
@@ -246,7 +246,7 @@ def test_questions_that_begin_alike_share_rows_and_answer_as_if_decoded_whole(re
 
 
 def test_model_alone_answers_as_the_shipped_config_does(real_model_path: Path) -> None:
-    """The default model's fitted temperature belongs to its file (app/serving/known_models.toml), so `-m FILE`
+    """The default model's fitted temperature belongs to its file (app/known_models.toml), so `-m FILE`
     without models/onepass.toml serves the same numbers as `make run` (which reads that config)."""
     flags = ["--n-ctx", "2048", "--session-cache-disk-bytes", "0", "--repack", "off", "--flash-attn", "off"]
     config = read_models_config(load_settings(flags, {}, default_config=DEFAULT_CONFIG_PATH))

@@ -31,7 +31,7 @@ from app.contract import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, 
 log = logging.getLogger("onepass.prompting")
 
 # Chosen on tests/eval over plainer wordings, mostly for negations and numbers (the measurements:
-# docs/prompt-experiments.md).
+# docs/notes/2026-11-30-prompt-experiments.md).
 SYSTEM_PROMPT = (
     "You are a careful, literal reader. Read the text, then answer the question about it using only what "
     "the text says; pay attention to negations, numbers and dates. Reply with the label of the correct "
@@ -59,7 +59,7 @@ class PromptFormat:
     label_space: bool  # whether the answer label follows a space (" A") or starts a message ("A")
     # Base models (plain layout) read a question as a document to complete: "Answer:" in the tail
     # cues the label, so the block needs no headings or answer instruction. Chat models lose
-    # accuracy without them (docs/prompt-experiments.md).
+    # accuracy without them (docs/notes/2026-11-30-prompt-experiments.md).
     terse: bool = False
     lead: str = "Text:\n"  # what introduces the state; the question-first layout puts the questions before it
 
@@ -137,7 +137,7 @@ def level_labels(labels: Labels, n: int) -> tuple[tuple[str, int], ...]:
     """Labels for n score levels, lowest first.
 
     Rated 1..n where the digits allow (9 levels at most): on tests/eval the default model rated
-    1-based levels right more often than 0-based ones (docs/prompt-experiments.md).
+    1-based levels right more often than 0-based ones (docs/notes/2026-11-30-prompt-experiments.md).
     """
     digits = [label for label in labels.levels if label[0].isdigit()]
     if len(digits) == MAX_LEVELS and n < MAX_LEVELS:

@@ -22,6 +22,7 @@ from app.calibrate.runner import (
     store_all,
 )
 from app.config import DEFAULT_CONFIG_PATH, ConfigError, load_settings
+from app.engine.devices import gpu_layers_problem
 from app.progress import Progress
 from app.serving.loading import load_spec
 from app.serving.specs import read_models_config
@@ -54,6 +55,9 @@ def main(argv: Sequence[str]) -> None:
     spec = next((s for s in config.models if wanted in (s.name, *s.aliases)), None)
     if spec is None:
         sys.exit(f"onepass calibrate: no model {wanted!r} (known: {[s.name for s in config.models]})")
+    problem = gpu_layers_problem(spec.settings.n_gpu_layers)
+    if problem is not None:
+        sys.exit(f"onepass calibrate: model {spec.name}: {problem}")
     began = time.monotonic()
     service = load_spec(spec)
     try:

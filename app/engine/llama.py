@@ -240,9 +240,18 @@ class Engine:
     def backends() -> list[str]:
         """The ggml backends this build ships (cpu, vulkan, cuda, metal, ...), from its libraries' names:
         a build with a device backend may route ops to it even with no layer offloaded."""
-        folder = Path(llama.__file__).resolve().parent / "lib"
-        names = {path.name.split(".")[0].removeprefix("libggml-") for path in folder.glob("libggml-*")}
+        names = {path.name.split(".")[0].removeprefix("libggml-") for path in Engine.library_dir().glob("libggml-*")}
         return sorted(names - {"base"}) or ["unknown"]
+
+    @staticmethod
+    def version() -> str:
+        """The installed llama-cpp-python's version."""
+        return str(llama.__version__)
+
+    @staticmethod
+    def library_dir() -> Path:
+        """The folder of the installed llama.cpp's shared libraries."""
+        return Path(llama.__file__).resolve().parent / "lib"
 
     @staticmethod
     def gpu_offload_supported() -> bool:

@@ -111,10 +111,11 @@ class Runtime:
 
     def reload(self) -> dict[str, list[str]]:
         """Read the settings again from the same sources (SIGHUP, POST /v1/config/reload) and apply
-        them: the models, limits, keys. A bad file changes nothing."""
+        them: the models, limits, keys (a server started with -m alone reloads its flags' files, the
+        API key file). A bad file changes nothing."""
         registry = self.require_registry()
-        if self.source is None or self.settings.config is None:
-            raise ApiError(400, "invalid_config", "the server was started without a config file: nothing to reload")
+        if self.source is None:
+            raise ApiError(400, "invalid_config", "this server was built without settings sources: nothing to reload")
         try:
             reloaded = reload_settings(self.settings, self.source)
             models = read_models_config(reloaded.settings)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import DEFAULT_MODEL_PATH
+from app.engine.devices import backends, devices, gpu_layers_problem, gpus
 from app.engine.llama import Engine, Job, llama_log
 
 # Lines of llama.cpp's load log that say which device holds what.
@@ -95,7 +96,11 @@ def check(model: Path, timeout: float, layers: int = -1) -> dict[str, Any]:
     llama_log.setLevel(logging.DEBUG)
     with steps.step("backends and devices"):
         found["gpu_offload"] = Engine.gpu_offload_supported()
+        found["gpus"] = [str(device) for device in gpus()]
         say(f"  GPU offload in this build: {'yes' if found['gpu_offload'] else 'no (a CPU build)'}")
+        say(f"  ggml backends loaded: {', '.join(backends())}")
+        for device in devices():
+            say(f"  device {device}")
         say(f"  {Engine.system_info()}")
     with steps.step(f"load {model.name} with n_gpu_layers={layers}"):
         engine = Engine(model, n_ctx=512, n_gpu_layers=layers, threads=1, contexts=0)
@@ -142,12 +147,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     found = check(args.model, args.timeout, args.layers)
     offloaded = found["offloaded"]
-    if not found["gpu_offload"] or offloaded is None or " 0/" in offloaded:
-        say(
-            'No layer went to a GPU: this llama-cpp-python is a CPU build (make setup CMAKE_ARGS="-DGGML_CUDA=on", '
-            '"-DGGML_METAL=on" or "-DGGML_VULKAN=on"; for Vulkan on a CPU-type device set GGML_VK_VISIBLE_DEVICES=0).'
-        )
-    say("check-gpu: every step passed")
+    if offloaded is None or " 0/" in offloaded or not found["gpus"]:
+        say(f"FAILED: no layer went to a GPU: {gpu_layers_problem(args.layers) or 'no GPU device was used'}")
+        sys.exit(1)
+    say(f"check-gpu: every step passed, {offloaded} on {'; '.join(found['gpus'])}")
 
 
 if __name__ == "__main__":

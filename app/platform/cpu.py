@@ -4,7 +4,7 @@ Standard library only: the Makefile runs `python3 -m app.platform.cpu ...` befor
 
     python3 -m app.platform.cpu cmake-args         # the CPU flags for this machine's llama.cpp build
     python3 -m app.platform.cpu key VERSION ARGS   # the wheel cache key: llama-cpp-python version, flags, CPU
-    python3 -m app.platform.cpu describe [VERSION ARGS]
+    python3 -m app.platform.cpu describe [VERSION ARGS [GPU]]
                                          # JSON: arch, model, features (+ the build's; the wheel keeps it)
 
 On x86-64 the build names every instruction set explicitly, ON or OFF, from what the CPU
@@ -206,8 +206,10 @@ def main(argv: list[str]) -> int:
         print(" ".join(cmake_args(cpu)))
     elif argv[:1] == ["key"] and len(argv) == 3:
         print(wheel_key(argv[1], argv[2], cpu))
-    elif argv[:1] == ["describe"] and len(argv) in (1, 3):
-        built = {"llama_cpp_python": argv[1], "cmake_args": argv[2]} if len(argv) == 3 else {}
+    elif argv[:1] == ["describe"] and len(argv) in (1, 3, 4):
+        built = {"llama_cpp_python": argv[1], "cmake_args": argv[2]} if len(argv) >= 3 else {}
+        if len(argv) == 4:
+            built["gpu"] = argv[3]
         print(json.dumps(cpu.describe() | built))
     else:
         print(__doc__, file=sys.stderr)

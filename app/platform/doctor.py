@@ -22,32 +22,17 @@ from pathlib import Path
 from app.paths import REPO_ROOT
 from app.platform.cpu import cmake_args, detect
 
-# Run inside the venv: llama.cpp's own account of the build.
+# Run inside the venv: llama.cpp's own account of the build, and what this process loaded.
 LLAMA_INFO = """
-import ctypes, glob, json, os
-import llama_cpp as llama
-llama.llama_log_set(llama.llama_log_callback(lambda *a: None), None)
-llama.llama_backend_init()
-devices = []
-# llama-cpp-python binds no ggml device API: ask libggml (the backend registry) directly
-lib = os.path.join(os.path.dirname(llama.__file__), "lib")
-# the file libllama itself links (its soname), so this is the ggml already loaded, not a second copy
-for path in [p for p in (os.path.join(lib, n) for n in ("libggml.so.0", "libggml.dylib")) if os.path.exists(p)][:1]:
-    ggml = ctypes.CDLL(path)
-    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
-    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
-    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    for name in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
-        getattr(ggml, name).restype, getattr(ggml, name).argtypes = ctypes.c_char_p, [ctypes.c_void_p]
-    for i in range(ggml.ggml_backend_dev_count()):
-        dev = ggml.ggml_backend_dev_get(i)
-        name, about = ggml.ggml_backend_dev_name(dev), ggml.ggml_backend_dev_description(dev)
-        devices.append(name.decode() + " (" + about.decode() + ")")
+import json
+from app.engine.devices import backends, devices
+from app.engine.llama import Engine
 print(json.dumps({
-    "llama_cpp_python": llama.__version__,
-    "system_info": llama.llama_print_system_info().decode().strip(),
-    "devices": devices,
-    "gpu_offload": bool(llama.llama_supports_gpu_offload()),
+    "llama_cpp_python": Engine.version(),
+    "system_info": Engine.system_info(),
+    "backends": backends(),
+    "devices": [str(device) for device in devices()],
+    "gpu_offload": Engine.gpu_offload_supported(),
 }))
 """
 
@@ -61,7 +46,9 @@ def llama_section(venv: Path) -> list[str]:
     python = _venv_python(venv)
     if python is None:
         return [f"  no virtual environment at {venv}: run `make setup`"]
-    done = subprocess.run([str(python), "-c", LLAMA_INFO], capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [str(python), "-c", LLAMA_INFO], capture_output=True, text=True, timeout=120, check=False, cwd=REPO_ROOT
+    )
     if done.returncode != 0:
         return [
             f"  importing llama_cpp failed (exit {done.returncode}):",
@@ -69,6 +56,7 @@ def llama_section(venv: Path) -> list[str]:
         ]
     info = json.loads(done.stdout.strip().splitlines()[-1])
     lines = [f"  llama-cpp-python {info['llama_cpp_python']}", f"  system info: {info['system_info']}"]
+    lines.append(f"  ggml backends loaded: {', '.join(info['backends']) or '(none)'}")
     lines.append(f"  devices: {'; '.join(info['devices']) or '(none listed)'}")
     lines.append(f"  GPU offload supported: {'yes' if info['gpu_offload'] else 'no (a CPU build)'}")
     return lines
@@ -91,6 +79,7 @@ def wheel_section(venv: Path, wheel_dir: Path | None) -> list[str]:
     if record.is_file():
         built = json.loads(record.read_text(encoding="utf-8"))
         lines.append(f"  built for: {built.get('arch')} {' '.join(built.get('features', []))}")
+        lines.append(f"  GPU: {built.get('gpu', 'cpu')} (make setup GPU=...; recorded in {venv / 'build-choice.mk'})")
         lines.append(f"  CMAKE_ARGS: {built.get('cmake_args')}")
     else:
         lines.append(f"  {record} missing: llama-cpp-python was not installed by `make setup`")

@@ -1,4 +1,4 @@
-"""The GGUFs onepass knows by content (app/serving/known_models.toml) and the settings that belong to each.
+"""The GGUFs onepass knows by content (app/known_models.toml) and the settings that belong to each.
 
 A file is known by its bytes, not its name or folder: its size first (free), then its whole-file
 blake3 digest, so a renamed copy keeps its fitted settings and a same-named file with other

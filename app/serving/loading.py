@@ -12,6 +12,7 @@ from app.answering.decision import DecisionPrompter, read_format
 from app.answering.fits import FitStore
 from app.answering.prompting import Prompter
 from app.answering.service import ModelService
+from app.engine.devices import gpu_layers_problem
 from app.engine.disk_cache import DiskTier, SnapshotIdentity
 from app.engine.llama import Engine
 from app.engine.ram_cache import SnapshotCache
@@ -102,6 +103,9 @@ def fits_for(spec: ModelSpec, engine: Engine, prompter: Prompter | DecisionPromp
 
 
 def load_spec(spec: ModelSpec) -> ModelService:
+    problem = gpu_layers_problem(spec.settings.n_gpu_layers)
+    if problem is not None:  # the CLI refuses to start with it; a caller that loads anyway is told
+        log.warning("%s: %s", spec.name, problem)
     speed = speed_settings_for(spec)
     engine = Engine(
         spec.path,

@@ -23,7 +23,7 @@ from app.serving.known_models import KnownModel, identify, read_known_models
 
 DEFAULT_ALIAS = "jev-latest"  # the SDKs' default model name: always the default model
 ENTRY = "[[models]]"
-MODEL_FILE = "model file"  # app/serving/known_models.toml's settings for this file
+MODEL_FILE = "model file"  # app/known_models.toml's settings for this file
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class ModelSpec:
     path: Path
     aliases: tuple[str, ...] = ()
     settings: Settings = field(default_factory=Settings)
-    known: str | None = None  # the known model file it is (app/serving/known_models.toml), if any
+    known: str | None = None  # the known model file it is (app/known_models.toml), if any
     origins: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @classmethod
@@ -74,7 +74,7 @@ class ModelsConfig:
 def read_models_config(settings: Settings, known: tuple[KnownModel, ...] | None = None) -> ModelsConfig:
     """The [[models]] of the config file, or the single model the flags name. Validated whole.
 
-    `known`: the known model files (default: app/serving/known_models.toml)."""
+    `known`: the known model files (default: app/known_models.toml)."""
     known = read_known_models() if known is None else known
     entries = read_toml(settings.config).get("models", []) if settings.config is not None else []
     where = str(settings.config)

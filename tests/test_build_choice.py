@@ -1,0 +1,140 @@
+"""The build a user chose stays chosen: `make setup GPU=...` is recorded beside the venv and every later
+target builds and installs that one, until the user chooses again.
+
+The first tests read what make would do (make build-info, no build). The last ones run in CI after make
+test-gpu (make test-build-choice: ONEPASS_BUILD_CHOICE_VENV names the Vulkan venv it made) and run the
+documented commands for real: make run, make check-gpu and make test-gpu (as a dry run: its suite has
+just run) leave the Vulkan wheel installed, build nothing and reinstall nothing."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from app.paths import REPO_ROOT
+
+CHOICE_VENV = os.environ.get("ONEPASS_BUILD_CHOICE_VENV")
+
+
+def make(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["make", "--no-print-directory", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def info(*args: str) -> dict[str, str]:
+    done = make("-s", "build-info", *args)
+    assert done.returncode == 0, done.stderr
+    return dict(line.split(": ", 1) for line in done.stdout.splitlines())
+
+
+def test_a_recorded_choice_is_what_later_targets_build(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    plain = info(f"VENV={venv}")
+    assert plain["GPU"] == "cpu" and "GGML_VULKAN" not in plain["CMAKE_ARGS"]
+    (venv / "build-choice.mk").write_text("GPU := vulkan\nCMAKE_ARGS := -DGGML_CCACHE=OFF\n")
+    chosen = info(f"VENV={venv}")
+    assert chosen["GPU"] == "vulkan"
+    assert "-DGGML_VULKAN=on -DGGML_CCACHE=OFF" in chosen["CMAKE_ARGS"]  # the user's flags after the GPU's
+    assert chosen["wheel"] != plain["wheel"]  # its own wheel, in its own cache folder
+    again = info(f"VENV={venv}", "GPU=cuda", "CUDA_ARCHS=89")  # choosing again
+    assert again["GPU"] == "cuda" and "-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=89" in again["CMAKE_ARGS"]
+    assert again["wheel"] not in (plain["wheel"], chosen["wheel"])
+
+
+def test_an_unknown_choice_and_an_old_python_are_refused_before_anything_is_built(tmp_path: Path) -> None:
+    refused = make("-s", "build-info", f"VENV={tmp_path}", "GPU=rocm")
+    assert refused.returncode != 0 and "GPU=rocm: choose cpu, cuda, metal or vulkan" in refused.stderr
+    old = tmp_path / "python3.10"
+    old.write_text("#!/bin/sh\necho 'Python 3.10.12'; exit 0\n")  # a Python that is too old answers every call
+    old.chmod(0o755)
+    too_old = make("-s", "build-info", f"PYTHON={old}")
+    assert too_old.returncode != 0 and "onepass needs Python 3.11 or newer" in too_old.stderr
+    assert "PYTHON=python3.12 make run" in too_old.stderr
+
+
+needs_vulkan_venv = pytest.mark.skipif(
+    CHOICE_VENV is None, reason="run by make test-build-choice, after make test-gpu has built the Vulkan venv"
+)
+
+
+def lines_until(process: subprocess.Popen[str], marker: str, timeout: float) -> list[str]:
+    """The process's output lines up to the first holding `marker`; fails the test after `timeout` seconds."""
+    assert process.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        while not lines or marker not in lines[-1]:
+            left = deadline - time.monotonic()
+            if left <= 0 or not selector.select(left):
+                pytest.fail(f"no {marker!r} within {timeout} s: {''.join(lines)}")
+            line = process.stdout.readline()
+            if not line:
+                pytest.fail(f"the process ended before {marker!r}: {''.join(lines)}")
+            lines.append(line)
+    return lines
+
+
+def loaded(output: str, marker: str) -> set[str]:
+    """The backends a line of `output` lists after `marker` (up to its end or a semicolon)."""
+    (line,) = [line for line in output.splitlines() if marker in line][:1]
+    return set(line.split(marker, 1)[1].split(";")[0].split(", "))
+
+
+def installed(venv: Path) -> dict[str, int]:
+    """What a rebuild or reinstall would change: the install stamps and llama.cpp's libraries, by mtime."""
+    lib = next((venv / "lib").glob("python3*/site-packages/llama_cpp/lib"))
+    files = [*venv.glob(".installed-*"), *lib.iterdir()]
+    return {str(path): path.stat().st_mtime_ns for path in files}
+
+
+@needs_vulkan_venv
+def test_make_run_and_check_gpu_keep_the_vulkan_build() -> None:
+    assert CHOICE_VENV is not None
+    venv = REPO_ROOT / CHOICE_VENV
+    assert "GPU := vulkan" in (venv / "build-choice.mk").read_text()
+    before = installed(venv)
+    assert any("libggml-vulkan" in path for path in before)
+
+    checked = make(f"VENV={CHOICE_VENV}", "check-gpu", timeout=900)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert loaded(checked.stdout, "ggml backends loaded: ") == {"CPU", "Vulkan"}
+    assert "check-gpu: every step passed" in checked.stdout
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    small = os.environ["ONEPASS_TEST_SMALL_MODEL"]
+    server = subprocess.Popen(
+        ["make", "--no-print-directory", f"VENV={CHOICE_VENV}", "run", f"PORT={port}", f"ARGS=-m {small} -ngl -1"],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines = []
+    try:
+        lines = lines_until(server, "ready: serving", timeout=600)  # the model is loaded
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as response:
+            assert response.status == 200
+    finally:
+        os.killpg(server.pid, signal.SIGINT)
+        output = "".join(lines) + server.communicate(timeout=60)[0]
+    assert loaded(output, "llama.cpp backends: ") == {"CPU", "Vulkan"}, output
+    assert "pip install" not in output and "building llama-cpp-python" not in output
+
+    rehearsed = make("-n", f"VENV={CHOICE_VENV}", "test-gpu")
+    assert rehearsed.returncode == 0, rehearsed.stderr
+    assert "pip wheel" not in rehearsed.stdout and "pip install" not in rehearsed.stdout
+    assert installed(venv) == before
