@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import os
 import re
+import textwrap
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
@@ -326,9 +327,17 @@ def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return convert
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Wraps help text at spaces only: a flag or variable named in it stays whole at any terminal width."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="onepass",
+        formatter_class=_HelpFormatter,
         description="Serve System One answers (POST /v1/systemone) from a local GGUF model.",
         epilog=f"Every flag can also be set by an environment variable {ENV_PREFIX}<FLAG>, e.g. ONEPASS_N_CTX=4096, "
         "and in a config file's [server] section; the starred ones also per model, in a [[models]] entry. "

@@ -41,6 +41,7 @@ NOT_IN_A_CHECKOUT = {
     f"models/{DEFAULT_MODEL_FILENAME}": "`make model` assembles it (models/*.gguf is git-ignored)",
     # llama.cpp's repository, where docs/decision-models.md learnt the decision format
     "tools/server/server-decision.cpp": "llama.cpp's",
+    "models/twin.gguf": "docs/gpu.md: what `python -m bench.twin write` makes on a machine without the model",
 }
 # The code's example command lines name files a user chooses or the command writes.
 EXAMPLES_IN_THE_CODE = {
@@ -53,6 +54,7 @@ EXAMPLES_IN_THE_CODE = {
 OTHER_PROGRAMS_FLAGS = {
     "--no-repack": "llama-server's (docs/performance.md: how the bench passes it the setting)",
     "-march": "the compiler's (docs/troubleshooting.md: never used)",
+    "-DGGML_METAL": "CMake's (docs/gpu.md: what GPU=metal passes to the build)",
 }
 
 
@@ -609,3 +611,27 @@ def test_the_configuration_reference_is_the_settings_as_declared() -> None:
     )
     for option in ("n_ctx", "session_cache_disk_bytes", "calibration_dir", "layout"):
         assert f"| `{option}` |" in page
+
+
+# ---------------------------------------------------------------------------------------------------
+# Names in capitals: an environment or make variable the code knows, never a placeholder left behind
+
+CAPITAL_NAME = re.compile(r"(?<![\w-])[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+(?![\w-])")
+QUANTIZATION = re.compile(r"(?:I?Q\d|F\d\d|BF16)(?:_[A-Z0-9]+)*")  # a GGUF tensor type: Q4_K_M, IQ2_XS
+# Names of other programs' that the pages give on purpose, each with where and why.
+OTHER_PROGRAMS_NAMES = {
+    "GGML_FA_TILE_Q": "ggml's (docs/notes/2026-11-30-prompt-experiments.md: where its kernel switches)",
+}
+
+
+def test_every_capitalised_name_is_one_the_code_knows() -> None:
+    known = "\n".join(source.read_text(encoding="utf-8") for source in CODE_FILES)
+    problems = []
+    for document in documents():
+        for text in [*document.plain, *document.code]:
+            for found in CAPITAL_NAME.finditer(text.text):
+                name = found[0]
+                if QUANTIZATION.fullmatch(name) or name in OTHER_PROGRAMS_NAMES or re.search(rf"\b{name}\b", known):
+                    continue
+                problems.append(f"{text.at(found.start())}: {name}: no variable of that name (a placeholder?)")
+    assert not problems, report(sorted(set(problems)), "names in capitals that nothing defines")
