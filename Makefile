@@ -242,9 +242,9 @@ load: model
 	$(BIN)/python -m bench.load $(LOAD_ARGS)
 
 # Fitted calibration on the pipeline workloads (bench/pipelines.py): answers them once with the default model
-# (200 items each to fit on, 100 more from another seed to hold out: about 35 minutes on 2 cores; the hidden
-# states beside the evidence, *.hidden.npz, are not committed), then fits and measures in minutes:
-# bench/results/calibration-study.{json,md}.
+# (200 items each to fit on, 100 more from another seed to hold out: about an hour on 2 cores, see
+# docs/calibration.md; the hidden states beside the evidence, *.hidden.npz, are not committed), then fits and
+# measures: bench/results/calibration-study.{json,md}.
 bench-calibration: model $(BENCH_STAMP)
 	$(BIN)/python -m bench.evidence
 	$(BIN)/python -m bench.evidence --seed 1 --per-workload 100 --out bench/results/calibration-evidence-test.json

@@ -379,7 +379,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)
-    parser.add_argument("--quick", action="store_true", help="a smaller run (under 2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="a smaller run (states of 64 and 256 tokens)")
     parser.add_argument(
         "--peer", type=Path, help="llama-server built like onepass's llama.cpp (make peer); without it, no comparison"
     )
