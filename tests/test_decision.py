@@ -20,7 +20,7 @@ from app.answering.decision import DecisionError, DecisionFormat, DecisionPrompt
 from app.answering.service import ModelService, Plan
 from app.contract import SystemOneRequest
 from app.engine.llama import Job
-from app.errors import Unprocessable
+from app.errors import InvalidRequest
 from app.platform.tiny_gguf import write_tiny_gguf
 from tests.conftest import tiny_settings
 from tests.loading import load_model
@@ -214,7 +214,7 @@ def test_labels_and_limits_are_the_types_own(folder: Path) -> None:
         assert len(codes) == 255 and codes[:27] == [*string.ascii_uppercase, "AA"]
         criteria: dict[str, None] = {f"option {i}": None for i in range(53)}
         many = {"type": "choice", "criteria": criteria}
-        with pytest.raises(Unprocessable) as refused:
+        with pytest.raises(InvalidRequest) as refused:
             openjev.answer(request({"many": many}))
         assert "at most 52 are supported" in str(refused.value)
         assert refused.value.details[0]["loc"][-4:] == ["questions", "many", "choice", "criteria"]
@@ -440,10 +440,10 @@ def test_a_template_that_refuses_a_request_is_a_422_naming_where(tmp_path: Path)
     path = write_tiny_gguf(tmp_path / "picky.gguf", seed=7, systemone=picky, metadata={"llama.decision.type": "lev"})
     service = serve(path)
     try:
-        with pytest.raises(Unprocessable) as refused:
+        with pytest.raises(InvalidRequest) as refused:
             service.answer(request({"q": {"type": "noul", "instructions": "boom"}}))
         assert refused.value.details[0]["loc"][-2:] == ["questions", "q"] and "no boom here" in str(refused.value)
-        with pytest.raises(Unprocessable) as refused:
+        with pytest.raises(InvalidRequest) as refused:
             service.answer(request({"q": {"type": "noul", "instructions": "fine"}}, state="bad state"))
         assert refused.value.details[0]["loc"][-1] == "state" and "not this state" in str(refused.value)
         assert service.answer(request({"q": {"type": "noul", "instructions": "fine"}}))  # and nothing is damaged

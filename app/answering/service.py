@@ -41,14 +41,13 @@ from app.contract import (
     TimingMs,
     Usage,
     render_state,
-    validation_error,
 )
 from app.engine.disk_cache import DiskTier
 from app.engine.llama import Engine, Job, Readout, RestoreError, Timing
 from app.engine.ram_cache import CacheKey, SnapshotCache, cache_key
 from app.engine.snapshot import Snapshot
 from app.engine.tiers import PrefixTiers
-from app.errors import Cancelled, Unprocessable
+from app.errors import Cancelled, InvalidRequest
 
 log = logging.getLogger("onepass.service")
 
@@ -242,27 +241,20 @@ class ModelService:
             question_set, prefix, questions = self.prompter.plan(request.state, request.questions)
         except TooManyOptions as error:
             question = request.questions[error.qid]
-            raise Unprocessable(
-                validation_error(
-                    ("questions", error.qid, question.type, error.field),
-                    f"{self.name} {error}",
-                    "too_long",
-                    error.count,
-                )
+            raise InvalidRequest.at(
+                ("questions", error.qid, question.type, error.field), f"{self.name} {error}", "too_long", error.count
             ) from error
         except TemplateRefused as error:
-            raise Unprocessable(validation_error(error.loc, str(error), "value_error", None)) from error
+            raise InvalidRequest.at(error.loc, str(error), "value_error", None) from error
         longest = max(len(rendered.tokens) for _, _, reading in questions for rendered in reading.variants)
         if len(prefix) + longest > self.engine.n_ctx:
-            raise Unprocessable(
-                validation_error(
-                    ("state",),
-                    f"the prompt needs {len(prefix)} prefix tokens (system {self.base.n_tokens} + state "
-                    f"{len(prefix) - self.base.n_tokens}) plus {longest} for the longest question, but the "
-                    f"model context holds {self.engine.n_ctx}",
-                    "too_long",
-                    len(prefix) + longest,
-                )
+            raise InvalidRequest.at(
+                ("state",),
+                f"the prompt needs {len(prefix)} prefix tokens (system {self.base.n_tokens} + state "
+                f"{len(prefix) - self.base.n_tokens}) plus {longest} for the longest question, but the "
+                f"model context holds {self.engine.n_ctx}",
+                "too_long",
+                len(prefix) + longest,
             )
         return Plan(state, question_set, prefix, questions)
 

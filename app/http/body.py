@@ -8,8 +8,7 @@ import re
 import zlib
 from typing import Any
 
-from app.contract import validation_error
-from app.errors import ApiError, Unprocessable
+from app.errors import ApiError, InvalidRequest
 
 try:  # the official SDK compresses bodies with zstd when it can
     from compression.zstd import ZstdDecompressor  # type: ignore[import-not-found]
@@ -34,9 +33,7 @@ def decode_content(body: bytes, encoding: str, limit: int) -> bytes:
         else:
             decoded = zlib.decompressobj(wbits=31).decompress(body, limit + 1)
     except Exception as error:
-        raise Unprocessable(
-            validation_error((), f"body could not be decompressed: {error}", "value_error", None)
-        ) from error
+        raise InvalidRequest.at((), f"body could not be decompressed: {error}", "value_error", None) from error
     if len(decoded) > limit:
         raise too_large(limit, "the decompressed body")
     return decoded
@@ -57,8 +54,8 @@ def _finite(text: str) -> float:
     return number
 
 
-def _invalid(loc: list[Any], msg: str, error_type: str, ctx: str) -> Unprocessable:
-    return Unprocessable([{"loc": loc, "msg": msg, "type": error_type, "input": {}, "ctx": {"error": ctx}}])
+def _invalid(loc: list[Any], msg: str, error_type: str, ctx: str) -> InvalidRequest:
+    return InvalidRequest([{"loc": loc, "msg": msg, "type": error_type, "input": {}, "ctx": {"error": ctx}}])
 
 
 def _printable(key: str) -> str:

@@ -35,14 +35,13 @@ from app.contract import (
     errors_for_response,
     limit_errors,
     models_listing,
-    validation_error,
 )
-from app.errors import ApiError, Cancelled, Unprocessable
+from app.errors import ApiError, Cancelled, InvalidRequest, ModelNotFound, ModelUnavailable
 from app.fleet.routing import PREFIX_KEY_HEADER, REPLICA_HEADER, affinity_key, replica_name
 from app.http.body import decode_content, parse_json, too_large
 from app.http.observability import Metrics, RequestObserver
 from app.http.openapi import build_openapi
-from app.serving.registry import ModelNotFound, ModelRegistry, ModelUnavailable
+from app.serving.registry import ModelRegistry
 from app.serving.specs import DEFAULT_ALIAS, read_models_config
 
 log = logging.getLogger("onepass.server")
@@ -204,10 +203,10 @@ def _parse_request(payload: Any, settings: Settings) -> SystemOneRequest:
     try:
         parsed = SystemOneRequest.model_validate(payload)
     except ValidationError as error:
-        raise Unprocessable(errors_for_response(error)) from error
+        raise InvalidRequest(errors_for_response(error)) from error
     problems = limit_errors(parsed, settings.max_questions, settings.max_text_chars)
     if problems:
-        raise Unprocessable(problems)
+        raise InvalidRequest(problems)
     return parsed
 
 
@@ -276,16 +275,16 @@ async def start_fitting(request: Request) -> JSONResponse:
     runtime = _runtime_of(request)
     payload = parse_json(await _read_body(request, runtime.settings.max_body_bytes))
     if not isinstance(payload, dict) or not isinstance(payload.get("examples"), list):
-        raise Unprocessable(validation_error(("examples",), "a list of examples is required", "missing", None))
+        raise InvalidRequest.at(("examples",), "a list of examples is required", "missing", None)
     question_set = payload.get("question_set", False)
     if not isinstance(question_set, bool):
-        raise Unprocessable(validation_error(("question_set",), "true or false", "bool_type", question_set))
+        raise InvalidRequest.at(("question_set",), "true or false", "bool_type", question_set)
     registry = runtime.require_registry()
     name = registry.canonical(str(payload.get("model", DEFAULT_ALIAS)))
     try:
         examples = parse_examples(payload["examples"])
     except ExampleError as error:
-        raise Unprocessable(validation_error(("examples",), str(error), "value_error", None)) from error
+        raise InvalidRequest.at(("examples",), str(error), "value_error", None) from error
 
     def lease() -> contextlib.AbstractContextManager[ModelService]:
         return registry.lease(name)
@@ -363,7 +362,7 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _unprocessable(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, Unprocessable)
+    assert isinstance(exc, InvalidRequest)
     return JSONResponse({"detail": exc.details}, status_code=422)
 
 
@@ -484,7 +483,7 @@ API_ROUTES: list[BaseRoute] = [
 ]
 EXCEPTION_HANDLERS: dict[Any, Any] = {
     ApiError: _api_error,
-    Unprocessable: _unprocessable,
+    InvalidRequest: _unprocessable,
     ModelNotFound: _not_found,
     ModelUnavailable: _unavailable,
     Cancelled: _cancelled,

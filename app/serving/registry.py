@@ -17,19 +17,11 @@ from dataclasses import dataclass, field
 
 from app.answering.service import ModelService
 from app.contract import CatalogueEntry, SystemOneRequest, SystemOneResponse
+from app.errors import ModelNotFound, ModelUnavailable
 from app.serving.loading import load_spec
 from app.serving.specs import DEFAULT_ALIAS, ModelsConfig, ModelSpec
 
 log = logging.getLogger("onepass.models")
-
-
-class ModelNotFound(LookupError):
-    def __init__(self, name: str, known: list[str]) -> None:
-        super().__init__(f"model {name!r} is not served here; known models: {', '.join(known)}")
-
-
-class ModelUnavailable(RuntimeError):
-    """A configured model that cannot be loaded (missing file, not a GGUF, ...)."""
 
 
 @dataclass
