@@ -18,7 +18,7 @@ from pathlib import Path
 from starlette.routing import Route
 
 from app.config import DEFAULT_MODEL_FILENAME, OPTIONS, flag
-from app.http.server import API_ROUTES
+from app.http.routes import API_ROUTES
 from app.paths import REPO_ROOT
 from app.serving import settings_reference
 

@@ -26,7 +26,8 @@ from starlette.testclient import TestClient
 from app.answering.service import ModelService
 from app.config import Settings
 from app.contract import SystemOneRequest
-from app.http.server import PAGE_DIRECTORY, create_app
+from app.http.page import PAGE_DIRECTORY
+from app.http.server import create_app
 from app.paths import REPO_ROOT
 from app.serving.registry import ModelRegistry
 from bench.browser import Page, Tools, chromium, find_tools

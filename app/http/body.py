@@ -1,4 +1,4 @@
-"""Request bodies: Content-Encoding (zstd, gzip) within a size limit, then strict JSON."""
+"""Request bodies: read within a size limit, Content-Encoding (zstd, gzip) undone, then strict JSON."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import math
 import re
 import zlib
 from typing import Any
+
+from starlette.requests import Request
 
 from app.errors import ApiError, InvalidRequest
 
@@ -37,6 +39,20 @@ def decode_content(body: bytes, encoding: str, limit: int) -> bytes:
     if len(decoded) > limit:
         raise too_large(limit, "the decompressed body")
     return decoded
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, decoded, or a 413 as soon as it (or what it decompresses to) passes `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(limit, f"the body of {declared} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    return decode_content(b"".join(chunks), request.headers.get("content-encoding", "identity"), limit)
 
 
 MAX_DEPTH = 64  # objects and arrays nested deeper than this are rejected, before any recursion can fail

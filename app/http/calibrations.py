@@ -1,0 +1,69 @@
+"""/v1/calibrations: fitting jobs started from a user's examples, and the fits a model keeps."""
+
+from __future__ import annotations
+
+import contextlib
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from app.answering.fits import FitStore
+from app.answering.service import ModelService
+from app.calibrate.runner import ExampleError, parse_examples
+from app.errors import ApiError, InvalidRequest
+from app.http.body import parse_json, read_body
+from app.http.runtime import runtime_of
+from app.serving.specs import DEFAULT_ALIAS
+
+
+async def start_fitting(request: Request) -> JSONResponse:
+    """POST /v1/calibrations: fit calibrations to the examples in the body, as a background job."""
+    runtime = runtime_of(request)
+    payload = parse_json(await read_body(request, runtime.settings.max_body_bytes))
+    if not isinstance(payload, dict) or not isinstance(payload.get("examples"), list):
+        raise InvalidRequest.at(("examples",), "a list of examples is required", "missing", None)
+    question_set = payload.get("question_set", False)
+    if not isinstance(question_set, bool):
+        raise InvalidRequest.at(("question_set",), "true or false", "bool_type", question_set)
+    registry = runtime.require_registry()
+    name = registry.canonical(str(payload.get("model", DEFAULT_ALIAS)))
+    try:
+        examples = parse_examples(payload["examples"])
+    except ExampleError as error:
+        raise InvalidRequest.at(("examples",), str(error), "value_error", None) from error
+
+    def lease() -> contextlib.AbstractContextManager[ModelService]:
+        return registry.lease(name)
+
+    job = runtime.fit_jobs.start(name, lease, examples, question_set)
+    return JSONResponse(job.to_json(), status_code=202, headers={"Location": f"/v1/calibrations/jobs/{job.id}"})
+
+
+async def fitting_job(request: Request) -> JSONResponse:
+    job = runtime_of(request).fit_jobs.get(request.path_params["id"])
+    if job is None:
+        raise ApiError(404, "not_found", f"no fitting job {request.path_params['id']!r}")
+    return JSONResponse(job.to_json())
+
+
+def _fits_of(request: Request) -> tuple[str, FitStore]:
+    registry = runtime_of(request).require_registry()
+    name = registry.canonical(request.query_params.get("model", DEFAULT_ALIAS))
+    with registry.lease(name) as service:
+        if service.fits is None:
+            raise ApiError(404, "not_found", f"{name} keeps no fits")
+        return name, service.fits
+
+
+async def list_fits(request: Request) -> JSONResponse:
+    name, fits = await anyio.to_thread.run_sync(_fits_of, request)
+    shown = [{k: v for k, v in record.items() if k != "parsed"} for record in fits.records()]
+    return JSONResponse({"model": name, "fits": shown})
+
+
+async def delete_fit(request: Request) -> JSONResponse:
+    name, fits = await anyio.to_thread.run_sync(_fits_of, request)
+    if not fits.delete(request.path_params["id"]):
+        raise ApiError(404, "not_found", f"{name} has no fit {request.path_params['id']!r}")
+    return JSONResponse({"model": name, "deleted": request.path_params["id"]})

@@ -1,0 +1,36 @@
+"""The models served: GET /v1/models, loading and unloading one, GET /v1/cache (each loaded model's tiers)."""
+
+from __future__ import annotations
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from app.contract import models_listing
+from app.http.runtime import runtime_of
+
+
+async def list_models(request: Request) -> JSONResponse:
+    return JSONResponse(models_listing(runtime_of(request).require_registry().catalogue()))
+
+
+async def load_model_route(request: Request) -> JSONResponse:
+    registry = runtime_of(request).require_registry()
+    name = registry.canonical(request.path_params["name"])
+    await anyio.to_thread.run_sync(registry.load, name)
+    return JSONResponse({"name": name, "loaded": True})
+
+
+async def unload_model_route(request: Request) -> JSONResponse:
+    registry = runtime_of(request).require_registry()
+    name = registry.canonical(request.path_params["name"])
+    return JSONResponse({"name": name, "unloaded": registry.unload(name)})
+
+
+async def cache_stats(request: Request) -> JSONResponse:
+    registry = runtime_of(request).require_registry()
+    models = {}
+    for name, service in registry.loaded().items():
+        tiers = service.cache_stats()
+        models[name] = {**tiers["state"], "question_sets": tiers["question_set"], "disk": tiers["disk"]}
+    return JSONResponse(models)

@@ -1,0 +1,115 @@
+"""What the routes share (settings, models, admission, API keys, fitting jobs), yielded by the lifespan."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+
+from app.calibrate.jobs import FitJobs
+from app.config import ConfigError, Settings, SettingsSource, reload_settings
+from app.errors import ApiError
+from app.serving.registry import ModelRegistry
+from app.serving.specs import read_models_config
+
+log = logging.getLogger("onepass.server")
+
+
+def read_api_keys(settings: Settings) -> tuple[bytes, ...]:
+    keys = [settings.api_key] if settings.api_key else []
+    if settings.api_key_file is not None:
+        lines = settings.api_key_file.read_text(encoding="utf-8").splitlines()
+        keys += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    return tuple(key.encode() for key in keys)
+
+
+@dataclass
+class Runtime:
+    """What the routes share; yielded by the lifespan as request.state.runtime."""
+
+    settings: Settings
+    source: SettingsSource | None = None  # the argv and environment the settings came from, for reloads
+    registry: ModelRegistry | None = None
+    load_error: str | None = None
+    loaded: threading.Event = field(default_factory=threading.Event)
+    api_keys: tuple[bytes, ...] = ()
+    in_flight: dict[str, int] = field(default_factory=dict)  # per model: requests admitted, not yet answered
+    fit_jobs: FitJobs = field(default_factory=FitJobs)
+
+    def accepts(self, authorization: bytes) -> bool:
+        """Whether an Authorization header's value lets a request in (any value while auth is off)."""
+        if not self.api_keys:
+            return True  # auth off: an Authorization header is accepted and ignored
+        scheme, _, token = authorization.partition(b" ")
+        offered = token.strip()
+        # compare with every key, in constant time each, so timing says nothing about which matched
+        matched = [hmac.compare_digest(offered, key) for key in self.api_keys]
+        return scheme.lower() == b"bearer" and any(matched)
+
+    @contextlib.contextmanager
+    def admit(self, name: str, contexts: int) -> Any:
+        """A place among the requests one model is serving (its `contexts`) or queueing; 503 when full.
+
+        Per model: each model has its own pool of contexts, so a busy model does not turn
+        requests for an idle one away."""
+        in_flight = self.in_flight.get(name, 0)
+        if in_flight >= contexts + self.settings.max_queue:
+            raise ApiError(
+                503, "overloaded", f"{in_flight} requests in flight for {name}; try again shortly", {"Retry-After": "1"}
+            )
+        self.in_flight[name] = in_flight + 1  # the event loop is single-threaded: no lock needed
+        try:
+            yield
+        finally:
+            self.in_flight[name] -= 1
+
+    def reload(self) -> dict[str, list[str]]:
+        """Read the settings again from the same sources (SIGHUP, POST /v1/config/reload) and apply
+        them: the models, limits, keys (a server started with -m alone reloads its flags' files, the
+        API key file). A bad file changes nothing."""
+        registry = self.require_registry()
+        if self.source is None:
+            raise ApiError(400, "invalid_config", "this server was built without settings sources: nothing to reload")
+        try:
+            reloaded = reload_settings(self.settings, self.source)
+            models = read_models_config(reloaded.settings)
+            api_keys = read_api_keys(reloaded.settings)
+        except (ConfigError, ValueError, OSError) as error:
+            raise ApiError(
+                400, "invalid_config", f"config rejected, still serving the previous one: {error}"
+            ) from error
+        changes = registry.reload(models)
+        self.settings, self.api_keys = reloaded.settings, api_keys
+        report = {**changes, "settings_changed": reloaded.changed, "needs_restart": reloaded.needs_restart}
+        log.info("config reloaded: %s", report)
+        return report
+
+    def require_registry(self) -> ModelRegistry:
+        if self.registry is not None:
+            return self.registry
+        if self.load_error is not None:
+            raise ApiError(503, "overloaded", f"the model failed to load: {self.load_error}", {"Retry-After": "60"})
+        raise ApiError(503, "overloaded", "the model is still loading", {"Retry-After": "5"})
+
+    def metric_sources(self) -> dict[str, Any]:
+        models = {}
+        if self.registry is not None:
+            for name, service in self.registry.loaded().items():
+                in_flight = self.in_flight.get(name, 0)
+                models[name] = {
+                    "tiers": service.cache_stats(),
+                    "prefilled_tokens": service.prefilled_tokens,
+                    "in_flight": in_flight,
+                    "queue_depth": max(0, in_flight - self.registry.contexts_of(name)),
+                }
+        return {"models": models}
+
+
+def runtime_of(request: Request) -> Runtime:
+    runtime: Runtime = request.state.runtime
+    return runtime
