@@ -1,14 +1,17 @@
 """The System One wire contract as pydantic models: validation and canonical text, no I/O.
 
 Requests are validated here into typed questions; anything that fails becomes a 422 in
-pydantic's own error shape (`errors_for_response`). Responses are built by the service from
-the models at the end of this module, the same ones /openapi.json describes.
+pydantic's own error shape (`errors_for_response`). Responses are built from the models below (the
+same ones /openapi.json describes), each answer by `answer_of` with the contract's confidence formulas.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
@@ -69,12 +72,28 @@ class SystemOneRequest(_Model):
     questions: Annotated[dict[Annotated[str, Field(min_length=1)], Question], Field(min_length=1)]
     assets: Any = None
 
+    @cached_property
+    def state_text(self) -> str:
+        """The state as the prompt, the cache key and the routing key see it (render_state): rendered
+        once per request."""
+        return render_state(self.state)
+
     @field_validator("assets")
     @classmethod
     def _no_assets(cls, assets: Any) -> Any:
         if assets is not None:
             raise ValueError("image assets need a vision model; onepass serves text-only models")
         return assets
+
+
+def label_keys(question: Question) -> list[str]:
+    """A question's labels by name, in the order its probabilities come: "true"/"false", the option
+    names as sent, the level indices. What a fit's parameters are keyed by."""
+    if isinstance(question, NoulQuestion):
+        return ["true", "false"]
+    if isinstance(question, ChoiceQuestion):
+        return list(question.criteria)
+    return [str(i) for i in range(len(question.criteria))]
 
 
 def errors_for_response(error: ValidationError, prefix: tuple[str | int, ...] = ("body",)) -> list[dict[str, Any]]:
@@ -271,3 +290,73 @@ class ErrorDetail(BaseModel):
 
 class ErrorResponse(BaseModel):
     detail: ErrorDetail
+
+
+# The answer for one question, from its probabilities ------------------------------------------------
+
+
+def answer_of(
+    question: Question,
+    probabilities: list[float],
+    mass: float,
+    raw: list[float] | None = None,
+    fit: CalibrationUsed | None = None,
+) -> Answer:
+    """The answer in `question`'s type; `raw` (before calibration) is reported as x_raw when given,
+    `fit` (the user's fit that gave the probabilities) as x_calibration."""
+    if isinstance(question, NoulQuestion):
+        return NoulAnswer(
+            noul=probabilities[0], x_label_mass=mass, x_raw=raw[0] if raw is not None else None, x_calibration=fit
+        )
+    if isinstance(question, ChoiceQuestion):
+        by_name = dict(zip(question.criteria, probabilities, strict=True))
+        # Ties go to the first name in sorted order, so option order never changes the choice.
+        best = max(sorted(by_name), key=by_name.__getitem__)
+        return ChoiceAnswer(
+            choice=best,
+            confidence=choice_confidence(probabilities),
+            probabilities=by_name,
+            x_label_mass=mass,
+            x_raw=dict(zip(question.criteria, raw, strict=True)) if raw is not None else None,
+            x_calibration=fit,
+        )
+    return ScoreAnswer(
+        score=expected_score(probabilities),
+        confidence=score_confidence(probabilities),
+        legend={str(i): level for i, level in enumerate(question.criteria)},
+        probabilities={str(i): p for i, p in enumerate(probabilities)},
+        x_label_mass=mass,
+        x_raw={str(i): p for i, p in enumerate(raw)} if raw is not None else None,
+        x_calibration=fit,
+    )
+
+
+def choice_confidence(probabilities: Sequence[float]) -> float:
+    """(max_p - 1/n) / (1 - 1/n): 0 for a uniform answer, 1 for a certain one."""
+    n = len(probabilities)
+    return _unit((max(probabilities) - 1 / n) / (1 - 1 / n))
+
+
+def uniform_spread(n: int) -> float:
+    """u(n) = sum_i |i - (n-1)/2| / n: the mean distance from the middle level of a uniform answer."""
+    middle = (n - 1) / 2
+    return math.fsum(abs(i - middle) for i in range(n)) / n
+
+
+def score_confidence(probabilities: Sequence[float]) -> float:
+    """1 - sum_i p_i |i - m| / u(n), clamped at 0, where m is the most likely level."""
+    m = max(range(len(probabilities)), key=probabilities.__getitem__)
+    spread = math.fsum(p * abs(i - m) for i, p in enumerate(probabilities))
+    return _unit(1 - spread / uniform_spread(len(probabilities)))
+
+
+def expected_score(probabilities: Sequence[float]) -> float:
+    """sum_i i * p_i, added left to right as a client checking the answer would."""
+    total = 0.0
+    for i, p in enumerate(probabilities):
+        total += i * p
+    return total
+
+
+def _unit(x: float) -> float:
+    return min(1.0, max(0.0, x))

@@ -18,22 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from app.answering import fitting
-from app.answering.fits import question_key
-from app.answering.fitting import (
-    Example,
-    apply,
-    apply_fit,
-    apply_set,
-    fit_batch,
-    fit_set,
-    log_ratio,
-    readout_ratios,
-    scores,
-    softmax,
-)
-from app.answering.service import Evidence
 from app.calibrate.runner import Parsed, fit_all, parse_examples, set_rows
+from app.calibration import Calibration, Evidence, Example, FitRecord, Priors, question_key, ratio_of
+
+# A study of the candidates themselves reads the room's insides, as tests/test_fitting.py does.
+from app.calibration.candidates import QuestionSet, fit_batch
+from app.calibration.evidence import log_ratio
+from app.calibration.fit import softmax
+from app.calibration.metrics import scores
 from app.paths import REPO_ROOT
 from bench.evidence import OUT as EVIDENCE
 from bench.evidence import hidden_key, hidden_path
@@ -81,7 +73,7 @@ def parsed(
 
 
 def predict(
-    record: dict[str, Any] | None, examples: list[Parsed], evidence: list[dict[str, Evidence]], qid: str, t0: float
+    record: FitRecord | None, examples: list[Parsed], evidence: list[dict[str, Evidence]], qid: str, t0: float
 ) -> np.ndarray:
     """Each held-out example's probabilities for `qid` in its label order, with `record`'s fit or today's."""
     found = []
@@ -90,13 +82,18 @@ def predict(
         if record is None:
             found.append(softmax(log_ratio(e.raw, e.prior) / t0))
             continue
-        by_key = {
-            question_key(q): readout_ratios(readouts[i].labels, readouts[i].raw, readouts[i].prior)
-            for i, q in example.request.questions.items()
-        }
-        fit = fitting.Fit.from_json(record["fit"])
-        found.append(np.asarray(apply_fit(fit, e.labels, e.raw, e.prior, by_key, e.hidden)))
+        by_key = {question_key(q): ratio_of(readouts[i]) for i, q in example.request.questions.items()}
+        found.append(np.asarray(record.fit.apply(e.labels, e.raw, e.prior, e.hidden, by_key)))
     return np.asarray(found)
+
+
+def fitting_at(t0: float) -> Calibration:
+    """A calibration that fits at the model's temperature t0 from stored evidence: it never decodes."""
+
+    def never(*_: Any) -> Any:
+        raise AssertionError("the study reads stored evidence; it measures no prior")
+
+    return Calibration("contextual", t0, Priors([], never))
 
 
 def measure(
@@ -105,8 +102,8 @@ def measure(
     t0: float,
     question_set: bool,
 ) -> dict[str, Any]:
-    _, records = fit_all(train[0], train[1], t0, question_set)
-    by_key = {r["key"]: r for r in records}
+    _, records = fit_all(train[0], train[1], fitting_at(t0), question_set)
+    by_key = {r.key: r for r in records}
     per_question = {}
     for qid, question in test[0][0].request.questions.items():
         right = np.asarray([example.answers[qid] for example in test[0]])
@@ -115,7 +112,7 @@ def measure(
         after = scores(predict(record, *test, qid, t0), right)
         per_question[qid] = {
             "type": question.type,
-            "method": record["method"] if record else "contextual",
+            "method": record.method if record else "contextual",
             "before": {k: v for k, v in before.to_json().items() if k != "reliability"},
             "after": {k: v for k, v in after.to_json().items() if k != "reliability"},
         }
@@ -141,7 +138,7 @@ def label_free(
         sample = [Example(tuple(e[qid].labels), tuple(e[qid].raw), tuple(e[qid].prior), None) for e in train[1][:size]]
         fit = fit_batch(sample, t0)
         right = np.asarray([example.answers[qid] for example in test[0]])
-        p = np.asarray([apply(fit, e[qid].labels, e[qid].raw, e[qid].prior) for e in test[1]])
+        p = np.asarray([fit.apply(e[qid].labels, e[qid].raw, e[qid].prior) for e in test[1]])
         found[qid] = {k: v for k, v in scores(p, right).to_json().items() if k != "reliability"}
     return found
 
@@ -155,10 +152,12 @@ def ceiling(test: tuple[list[Parsed], list[dict[str, Evidence]]]) -> dict[str, f
     found = {}
     for qid, question in examples[0].request.questions.items():
         key = question_key(question)
-        names = rows[0].readouts[key][0]
+        names = rows[0].ratios[key][0]
         right = [names.index(evidence[i][qid].labels[example.answers[qid]]) for i, example in enumerate(examples)]
-        fit = fit_set(rows, key, right, penalty=1e-4, ordinal=False)
-        p = np.asarray([apply_set(fit, names, row.readouts) for row in rows])
+        fit = QuestionSet(key, penalty=1e-4).fit(
+            [Example((), (), (), r, row=row) for r, row in zip(right, rows, strict=True)]
+        )
+        p = np.asarray([fit.apply(names, (), (), None, row.ratios) for row in rows])
         found[qid] = scores(p, np.asarray(right)).accuracy
     return found
 

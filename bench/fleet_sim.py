@@ -1,6 +1,6 @@
 """make bench-fleet: prefix-cache hit rate and prefill saved against fleet size, per routing policy.
 
-No model runs. Each replica is the real SnapshotCache at the default size (16 snapshots, 32,768
+No model runs. Each replica is the real RamTier at the default size (16 snapshots, 32,768
 tokens), holding snapshots of each state's token count. Requests arrive as a Poisson stream and
 ask about states of Zipf-like popularity; a replica answers one request at a time (contexts = 1),
 in arrival order: a hit costs the decode, a miss the state's prefill too (the default model's
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import Settings
-from app.engine.ram_cache import CacheKey, SnapshotCache
+from app.engine.ram_tier import CacheKey, RamTier
 from app.engine.snapshot import Snapshot
 from app.fleet.routing import affinity_key
 from bench.figure import figure
@@ -169,7 +169,7 @@ class States:
             self.lengths.append(length)
         self._tokens = {n: tuple(range(n)) for n in set(self.lengths)}
 
-    def ask(self, cache: SnapshotCache, state: int) -> bool:
+    def ask(self, cache: RamTier, state: int) -> bool:
         """Whether the cache held the state's snapshot; if not, it holds it now (what a miss does)."""
         snapshot = Snapshot(b"", self._tokens[self.lengths[state]])
         _, hit = cache.get_or_build(CacheKey(self.keys[state].encode()), snapshot.tokens, lambda: snapshot)
@@ -187,7 +187,7 @@ def make_stream(workload: Workload, states: States, mean_miss_ms: float, replica
 
 
 def simulate(policy: str, replicas: int, workload: Workload, states: States, settings: Settings) -> Outcome:
-    caches = [SnapshotCache(settings.session_cache_entries, settings.session_cache_tokens) for _ in range(replicas)]
+    caches = [RamTier(settings.session_cache_entries, settings.session_cache_tokens) for _ in range(replicas)]
     lengths = states.lengths
     stream = make_stream(workload, states, DECODE_MS + PREFILL_MS_PER_TOKEN * statistics.fmean(lengths), replicas)
     choose = chooser(policy, replicas, states)
@@ -226,7 +226,7 @@ def simulate(policy: str, replicas: int, workload: Workload, states: States, set
 
 def pooled(replicas: int, workload: Workload, states: States, settings: Settings) -> float:
     """The hit rate of one cache as large as the whole fleet's (a bar no routing is likely to pass)."""
-    cache = SnapshotCache(settings.session_cache_entries * replicas, settings.session_cache_tokens * replicas)
+    cache = RamTier(settings.session_cache_entries * replicas, settings.session_cache_tokens * replicas)
     stream = make_stream(workload, states, 1.0, replicas)
     counted_from = int(len(stream) * workload.warmup)
     hits = [states.ask(cache, state) for _, state in stream]

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from app.config import DEFAULT_MODEL_PATH, DEFAULT_SNAPSHOT_DIR
-from app.engine.disk_cache import SUFFIX
+from app.engine.disk_tier import SUFFIX
 from app.engine.llama import Engine
 from bench.client import ask, sized_text
 from bench.output import Progress, median, table

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from app.answering.prompting import Prompter
+from app.answering.prompting import OwnPrompter
 from app.config import DEFAULT_MODEL_PATH, Settings
 from app.contract import SystemOneRequest
 from app.engine.llama import Engine
@@ -163,7 +163,7 @@ def against_peer(
     binary: Path,
     model: Path,
     engine: Engine,
-    prompter: Prompter,
+    prompter: OwnPrompter,
     client: httpx.Client,
     url: str,
     states: StateMaker,
@@ -391,7 +391,7 @@ def main() -> None:
     began = time.perf_counter()
     engine = Engine(args.model, n_ctx=512, contexts=1)  # tokenizer and prompts only
     prompter = prompter_for(engine)
-    assert isinstance(prompter, Prompter)  # llama-server is given onepass's own prompt
+    assert isinstance(prompter, OwnPrompter)  # llama-server is given onepass's own prompt
     states = StateMaker(engine)
     report: dict[str, Any] = {
         "model": args.model.name.removesuffix(".gguf"),

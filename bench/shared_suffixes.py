@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.answering.prompting import Prompter
+from app.answering.prompting import OwnPrompter
 from app.answering.service import batch_jobs
 from app.config import DEFAULT_MODEL_PATH, Settings
 from app.contract import SystemOneRequest
@@ -45,7 +45,7 @@ def shared_suffixes(
     engine = Engine(model, n_ctx=4096, threads=speed.threads, repack=speed.repack, flash_attn=speed.flash_attn)
     try:
         prompter = prompter_for(engine)
-        assert isinstance(prompter, Prompter)  # the default model, onepass's own prompt
+        assert isinstance(prompter, OwnPrompter)  # the default model, onepass's own prompt
         state = sized_text(engine, sentences, STATE_TOKENS, 1)
         prefix, _ = engine.prefill([*prompter.head_tokens, *prompter.state_tokens(state)])
         rows = []

@@ -15,10 +15,9 @@ import sys
 from typing import Any
 from unittest import mock
 
-from app.answering.fitting import choose
-from app.answering.service import Evidence, ModelService
-from app.calibrate import runner
+from app.answering.service import ModelService
 from app.calibrate.cli import main as calibrate
+from app.calibration import Calibration, Evidence
 from app.contract import SystemOneRequest
 
 
@@ -29,7 +28,7 @@ def main() -> None:
     ours, rest = parser.parse_known_args()
     argv = rest[1:] if rest[:1] == ["--"] else rest
     answered = 0
-    evidence = ModelService.evidence
+    evidence, choose = ModelService.evidence, Calibration.choose
 
     def counted(self: ModelService, request: SystemOneRequest, *, hidden: bool = False) -> dict[str, Evidence]:
         nonlocal answered
@@ -39,15 +38,14 @@ def main() -> None:
         answered += 1
         return evidence(self, request, hidden=hidden)
 
-    def failing(examples: Any, temperature: float, *args: Any, **kwargs: Any) -> Any:
-        key = args[2] if len(args) > 2 else kwargs.get("key")
+    def failing(self: Calibration, examples: Any, unlabelled: Any, key: str, ordered: bool) -> Any:
         if key == ours.fail_key:
             raise RuntimeError("a fault injected into this question's fit")
-        return choose(examples, temperature, *args, **kwargs)
+        return choose(self, examples, unlabelled, key, ordered)
 
     with (
         mock.patch.object(ModelService, "evidence", counted),
-        mock.patch.object(runner, "choose", failing if ours.fail_key else choose),
+        mock.patch.object(Calibration, "choose", failing if ours.fail_key else choose),
     ):
         try:
             calibrate(argv)

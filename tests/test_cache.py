@@ -1,4 +1,4 @@
-"""SnapshotCache: LRU order, both bounds, collisions, single flight (pure Python)."""
+"""RamTier: LRU order, both bounds, collisions, single flight (pure Python)."""
 
 import threading
 import time
@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from app.engine.ram_cache import CacheKey, SnapshotCache, cache_key
+from app.engine.ram_tier import CacheKey, RamTier, cache_key
 from app.engine.snapshot import Snapshot
 
 
@@ -22,7 +22,7 @@ class Absent(Exception):
     pass
 
 
-def lookup(cache: SnapshotCache, k: CacheKey, tokens: tuple[int, ...]) -> Snapshot | None:
+def lookup(cache: RamTier, k: CacheKey, tokens: tuple[int, ...]) -> Snapshot | None:
     """What the cache holds for k and these tokens (a hit also makes it the most recently used)."""
 
     def absent() -> Snapshot:
@@ -34,7 +34,7 @@ def lookup(cache: SnapshotCache, k: CacheKey, tokens: tuple[int, ...]) -> Snapsh
         return None
 
 
-def held(cache: SnapshotCache, *entries: tuple[str, Snapshot]) -> list[str]:
+def held(cache: RamTier, *entries: tuple[str, Snapshot]) -> list[str]:
     """Which of the named snapshots the cache holds, checked least recently used first."""
     return [name for name, s in entries if lookup(cache, key(name), s.tokens) is s]
 
@@ -45,7 +45,7 @@ def test_key_separates_parts() -> None:
 
 
 def test_a_lookup_returns_what_put_stored_and_counts() -> None:
-    cache = SnapshotCache(4, 100)
+    cache = RamTier(4, 100)
     s = snap(5)
     assert lookup(cache, key("a"), s.tokens) is None
     assert cache.put(key("a"), s)
@@ -55,7 +55,7 @@ def test_a_lookup_returns_what_put_stored_and_counts() -> None:
 
 
 def test_evicts_least_recently_used_by_entries() -> None:
-    cache = SnapshotCache(2, 1000)
+    cache = RamTier(2, 1000)
     a, b, c = snap(1, 0), snap(1, 1), snap(1, 2)
     cache.put(key("a"), a)
     cache.put(key("b"), b)
@@ -66,7 +66,7 @@ def test_evicts_least_recently_used_by_entries() -> None:
 
 
 def test_evicts_until_the_token_budget_holds() -> None:
-    cache = SnapshotCache(10, 10)
+    cache = RamTier(10, 10)
     a, b, c = snap(4, 0), snap(4, 1), snap(6, 2)
     for name, s in (("a", a), ("b", b), ("c", c)):
         cache.put(key(name), s)
@@ -76,7 +76,7 @@ def test_evicts_until_the_token_budget_holds() -> None:
 
 
 def test_an_entry_larger_than_the_budget_is_not_stored() -> None:
-    cache = SnapshotCache(10, 10)
+    cache = RamTier(10, 10)
     a, big = snap(4), snap(11)
     cache.put(key("a"), a)
     assert not cache.put(key("big"), big)
@@ -86,7 +86,7 @@ def test_an_entry_larger_than_the_budget_is_not_stored() -> None:
 
 @pytest.mark.parametrize(("entries", "tokens"), [(0, 100), (4, 0), (0, 0)])
 def test_either_limit_zero_disables_the_cache(entries: int, tokens: int) -> None:
-    cache = SnapshotCache(entries, tokens)
+    cache = RamTier(entries, tokens)
     assert not cache.enabled
     assert not cache.put(key("a"), snap(1))
     built: list[int] = []
@@ -101,14 +101,14 @@ def test_either_limit_zero_disables_the_cache(entries: int, tokens: int) -> None
 
 
 def test_replacing_a_key_keeps_the_counters_exact() -> None:
-    cache = SnapshotCache(4, 100)
+    cache = RamTier(4, 100)
     cache.put(key("a"), snap(5))
     cache.put(key("a"), snap(7))
     assert (cache.stats()["entries"], cache.stats()["tokens"], cache.stats()["bytes"]) == (1, 7, 70)
 
 
 def test_a_hash_collision_is_a_miss_not_a_wrong_snapshot() -> None:
-    cache = SnapshotCache(4, 100)
+    cache = RamTier(4, 100)
     cache.put(key("same"), snap(3, first=0))
     assert lookup(cache, key("same"), (7, 8, 9)) is None
     assert cache.stats()["collisions"] == 1
@@ -119,7 +119,7 @@ def test_a_hash_collision_is_a_miss_not_a_wrong_snapshot() -> None:
 
 
 def test_evict_drops_an_entry() -> None:
-    cache = SnapshotCache(4, 100)
+    cache = RamTier(4, 100)
     a = snap(2)
     cache.put(key("a"), a)
     cache.evict(key("a"))
@@ -127,7 +127,7 @@ def test_evict_drops_an_entry() -> None:
     assert held(cache, ("a", a)) == []
 
 
-def wait_for_waiting(cache: SnapshotCache, n: int) -> None:
+def wait_for_waiting(cache: RamTier, n: int) -> None:
     """Until n requests wait on another's prefill (the follower branch), or fail after 30 s."""
     deadline = time.monotonic() + 30
     while cache.stats()["waiting"] < n:
@@ -136,7 +136,7 @@ def wait_for_waiting(cache: SnapshotCache, n: int) -> None:
 
 
 def test_concurrent_misses_on_one_key_build_once() -> None:
-    cache = SnapshotCache(4, 100)
+    cache = RamTier(4, 100)
     n = 8
     building, release = threading.Event(), threading.Event()
     builds = []
@@ -160,7 +160,7 @@ def test_concurrent_misses_on_one_key_build_once() -> None:
 
 
 def test_followers_build_themselves_when_the_leader_fails() -> None:
-    cache = SnapshotCache(4, 100)
+    cache = RamTier(4, 100)
     leader_started, release = threading.Event(), threading.Event()
 
     def failing() -> Snapshot:

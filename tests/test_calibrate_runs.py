@@ -18,11 +18,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from app.answering.fits import question_key
-from app.answering.fitting import MIN_LABELLED, choose
-from app.calibrate import runner
 from app.calibrate.journal import SUFFIX as EVIDENCE_SUFFIX
 from app.calibrate.runner import fit_all, parse_examples
+from app.calibration import MIN_LABELLED, Calibration, question_key
 from app.contract import SystemOneRequest
 from app.http.server import create_app
 from app.paths import REPO_ROOT
@@ -77,7 +75,7 @@ def test_a_question_whose_options_vary_fits_the_others_and_reports_its_rare_vari
     try:
         parsed = parse_examples(compliance())
         evidence = [service.evidence(example.request, hidden=True) for example in parsed]
-        reports, records = fit_all(parsed, evidence, service.calibration_temperature, question_set=False)
+        reports, records = fit_all(parsed, evidence, service.calibration, question_set=False)
     finally:
         service.close()
     shown = {r.key: r.to_json() for r in reports}
@@ -96,7 +94,7 @@ def test_a_question_whose_options_vary_fits_the_others_and_reports_its_rare_vari
         else:
             assert report["folds"] == min(5, count // 2) and report["candidates"]
     assert "4 folds, not 5" in shown[clause_key(POLICIES["gifts"][0])]["warning"]
-    stored = {record["key"] for record in records}
+    stored = {record.key for record in records}
     assert stored <= {clause_key(POLICIES[n][0]) for n in ("travel", "gifts")} | {urgent["key"]}
 
 
@@ -110,7 +108,7 @@ def test_a_choice_whose_examples_never_pick_some_options_tries_no_per_label_fit(
     try:
         parsed = parse_examples(only_two)
         evidence = [service.evidence(example.request, hidden=True) for example in parsed]
-        reports, _ = fit_all(parsed, evidence, service.calibration_temperature, question_set=True)
+        reports, _ = fit_all(parsed, evidence, service.calibration, question_set=True)
     finally:
         service.close()
     clause = next(r.to_json() for r in reports if r.ids == ["clause"])
@@ -126,12 +124,14 @@ def test_a_fit_that_raises_for_one_question_leaves_the_others_stored(
 ) -> None:
     broken = clause_key(POLICIES["travel"][0])
 
-    def failing(examples: Any, temperature: float, *args: Any, **kwargs: Any) -> Any:
-        if args[2] == broken:
-            raise FloatingPointError("a fault injected into this question's fit")
-        return choose(examples, temperature, *args, **kwargs)
+    choose = Calibration.choose
 
-    monkeypatch.setattr(runner, "choose", failing)
+    def failing(self: Calibration, examples: Any, unlabelled: Any, key: str, ordered: bool) -> Any:
+        if key == broken:
+            raise FloatingPointError("a fault injected into this question's fit")
+        return choose(self, examples, unlabelled, key, ordered)
+
+    monkeypatch.setattr(Calibration, "choose", failing)
     service = load_model(tiny_settings(tiny_chat_path, calibration="contextual", calibration_dir=tmp_path))
     settings = tiny_settings(tiny_chat_path, calibration_dir=tmp_path)
     with TestClient(create_app(settings, registry=ModelRegistry.serving(service))) as client:

@@ -17,8 +17,8 @@ import pytest
 
 from app.answering.service import ModelService
 from app.contract import SystemOneRequest
-from app.engine.disk_cache import SUFFIX
-from app.engine.ram_cache import CacheKey
+from app.engine.disk_tier import SUFFIX
+from app.engine.ram_tier import CacheKey
 from app.fleet.processes import READY, ServerProcess
 from tests.conftest import tiny_settings
 from tests.live import wait_for_disk_writes
@@ -115,11 +115,11 @@ def reference_answers(tiny_chat_path: Path) -> Iterator[Any]:
 def verify_folder(tiny_chat_path: Path, folder: Path) -> int:
     """Read every snapshot file with a tier of this build and model; each must be whole."""
     service = load(tiny_chat_path, folder)
-    assert service.disk is not None
-    files = list(service.disk.folder.glob(f"*{SUFFIX}"))
+    assert service.states.disk is not None
+    files = list(service.states.disk.folder.glob(f"*{SUFFIX}"))
     for path in files:
         with path.open("rb") as file:
-            service.disk._read(file, CacheKey(bytes.fromhex(path.name.removesuffix(SUFFIX))))
+            service.states.disk._read(file, CacheKey(bytes.fromhex(path.name.removesuffix(SUFFIX))))
     service.close()
     return len(files)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.disk_cache import MAGIC, SUFFIX, DiskTier, SnapshotIdentity
-from app.engine.ram_cache import CacheKey, cache_key
+from app.engine.disk_tier import MAGIC, SUFFIX, DiskTier, SnapshotIdentity
+from app.engine.ram_tier import CacheKey, cache_key
 from app.engine.snapshot import Snapshot
 
 IDENTITY = SnapshotIdentity(build="llama-cpp-python 0.0; test", model="ab" * 32, kv="n_ctx=64")
@@ -140,7 +140,7 @@ def test_a_file_of_another_format_version_or_under_another_key_is_rejected(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     snap = snapshot(10)
-    monkeypatch.setattr("app.engine.disk_cache.FORMAT", 0)
+    monkeypatch.setattr("app.engine.disk_tier.FORMAT", 0)
     _, key = written(tmp_path, snap)
     monkeypatch.undo()
     tier = DiskTier(tmp_path, 1 << 30, IDENTITY)

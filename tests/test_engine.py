@@ -9,12 +9,13 @@ import gguf
 import numpy as np
 import pytest
 
-from app.answering.calibration import ContextualCalibrator
 from app.answering.service import ModelService
+from app.calibration import Priors
 from app.contract import SystemOneRequest
 from app.engine.llama import MAX_SEQUENCES, Engine, Job, Readout, RestoreError, suffix_rows
-from app.engine.ram_cache import SnapshotCache, cache_key
+from app.engine.ram_tier import RamTier, cache_key
 from app.engine.snapshot import Snapshot
+from app.serving.loading import assemble
 from tests.conftest import GPU_LAYERS, tiny_settings
 from tests.loading import load_model, own_prompter
 
@@ -109,7 +110,7 @@ def test_calibration_measures_each_new_questions_prior_once_in_one_decode(tiny_c
         before = service.engine.decode_calls
         first = service.answer(request(state="first state", n_questions=7)).wire()
         assert service.engine.decode_calls - before == 2 + 7  # prefill, the questions, each prior in its own decode
-        assert len(service.calibrator) == 7
+        assert len(service.calibration.priors) == 7
         before = service.engine.decode_calls
         second = service.answer(request(state="second state", n_questions=7)).wire()
         assert service.engine.decode_calls - before == 2  # priors known: prefill + questions
@@ -128,7 +129,7 @@ def test_calibration_divides_out_the_content_free_prior(tiny_chat_path: Path) ->
         raw, cal = plain.answer(req).wire()["answers"], calibrated.answer(req).wire()["answers"]
         for qid, answer in cal.items():
             (rendered,) = calibrated.plan(req).questions[int(qid[1:])][2].variants
-            prior = calibrated.calibrator.prior(calibrated.base, rendered.tokens, rendered.label_ids)
+            prior = calibrated.calibration.priors.prior(calibrated.base, rendered.tokens, rendered.label_ids)
             p_raw = (
                 [raw[qid]["noul"], 1 - raw[qid]["noul"]]
                 if answer["type"] == "noul"
@@ -192,16 +193,14 @@ def test_a_corrupted_cache_entry_is_dropped_and_the_answer_matches_a_cold_run(ti
     try:
         cold = service.answer(request()).wire()
         plan = service.plan(request())
-        key = service.prefix_key(plan.state)
-        good, hit = service.cache.get_or_build(
-            key, plan.prefix_tokens, lambda: pytest.fail("the prefix was not cached")
-        )
+        key = service.states.key(*plan.key)
+        good, hit = service.states.ram.get_or_build(key, plan.prefix, lambda: pytest.fail("the prefix was not cached"))
         assert hit
-        service.cache.put(key, Snapshot(good.data[:-100], good.tokens))
+        service.states.ram.put(key, Snapshot(good.data[:-100], good.tokens))
         recovered = service.answer(request()).wire()
         assert recovered["answers"] == cold["answers"]
         assert recovered["x_cache"] == "miss"
-        assert service.cache.stats()["dropped"] == 1
+        assert service.states.ram.stats()["dropped"] == 1
         assert service.answer(request()).wire()["answers"] == cold["answers"]  # and the cache works again
     finally:
         service.close()
@@ -209,19 +208,19 @@ def test_a_corrupted_cache_entry_is_dropped_and_the_answer_matches_a_cold_run(ti
 
 def test_a_forced_hash_collision_never_returns_another_states_answer(tiny_chat_path: Path) -> None:
     honest = fresh_service(tiny_chat_path)
-    colliding = ModelService(
+    colliding = assemble(
         "tiny",
         honest.engine,
         honest.prompter,
-        SnapshotCache(16, 32768),
+        RamTier(16, 32768),
         key_fn=lambda *parts: cache_key("always the same"),
-        calibration=honest.calibration,
+        calibration=honest.calibration.mode,
     )
     a, b = request(state="first state"), request(state="a different second state")
     assert colliding.answer(a).wire()["answers"] == honest.answer(a).wire()["answers"]
     assert colliding.answer(b).wire()["answers"] == honest.answer(b).wire()["answers"]
     assert colliding.answer(a).wire()["answers"] == honest.answer(a).wire()["answers"]
-    assert colliding.cache.stats()["collisions"] == 2
+    assert colliding.states.ram.stats()["collisions"] == 2
     honest.close()
 
 
@@ -345,8 +344,8 @@ def test_a_stored_prior_is_used_only_when_it_is_whole_and_for_these_labels(
     tiny_service: ModelService, spoil: bytes | None
 ) -> None:
     store = DictStore()
-    fresh = tiny_service.calibrator
-    first = ContextualCalibrator(fresh._stand_ins, fresh._measure, store=store)
+    fresh = tiny_service.calibration.priors
+    first = Priors(fresh._stand_ins, fresh._measure, store=store)
     rendered = own_prompter(tiny_service).question(request(n_questions=1).questions["q0"])
     measured = first.prior(tiny_service.base, rendered.tokens, rendered.label_ids)
     assert len(store.saved) == 1
@@ -359,7 +358,7 @@ def test_a_stored_prior_is_used_only_when_it_is_whole_and_for_these_labels(
         calls += 1
         return fresh._measure(base, jobs)
 
-    restarted = ContextualCalibrator(fresh._stand_ins, counting, store=store)
+    restarted = Priors(fresh._stand_ins, counting, store=store)
     assert restarted.prior(tiny_service.base, rendered.tokens, rendered.label_ids) == measured  # exact
     assert calls == (0 if spoil is None else 1)  # a spoiled record is measured again
 

@@ -40,11 +40,11 @@ def test_fits_from_36_examples_answer_new_log_lines_far_better_than_zero_shot(
     try:
         parsed = parse_examples(train)
         evidence = answer_all(fitted, parsed, Progress(len(parsed), "examples", show=False)).evidence
-        reports, records = fit_all(parsed, evidence, fitted.calibration_temperature, question_set=False)
+        reports, records = fit_all(parsed, evidence, fitted.calibration, question_set=False)
         assert any(r.to_json()["method"].startswith("probe/") for r in reports)
-        assert fitted.fits is not None
+        assert fitted.calibration.store is not None
         for record in records:
-            fitted.fits.put(record)
+            fitted.calibration.store.put(record)
         right: dict[str, list[float]] = {"fitted": [], "today": []}
         for example in new:
             request = SystemOneRequest.model_validate(

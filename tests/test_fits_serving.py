@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from app.answering.fits import SUFFIX, FitStore, question_key
-from app.answering.fitting import Fit
 from app.answering.service import ModelService
 from app.calibrate.runner import ExampleError, answer_all, fit_all, parse_examples
+from app.calibration import Fit, FitRecord, FitStore, question_key
+from app.calibration.store import SUFFIX
 from app.contract import SystemOneRequest
 from app.http.server import create_app
 from app.paths import REPO_ROOT
@@ -61,10 +61,10 @@ def fitted(tiny_chat_path: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     try:
         parsed = parse_examples(examples(60))
         evidence = [service.evidence(example.request) for example in parsed]
-        reports, records = fit_all(parsed, evidence, service.calibration_temperature, question_set=False)
-        assert service.fits is not None
+        reports, records = fit_all(parsed, evidence, service.calibration, question_set=False)
+        assert service.calibration.store is not None
         for record in records:
-            service.fits.put(record)
+            service.calibration.store.put(record)
     finally:
         service.close()
     yield folder, [r.to_json() for r in reports]
@@ -139,7 +139,7 @@ def test_a_damaged_or_foreign_fit_file_is_skipped(fitted: tuple[Path, list[Any]]
     damaged["examples"] = 9999  # its digest no longer matches
     (copy / files[0].name).write_text(json.dumps(damaged))
     foreign = FitStore(copy, "another-model-or-prompt")
-    foreign.put({k: v for k, v in json.loads(files[-1].read_text()).items() if k not in ("id", "digest", "identity")})
+    foreign.put(FitRecord.from_json(json.loads(files[-1].read_text())))
     store = FitStore(copy, identity)
     assert store.records() == []
     assert len(FitStore(model_folder, identity).records()) == len(files)
@@ -237,15 +237,16 @@ def test_a_question_set_fit_applies_only_when_the_request_asks_its_whole_set(
     )
     service = served(tiny_chat_path, tmp_path)
     try:
-        assert service.fits is not None
-        service.fits.put(
-            {
-                "key": keys["team"],
-                "method": "question_set/0.1",
-                "fit": fit.to_json(),
-                "examples": 7,
-                "set": sorted(keys.values()),
-            }
+        assert service.calibration.store is not None
+        service.calibration.store.put(
+            FitRecord(
+                keys["team"],
+                team.model_dump(mode="json"),
+                "question_set/0.1",
+                fit,
+                examples=7,
+                question_set=tuple(sorted(keys.values())),
+            )
         )
         both = service.answer(SystemOneRequest.model_validate(body("Both asked.", {"a": TEAM, "b": URGENT}))).wire()
         alone = service.answer(SystemOneRequest.model_validate(body("Both asked.", {"a": TEAM}))).wire()
@@ -265,9 +266,13 @@ def test_servers_sharing_a_folder_share_their_fits(
     try:
         request = SystemOneRequest.model_validate(body("Shared folder.", {"team": TEAM}))
         assert "x_calibration" not in two.answer(request).wire()["answers"]["team"]  # read: no fits yet
-        assert one.fits is not None and two.fits is not None and one.fits.folder == two.fits.folder
-        for record in FitStore(model_folder, one.fits.identity).records():
-            one.fits.put({k: v for k, v in record.items() if k not in ("id", "identity", "parsed")})
+        assert (
+            one.calibration.store is not None
+            and two.calibration.store is not None
+            and one.calibration.store.folder == two.calibration.store.folder
+        )
+        for record in FitStore(model_folder, one.calibration.store.identity).records():
+            one.calibration.store.put(record)
         assert two.answer(request).wire()["answers"]["team"]["x_calibration"]["examples"] == 60
     finally:
         one.close()
@@ -282,15 +287,15 @@ def test_states_without_labels_get_batch_calibration_where_it_measured_better(
     try:
         parsed = parse_examples(unlabelled)
         evidence = [service.evidence(example.request) for example in parsed]
-        reports, records = fit_all(parsed, evidence, service.calibration_temperature, question_set=False)
+        reports, records = fit_all(parsed, evidence, service.calibration, question_set=False)
         by_id = {r.ids[0]: r.to_json() for r in reports}
         assert by_id["urgent"]["method"] == "batch (label-free)" and by_id["urgent"]["adopted"]
         assert by_id["team"]["method"] == "contextual" and "no labels" in by_id["team"]["warning"]
         (record,) = records
         mean_raw = np.mean([e["urgent"].raw for e in evidence], axis=0)
-        assert tuple(record["fit"]["prior"]) == pytest.approx(tuple(mean_raw[[1, 0]]))  # labels kept sorted
-        assert service.fits is not None
-        service.fits.put(record)
+        assert record.fit.prior == pytest.approx(tuple(mean_raw[[1, 0]]))  # labels kept sorted
+        assert service.calibration.store is not None
+        service.calibration.store.put(record)
         answered = service.answer(SystemOneRequest.model_validate(body("New.", {"u": URGENT}))).wire()["answers"]
         assert answered["u"]["x_calibration"]["method"] == "batch (label-free)"
         assert answered["u"]["x_calibration"]["examples"] == 0
@@ -321,13 +326,13 @@ def test_a_probe_learns_a_rule_the_label_readout_misses_and_answers_by_it_bit_fo
     try:
         parsed = parse_examples(coloured(60, seed=0))
         evidence = answer_all(service, parsed, Progress(len(parsed), "examples", show=False)).evidence
-        reports, records = fit_all(parsed, evidence, service.calibration_temperature, question_set=False)
+        reports, records = fit_all(parsed, evidence, service.calibration, question_set=False)
         (report,) = (r.to_json() for r in reports)
         assert report["method"].startswith("probe/") and report["adopted"]
         readout_only = min(v for k, v in report["candidates"].items() if not k.startswith("probe/"))
         assert report["after"]["log_loss"] < readout_only and report["after"]["accuracy"] > 0.9
-        assert service.fits is not None
-        service.fits.put(records[0])
+        assert service.calibration.store is not None
+        service.calibration.store.put(records[0])
         right = 0
         for example in coloured(12, seed=1):  # new states
             request = SystemOneRequest.model_validate(body(example["state"], {"queue": TEAM}))

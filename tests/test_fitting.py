@@ -1,5 +1,5 @@
-"""Fitting calibration to labelled examples (app/answering/fitting.py): each candidate learns what it can, the
-choice is cross-validated, and a fit that does not beat contextual calibration is not adopted."""
+"""Fitting calibration to labelled examples (app/calibration/candidates.py, choosing.py): each candidate learns
+what it can, the choice is cross-validated, and a fit that does not beat contextual calibration is not adopted."""
 
 from __future__ import annotations
 
@@ -8,28 +8,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from app.answering.fitting import (
-    MIN_LABELLED,
-    PROBE_MAX_LABELS,
-    Example,
-    Fit,
-    SetRow,
-    TooFewExamples,
-    apply,
-    apply_fit,
-    apply_set,
-    choose,
-    fit_batch,
-    fit_probe,
-    fit_set,
-    fit_vector,
-    fold_count,
-    folds,
-    log_ratio,
-    scores,
-    softmax,
-    uncovered,
-)
+from app.calibration.candidates import PROBE_MAX_LABELS, Probe, QuestionSet, Vector, fit_batch
+from app.calibration.choosing import MIN_LABELLED, TooFewExamples, choose, fold_count, folds, uncovered
+from app.calibration.evidence import Example, SetRow, log_ratio
+from app.calibration.fit import Fit, softmax
+from app.calibration.metrics import scores
 
 LABELS = ("A", "B", "C")
 
@@ -55,7 +38,7 @@ def test_a_label_bias_is_learned_and_adopted_and_it_helps_on_new_examples() -> N
     shipped = scores(softmax(np.stack([log_ratio(e.raw, e.prior) for e in test])), np.asarray([e.right for e in test]))
     fit = choice.fit
     fitted = scores(
-        np.asarray([apply(fit, e.labels, e.raw, e.prior) for e in test]), np.asarray([e.right for e in test])
+        np.asarray([fit.apply(e.labels, e.raw, e.prior) for e in test]), np.asarray([e.right for e in test])
     )
     assert fitted.log_loss < shipped.log_loss and fitted.accuracy > shipped.accuracy + 0.2
 
@@ -73,14 +56,12 @@ def test_what_is_already_calibrated_keeps_contextual_calibration() -> None:
 
 
 def test_a_fit_applies_by_label_name_whatever_the_order_of_the_options() -> None:
-    fit = fit_vector(biased(80, 4, (1.0, 0.0, -0.5), 0.5), temperature=1.0, penalty=0.03)
+    fit = Vector(temperature=1.0, penalty=0.03).fit(biased(80, 4, (1.0, 0.0, -0.5), 0.5))
     raw, prior = (0.5, 0.3, 0.2), (0.4, 0.35, 0.25)
-    forward = dict(zip(LABELS, apply(fit, LABELS, raw, prior), strict=True))
+    forward = dict(zip(LABELS, fit.apply(LABELS, raw, prior), strict=True))
     order = [2, 0, 1]
     shuffled = [LABELS[i] for i in order]
-    backward = dict(
-        zip(shuffled, apply(fit, shuffled, [raw[i] for i in order], [prior[i] for i in order]), strict=True)
-    )
+    backward = dict(zip(shuffled, fit.apply(shuffled, [raw[i] for i in order], [prior[i] for i in order]), strict=True))
     assert forward == pytest.approx(backward, rel=1e-12, abs=0)
 
 
@@ -90,8 +71,18 @@ def test_batch_calibration_divides_out_the_mean_answer_over_real_states() -> Non
     assert fit.prior is not None
     assert fit.prior == pytest.approx(tuple(np.mean([e.raw for e in examples], axis=0)))
     assert fit.prior[0] > 0.5  # the preferred label's share, learned without a single label
-    corrected = np.asarray([apply(fit, e.labels, e.raw, e.prior) for e in examples]).mean(0)
+    corrected = np.asarray([fit.apply(e.labels, e.raw, e.prior) for e in examples]).mean(0)
     assert max(corrected) - min(corrected) < max(fit.prior) - min(fit.prior)
+
+
+def with_rows(examples: list[Example], rows: list[SetRow]) -> list[Example]:
+    """The examples, each with every question's ratios about its state: question-set fits are tried."""
+    return [replace(e, row=row) for e, row in zip(examples, rows, strict=True)]
+
+
+def on_rows(rows: list[SetRow], rights: list[int]) -> list[Example]:
+    """Examples that carry only their set rows and right answers: what a question-set fit reads."""
+    return [Example((), (), (), right, row=row) for row, right in zip(rows, rights, strict=True)]
 
 
 def test_a_question_set_fit_reads_the_other_questions_answers() -> None:
@@ -106,15 +97,15 @@ def test_a_question_set_fit_reads_the_other_questions_answers() -> None:
             SetRow({"a": (("x", "y"), log_ratio(a_raw, (0.5, 0.5))), "b": (("u", "v"), log_ratio(b_raw, (0.5, 0.5)))})
         )
         rights.append(a)
-    fit = fit_set(rows[:100], "b", rights[:100], penalty=0.1)
-    p = np.asarray([apply_set(fit, ("u", "v"), row.readouts) for row in rows[100:]])
+    fit = QuestionSet("b", penalty=0.1).fit(on_rows(rows[:100], rights[:100]))
+    p = np.asarray([fit.apply(("u", "v"), (), (), None, row.ratios) for row in rows[100:]])
     assert scores(p, np.asarray(rights[100:])).accuracy >= 0.9
     examples = [
-        Example(("u", "v"), tuple(np.exp(row.readouts["b"][1]) / 2), (0.5, 0.5), right)
+        Example(("u", "v"), tuple(np.exp(row.ratios["b"][1]) / 2), (0.5, 0.5), right)
         for row, right in zip(rows, rights, strict=True)
     ]
     alone = choose(examples, temperature=1.0)
-    together = choose(examples, temperature=1.0, set_rows=rows, key="b")
+    together = choose(with_rows(examples, rows), temperature=1.0, key="b")
     assert together.method.startswith("question_set") and together.after.accuracy > alone.after.accuracy + 0.3
 
 
@@ -135,21 +126,21 @@ def test_an_ordinal_question_set_fit_shares_one_signal_across_a_scores_levels() 
             )
         )
         rights.append(level)
-    ordinal = fit_set(rows[:30], "s", rights[:30], penalty=0.01, ordinal=True)
-    free = fit_set(rows[:30], "s", rights[:30], penalty=0.01)
+    ordinal = QuestionSet("s", penalty=0.01, ordinal=True).fit(on_rows(rows[:30], rights[:30]))
+    free = QuestionSet("s", penalty=0.01).fit(on_rows(rows[:30], rights[:30]))
     weights = np.asarray(ordinal.weights)[:, :-1]
     assert weights == pytest.approx(np.outer(range(5), weights[1]), abs=1e-12)  # level k reads k times one vector
     held = np.asarray(rights[30:])
     found = {
-        name: scores(np.asarray([apply_set(fit, levels, row.readouts) for row in rows[30:]]), held)
+        name: scores(np.asarray([fit.apply(levels, (), (), None, row.ratios) for row in rows[30:]]), held)
         for name, fit in (("ordinal", ordinal), ("free", free))
     }
     assert found["ordinal"].log_loss < found["free"].log_loss
     examples = [
-        Example(levels, tuple(float(p) for p in softmax(row.readouts["s"][1])), (0.2,) * 5, right)
+        Example(levels, tuple(float(p) for p in softmax(row.ratios["s"][1])), (0.2,) * 5, right)
         for row, right in zip(rows[:30], rights[:30], strict=True)
     ]
-    choice = choose(examples, temperature=1.0, set_rows=rows[:30], key="s", ordered=True)
+    choice = choose(with_rows(examples, rows[:30]), temperature=1.0, key="s", ordered=True)
     assert choice.method.startswith("question_set/ordinal") and choice.fit is not None
     assert choice.fit.method == "question_set"  # applied like any question-set fit
 
@@ -166,7 +157,7 @@ def test_scores_match_their_definitions() -> None:
 
 
 def hidden_rule(n: int, seed: int, width: int = 24) -> list[Example]:
-    """The right label is read off one direction of the hidden state; the label readout says nothing."""
+    """The right label is read off one direction of the hidden vector; the label readout says nothing."""
     rng = np.random.default_rng(seed)
     direction = np.random.default_rng(99).normal(0, 1, width)
     found = []
@@ -185,19 +176,19 @@ def test_a_probe_learns_what_the_hidden_state_says_and_the_readout_does_not() ->
     assert choice.after.accuracy > 0.8 and choice.before.accuracy < 0.65
     best_readout = min(loss for name, loss in choice.candidates.items() if not name.startswith("probe/"))
     assert choice.candidates[choice.method] < best_readout
-    predicted = np.asarray([apply_fit(choice.fit, e.labels, e.raw, e.prior, {}, e.hidden) for e in test])
+    predicted = np.asarray([choice.fit.apply(e.labels, e.raw, e.prior, e.hidden) for e in test])
     assert scores(predicted, np.asarray([e.right for e in test])).accuracy > 0.8
 
 
 def test_a_probe_applies_by_label_name_and_survives_its_file_format() -> None:
     train = hidden_rule(60, 3)
-    fit = Fit.from_json(fit_probe(train, temperature=1.0, penalty=0.001).to_json())
+    fit = Fit.from_json(Probe(temperature=1.0, penalty=0.001).fit(train).to_json())
     e = train[0]
-    forward = dict(zip(e.labels, apply_fit(fit, e.labels, e.raw, e.prior, {}, e.hidden), strict=True))
-    backward = apply_fit(fit, e.labels[::-1], e.raw[::-1], e.prior[::-1], {}, e.hidden)
+    forward = dict(zip(e.labels, fit.apply(e.labels, e.raw, e.prior, e.hidden), strict=True))
+    backward = fit.apply(e.labels[::-1], e.raw[::-1], e.prior[::-1], e.hidden)
     assert dict(zip(e.labels[::-1], backward, strict=True)) == pytest.approx(forward, rel=1e-12, abs=0)
-    with pytest.raises(ValueError, match="hidden state"):
-        apply_fit(fit, e.labels, e.raw, e.prior, {}, None)
+    with pytest.raises(ValueError, match="hidden vector"):
+        fit.apply(e.labels, e.raw, e.prior, None)
 
 
 def test_no_probe_is_tried_without_hidden_states_or_with_too_many_labels() -> None:
@@ -240,7 +231,7 @@ def test_labels_no_example_picks_get_no_per_label_fit() -> None:
     assert uncovered(examples) == ["C"]
     hidden = [replace(e, hidden=np.ones(4, dtype=np.float32) * i) for i, e in enumerate(examples)]
     rows = [SetRow({"q": (LABELS, log_ratio(e.raw, e.prior))}) for e in examples]
-    choice = choose(hidden, 1.0, set_rows=rows, key="q")
+    choice = choose(with_rows(hidden, rows), 1.0, key="q")
     assert set(choice.candidates) == {"temperature", "batch"}
     assert choice.not_tried is not None and "no example's answer is C (2 of 3 labels seen)" in choice.not_tried
     every = choose(biased(150, 8, (2.0, 0.0, -1.0), 0.3), 1.0)

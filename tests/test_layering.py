@@ -1,5 +1,6 @@
 """The layering holds: app/'s subpackages import only the ones below them, the modules inside one
-subpackage form no cycle, llama_cpp stays in one module and starlette in http/."""
+subpackage form no cycle, llama_cpp stays in one module and starlette in http/. The calibration room
+is entered through its face only, and no module of answering/ leans on more than a few others."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ APP = Path(__file__).resolve().parent.parent / "app"
 GROUND = {"config", "contract", "errors", "paths", "progress"}
 LAYERS: list[set[str]] = [
     {"engine", "fleet"},  # llama.cpp and the snapshot tiers; the replicas' routing key and processes
+    {"calibration"},  # raw label probabilities to an answer's: contextual calibration, fits, their store
     {"answering", "platform"},  # one model's request path; this machine (CPU, build, GPU check, tuning)
     {"serving"},  # settings per model, loading, the registry
     {"calibrate"},  # fitting calibration to a user's examples
@@ -22,13 +24,23 @@ LAYERS: list[set[str]] = [
 ]
 
 
+# Rooms entered through their face (their __init__.py) only: code outside imports the names it
+# hands on, never one of the room's modules.
+FACED = {"calibration"}
+# At most this many other app modules for each module of answering/ (a room's face counts as one).
+MOST_IMPORTS = {"answering": 6}
+
+
 def modules() -> dict[str, Path]:
-    """Every module by its dotted name under app ("engine.llama", "config", "__main__")."""
+    """Every module by its dotted name under app ("engine.llama", "config", "__main__"); a faced room's
+    face by the room's name ("calibration")."""
     found = {}
     for path in APP.rglob("*.py"):
         parts = path.relative_to(APP).with_suffix("").parts
         if parts[-1] != "__init__":
             found[".".join(parts)] = path
+        elif parts[:-1] and parts[0] in FACED:
+            found[parts[0]] = path
     return found
 
 
@@ -43,6 +55,10 @@ def imports(path: Path) -> tuple[set[str], set[str]]:
                 name = node.module.removeprefix("app.")
                 if "." in name or (APP / f"{name}.py").is_file():
                     internal.add(name)
+                elif name in FACED:  # from app.calibration import Calibration: the room's face
+                    for alias in node.names:
+                        is_module = (APP / name / f"{alias.name}.py").is_file()
+                        internal.add(f"{name}.{alias.name}" if is_module else name)
                 else:  # from app.engine import llama: a module of a subpackage
                     internal |= {f"{name}.{alias.name}" for alias in node.names}
             else:
@@ -64,7 +80,9 @@ def rank(module: str) -> int:
 
 def test_every_module_is_on_the_ground_floor_or_in_a_subpackage_of_a_layer() -> None:
     for module in modules():
-        assert module in GROUND or "." in module or module == "__main__", f"app/{module}.py belongs in a subpackage"
+        assert module in GROUND | FACED or "." in module or module == "__main__", (
+            f"app/{module}.py belongs in a subpackage"
+        )
         rank(module)  # raises if its subpackage has no layer
     assert {room(m) for m in modules() if "." in m} == set().union(*LAYERS) - {"__main__"}
 
@@ -98,3 +116,38 @@ def test_llama_cpp_stays_in_one_module_and_starlette_in_the_http_edge() -> None:
                 owners[package].add(module)
     assert owners["llama_cpp"] == {"engine.llama"}
     assert {room(module) for module in owners["starlette"]} == {"http"}
+
+
+def test_a_faced_room_is_entered_through_its_face_only() -> None:
+    for module, path in modules().items():
+        for target in imports(path)[0]:
+            if room(target) in FACED and room(module) != room(target):
+                assert target == room(target), f"app/{module} reaches into app.{target}: import from app.{room(target)}"
+
+
+def test_no_module_of_answering_leans_on_more_than_a_few_others() -> None:
+    for module, path in modules().items():
+        limit = MOST_IMPORTS.get(room(module))
+        if limit is not None:
+            used = imports(path)[0] - {module}
+            assert len(used) <= limit, f"app/{module} imports {len(used)} app modules: {sorted(used)}"
+
+
+def test_the_service_keeps_its_calibration_to_itself() -> None:
+    """Nothing outside the calibration room reads what a model's calibration keeps inside."""
+    inside = ("calibration_temperature", "calibrator", "fits", "calibration.priors", "calibration._")
+    for module, path in modules().items():
+        if room(module) != "calibration":
+            text = path.read_text()
+            for name in inside:
+                assert f"service.{name}" not in text, f"app/{module} reads service.{name}"
+
+
+def test_the_model_service_has_no_long_method() -> None:
+    """ModelService plans, resolves the prefix, decodes, calibrates and renders: each a call of its own."""
+    tree = ast.parse((APP / "answering" / "service.py").read_text())
+    (service,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "ModelService"]
+    for method in service.body:
+        if isinstance(method, ast.FunctionDef) and method.end_lineno is not None:
+            lines = method.end_lineno - method.lineno + 1
+            assert lines <= 40, f"ModelService.{method.name} is {lines} lines long"

@@ -57,8 +57,8 @@ def test_the_prompt_is_system_then_every_question_then_the_state_then_a_readout(
         "Answer with the label of one option"
     )
     # the prefix is base + question set + state; each suffix is its readout and the tail
-    assert plan.prefix_tokens[: pipeline.base.n_tokens] == pipeline.base.tokens
-    assert plan.prefix_tokens[pipeline.base.n_tokens :][: len(plan.question_set.tokens)] == plan.question_set.tokens
+    assert plan.prefix[: pipeline.base.n_tokens] == pipeline.base.tokens
+    assert plan.prefix[pipeline.base.n_tokens :][: len(plan.question_set.tokens)] == plan.question_set.tokens
     # options and levels stay in the shared block: those readouts are shorter than state-first suffixes
     for qid, question, reading in plan.questions:
         if qid != "angry":
@@ -96,17 +96,17 @@ def test_ids_and_question_order_change_nothing(pipeline: ModelService) -> None:
 def test_a_new_state_with_the_same_questions_prefills_only_the_state(pipeline: ModelService) -> None:
     first = request("The first ticket of the pipeline.")
     pipeline.answer(first)
-    sets = pipeline.question_sets.stats()
+    sets = pipeline.question_sets.ram.stats()
     assert (sets["misses"], sets["entries"]) == (1, 1)
     before_calls, before_tokens = pipeline.engine.decode_calls, pipeline.prefilled_tokens
     second = request("A second, different ticket.")
     response = pipeline.answer(second).wire()
     plan = pipeline.plan(second)
     assert plan.question_set is not None
-    state_tokens = len(plan.prefix_tokens) - pipeline.base.n_tokens - len(plan.question_set.tokens)
+    state_tokens = len(plan.prefix) - pipeline.base.n_tokens - len(plan.question_set.tokens)
     assert pipeline.engine.decode_calls - before_calls == 2  # the state's prefill, one batched readout decode
     assert pipeline.prefilled_tokens - before_tokens == state_tokens  # not the question block again
-    assert pipeline.question_sets.stats()["hits"] == 1
+    assert pipeline.question_sets.ram.stats()["hits"] == 1
     assert response["x_cache"] == "miss"
     timing = response["x_timing_ms"]
     parts = timing["prefill"] + timing["restore"] + timing["decode"] + timing["calibrate"]
@@ -122,7 +122,7 @@ def test_priors_are_measured_through_the_question_set(tiny_chat_path: Path) -> N
         assert "x_raw" in answered
         service.answer(request("Where is my refund?", two))
         # the same readout text after two different question sets: two priors, not one shared
-        assert len(service.calibrator) == 1 + 2
+        assert len(service.calibration.priors) == 1 + 2
     finally:
         service.close()
 
@@ -144,8 +144,8 @@ def test_one_gguf_served_under_two_names_with_two_layouts(tiny_chat_path: Path, 
         again = client.post("/v1/systemone", json=body | {"model": "tickets-pipeline"}).json()
         assert pipelined["answers"] == again["answers"] != plain["answers"]  # deterministic per layout
         stats = client.get("/v1/cache").json()
-        assert stats["tickets-pipeline"]["question_sets"]["entries"] == 1
-        assert stats["tickets"]["question_sets"]["entries"] == 0
+        assert stats["tickets-pipeline"]["question_set"]["entries"] == 1
+        assert stats["tickets"]["question_set"]["entries"] == 0
         assert 'onepass_cache_entries{model="tickets-pipeline",tier="question_set"} 1.0' in client.get("/metrics").text
 
 

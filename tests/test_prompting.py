@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.answering.prompting import SYSTEM_PROMPT, Prompter, chat_format, level_labels
+from app.answering.prompting import SYSTEM_PROMPT, OwnPrompter, chat_format, level_labels
 from app.answering.service import ModelService
 from app.contract import SystemOneRequest, render_state
 from app.platform.tiny_gguf import CHATML_TEMPLATE
@@ -59,7 +59,7 @@ def test_models_without_a_template_get_the_plain_format(tiny_plain_service: Mode
 
 def test_a_broken_or_hostile_template_falls_back_to_plain(tiny_service: ModelService) -> None:
     for template in ["{{ raise_exception('nope') }}", "{{ ''.__class__.__mro__[1].__subclasses__() }}", "{% if %}"]:
-        prompter = Prompter.for_model(tiny_service.engine, template, "<s>", "</s>")
+        prompter = OwnPrompter.for_model(tiny_service.engine, template, "<s>", "</s>")
         assert prompter.format.kind == "plain"
 
 
@@ -70,7 +70,7 @@ def test_the_prefix_is_a_literal_token_prefix_of_every_full_prompt(service: Mode
     plan = service.plan(request)
     for rendered in plan.suffixes():
         whole = fmt.head + render_state(state) + fmt.between + rendered.text + fmt.tail
-        assert list(plan.prefix_tokens) + list(rendered.tokens) == tokenizer.tokenize(whole, add_bos=True)
+        assert list(plan.prefix) + list(rendered.tokens) == tokenizer.tokenize(whole, add_bos=True)
 
 
 def test_labels_are_distinct_single_tokens_in_the_variant_the_prompt_ends_with(service: ModelService) -> None:
@@ -127,7 +127,7 @@ def test_control_tokens_in_user_text_are_not_parsed(tiny_service: ModelService) 
         }
     )
     plan = tiny_service.plan(request)
-    state_part = plan.prefix_tokens[len(tiny_service.base.tokens) :]
+    state_part = plan.prefix[len(tiny_service.base.tokens) :]
     (rendered,) = plan.suffixes()
     assert im_end[0] not in state_part
     assert rendered.tokens.count(im_end[0]) == 1  # only the template's own end of turn
@@ -139,7 +139,9 @@ def test_state_is_trimmed_and_structures_rendered_canonically() -> None:
 
 
 def test_system_context_enters_the_head(tiny_service: ModelService) -> None:
-    prompter = Prompter.for_model(tiny_service.engine, CHATML_TEMPLATE, "<s>", "</s>", context="Refunds take 5 days.")
+    prompter = OwnPrompter.for_model(
+        tiny_service.engine, CHATML_TEMPLATE, "<s>", "</s>", context="Refunds take 5 days."
+    )
     assert "Refunds take 5 days." in prompter.format.head
     assert prompter.format.head.index("Refunds") < prompter.format.head.index("Text:")
 

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from app.answering import scoring
 from app.answering.service import ModelService, batch_jobs
+from app.calibration import softmax
 from app.config import DEFAULT_CONFIG_PATH, Settings, load_settings
 from app.contract import SystemOneRequest, render_state
-from app.engine.disk_cache import DiskTier, SnapshotIdentity
+from app.engine.disk_tier import DiskTier, SnapshotIdentity
 from app.engine.llama import Job
-from app.engine.ram_cache import SnapshotCache
-from app.serving.loading import load_spec
+from app.engine.ram_tier import RamTier
+from app.serving.loading import assemble, load_spec
 from app.serving.specs import read_models_config
 from tests.loading import load_model, own_prompter
 
@@ -118,9 +118,9 @@ def test_the_chat_prompt_makes_the_model_emit_labels_without_a_leading_space(rea
     )
     (rendered,) = plan.suffixes()
     variants = [engine.tokenize(text, special=False)[0] for text in ("Yes", "No", " Yes", " No")]
-    snapshot, _ = engine.prefill(plan.prefix_tokens)
+    snapshot, _ = engine.prefill(plan.prefix)
     (readout,) = engine.decode_suffixes(snapshot, [Job(rendered.tokens, variants)]).readouts
-    p = scoring.softmax(readout.label_logits)
+    p = softmax(readout.label_logits)
     assert p[0] + p[1] > 0.99, p  # " Yes"/" No" get almost nothing after "assistant\n"
 
 
@@ -142,7 +142,7 @@ def test_prefix_tokens_are_a_literal_prefix_with_the_real_tokenizer(real_service
         plan = real_service.plan(request)
         for rendered in plan.suffixes():
             whole = fmt.head + render_state(state) + fmt.between + rendered.text + fmt.tail
-            assert list(plan.prefix_tokens) + list(rendered.tokens) == real_service.engine.tokenize(whole)
+            assert list(plan.prefix) + list(rendered.tokens) == real_service.engine.tokenize(whole)
 
 
 LONG_STATE = " ".join(f"Line {i}: the customer reports that parcel {i} arrived late and damaged." for i in range(75))
@@ -167,7 +167,7 @@ def test_a_disk_hit_after_a_restart_equals_a_miss(real_service: ModelService, tm
     for expected in ("miss", "disk", "hit"):
         if expected != "hit":
             disk = DiskTier(tmp_path, 1 << 30, identity)
-            service = ModelService("restart", engine, prompter, SnapshotCache(4, 8192), disk=disk)
+            service = assemble("restart", engine, prompter, RamTier(4, 8192), disk=disk)
         answered = ask(service, LONG_STATE + " (disk test)", LONG_QUESTIONS)
         assert answered["x_cache"] == expected
         answers.append(answered["answers"])
@@ -188,12 +188,12 @@ def test_a_restored_long_prefix_equals_a_one_shot_prefill(real_model_path: Path)
         ask(service, LONG_STATE, LONG_QUESTIONS)
         request = SystemOneRequest.model_validate({"model": "m", "state": LONG_STATE, "questions": LONG_QUESTIONS})
         plan = service.plan(request)
-        assert len(plan.prefix_tokens) > 1200
+        assert len(plan.prefix) > 1200
         # Restore (system snapshot + state prefill, then the saved snapshot) == prefill of the whole prefix at once.
-        one_shot, _ = engine.prefill(plan.prefix_tokens)
+        one_shot, _ = engine.prefill(plan.prefix)
         jobs = batch_jobs(plan.suffixes())  # as served
-        key = service.prefix_key(plan.state)
-        cached, hit_again = service.cache.get_or_build(key, plan.prefix_tokens, lambda: pytest.fail("not cached"))
+        key = service.states.key(*plan.key)
+        cached, hit_again = service.states.ram.get_or_build(key, plan.prefix, lambda: pytest.fail("not cached"))
         assert hit_again
         assert engine.decode_suffixes(one_shot, jobs).readouts == engine.decode_suffixes(cached, jobs).readouts
     finally:
@@ -231,8 +231,8 @@ def test_questions_that_begin_alike_share_rows_and_answer_as_if_decoded_whole(re
         ask(service, TICKET, questions)
         plan = service.plan(SystemOneRequest.model_validate({"model": "m", "state": TICKET, "questions": questions}))
         jobs = batch_jobs(plan.suffixes())  # as served
-        cached, _ = service.cache.get_or_build(
-            service.prefix_key(plan.state), plan.prefix_tokens, lambda: pytest.fail("not cached")
+        cached, _ = service.states.ram.get_or_build(
+            service.states.key(*plan.key), plan.prefix, lambda: pytest.fail("not cached")
         )
         n_whole = sum(len(job.tokens) for job in jobs)
         assert n_whole < 64

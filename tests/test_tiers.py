@@ -1,4 +1,4 @@
-"""PrefixTiers (app/engine/tiers.py) alone, on the tiny model: where a prefix snapshot comes from,
+"""PrefixCache (app/engine/tiers.py) alone, on the tiny model: where a prefix snapshot comes from,
 what a prefill costs, and a dropped snapshot is prefilled anew."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.disk_cache import DiskTier, SnapshotIdentity
+from app.engine.disk_tier import DiskTier, SnapshotIdentity
 from app.engine.llama import Engine, Timing
-from app.engine.ram_cache import SnapshotCache, cache_key
-from app.engine.tiers import PrefixTiers
+from app.engine.ram_tier import RamTier, cache_key
+from app.engine.tiers import PrefixCache
 from app.errors import Cancelled
 from tests.conftest import GPU_LAYERS
 
@@ -34,14 +34,14 @@ def test_a_prefix_is_prefilled_once_then_a_ram_hit_and_after_a_restart_a_disk_hi
     tokens = (*base.tokens, *engine.tokenize("A state of a few words.", add_bos=False))
     key = cache_key("test", repr(tokens))
     disk = disk_for(engine, tmp_path)
-    tiers = PrefixTiers(engine, SnapshotCache(4, 4096), disk)
+    tiers = PrefixCache(engine, RamTier(4, 4096), disk)
     timing = Timing()
     first = tiers.resolve(key, tokens, base, timing)
     assert first.source == "miss" and tiers.prefilled_tokens == len(tokens) - base.n_tokens and timing.prefill_ms > 0
     again = tiers.resolve(key, tokens, base, Timing(), cancelled=lambda: True)  # a hit never prefills
     assert again.source == "hit" and again.snapshot == first.snapshot
     disk.close()  # finishes the background write
-    restarted = PrefixTiers(engine, SnapshotCache(4, 4096), disk_for(engine, tmp_path))
+    restarted = PrefixCache(engine, RamTier(4, 4096), disk_for(engine, tmp_path))
     from_disk = restarted.resolve(key, tokens, base, Timing())
     assert from_disk.source == "disk" and from_disk.snapshot.data == first.snapshot.data
     assert restarted.prefilled_tokens == 0
@@ -51,9 +51,9 @@ def test_a_prefix_is_prefilled_once_then_a_ram_hit_and_after_a_restart_a_disk_hi
 
 def test_a_cancelled_request_stops_before_the_prefill_and_no_ram_tier_reads_off(engine: Engine) -> None:
     tokens = tuple(engine.tokenize("Another state entirely."))
-    tiers = PrefixTiers(engine, SnapshotCache(4, 4096))
+    tiers = PrefixCache(engine, RamTier(4, 4096))
     with pytest.raises(Cancelled):
         tiers.resolve(cache_key("c"), tokens, None, Timing(), cancelled=lambda: True)
     assert tiers.prefilled_tokens == 0
-    off = PrefixTiers(engine, SnapshotCache(0, 0))
+    off = PrefixCache(engine, RamTier(0, 0))
     assert off.resolve(cache_key("o"), tokens, None, Timing()).source == "off"

@@ -38,26 +38,19 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import product
-from typing import Any, Protocol
+from typing import Any
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from app.answering.prompting import (
-    QuestionSet,
-    Reading,
-    RenderedQuestion,
-    TemplateRefused,
-    TooManyOptions,
-    label_keys,
-)
-from app.contract import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, Text
+from app.answering.prompter import Plan, Reading, Suffix, TemplateRefused, Tokenizer, TooManyOptions
+from app.contract import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, SystemOneRequest, Text, label_keys
 
 log = logging.getLogger("onepass.decision")
 
 SERVED = ("openjev", "lev", "nimble", "pplx-decider")
 NOT_SERVED = {
-    "kev": "its answer is a pointer head (the dot product of hidden states at <|box_end|> markers), "
+    "kev": "its answer is a pointer head (the dot product of hidden vectors at <|box_end|> markers), "
     "which needs per-token embeddings that this build does not read",
     "laya": "its answer is an encoder head read at [MASK] markers from the embeddings output, "
     "which this build does not read",
@@ -126,10 +119,6 @@ def read_format(metadata: Callable[[str], str | None], keys: Sequence[str]) -> D
                 raise DecisionError(f"invalid decision temperature: {key} = {text!r}")
             temperatures[key.removeprefix(prefix + "temperature.")] = value
     return DecisionFormat(kind, template, temperatures)
-
-
-class Tokenizer(Protocol):
-    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]: ...
 
 
 def pick_labels(tokenizer: Tokenizer, kind: str) -> tuple[tuple[str, int], ...]:
@@ -231,16 +220,14 @@ class DecisionPrompter:
     def identity(self) -> str:
         return "\0".join(["systemone", self.format.kind, self.format.template])
 
-    def prefix_parts(self, state: str, question_set: QuestionSet | None, prefix: tuple[int, ...]) -> tuple[Any, ...]:
-        return ("systemone", array("I", prefix).tobytes())
-
     def state_tokens(self, state: str) -> tuple[int, ...]:
         """A state's part of its prefix, after the shared head (the content-free stand-ins' too)."""
         return self._prefix_of(json.dumps(state))[len(self.head_tokens) :]
 
-    def plan(
-        self, state: Text, questions: dict[str, Question]
-    ) -> tuple[QuestionSet | None, tuple[int, ...], list[tuple[str, Question, Reading]]]:
+    def plan(self, request: SystemOneRequest) -> Plan:
+        """The request's prefix (the longest common one of its prompts, or the state's own), its cache
+        key (the prefix's tokens: the template is part of the model's identity) and each question's reading."""
+        state, questions = request.state, request.questions
         self._check_limits(questions)
         # the state's own prefix first: a template that refuses the state says so about the state
         known = self._prefix_of(json.dumps(state)) if self.state_first else self.head_tokens
@@ -251,11 +238,9 @@ class DecisionPrompter:
         prefix = prefix[: min(len(prefix), shortest - 1)]  # every question keeps a token to decode
         planned = []
         for qid, question in questions.items():
-            variants = tuple(
-                RenderedQuestion("", tokens[len(prefix) :], label_ids) for tokens, label_ids in prompts[qid]
-            )
+            variants = tuple(Suffix("", tokens[len(prefix) :], label_ids) for tokens, label_ids in prompts[qid])
             planned.append((qid, question, self._reading(question, variants)))
-        return None, prefix, planned
+        return Plan(prefix, ("systemone", array("I", prefix).tobytes()), planned)
 
     # Rendering ---------------------------------------------------------------------------------
 
@@ -290,7 +275,7 @@ class DecisionPrompter:
             found.append((tokens, label_ids))
         return found
 
-    def _reading(self, question: Question, variants: tuple[RenderedQuestion, ...]) -> Reading:
+    def _reading(self, question: Question, variants: tuple[Suffix, ...]) -> Reading:
         n = 2 if isinstance(question, NoulQuestion) else len(question.criteria)
         temperature = self.format.temperature(question.type, n)
         if self.format.kind == "lev" and isinstance(question, NoulQuestion):

@@ -1,4 +1,4 @@
-"""Prompts: the system + state prefix, one suffix per question, and single-token answer labels.
+"""onepass's own prompt: the system + state prefix, one suffix per question, single-token answer labels.
 
 A prompt is   head | state | between | question block | tail
 where head (system prompt, start of the user turn) is the same for every request, head +
@@ -14,19 +14,19 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
 from itertools import product
-from typing import Literal, Protocol
+from typing import Literal
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from app.answering.prompter import Plan, QuestionSet, Reading, Suffix, Tokenizer, TooManyOptions
 from app.config import parse_layout
-from app.contract import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, Text, render_state, render_text
+from app.contract import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, SystemOneRequest, Text, render_text
 
 log = logging.getLogger("onepass.prompting")
 
@@ -42,12 +42,6 @@ QUESTION_MARK = "\x00ONEPASS-QUESTION\x00"
 MAX_OPTIONS = 255
 STATE_TOKEN_MEMO = 64  # recent states whose tokens are kept (about 4 bytes x tokens each)
 MAX_LEVELS = 10
-
-
-class Tokenizer(Protocol):
-    add_bos: bool
-
-    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -145,80 +139,16 @@ def level_labels(labels: Labels, n: int) -> tuple[tuple[str, int], ...]:
     return labels.levels[:n]
 
 
-@dataclass(frozen=True)
-class RenderedQuestion:
-    text: str  # the question block (user text)
-    tokens: tuple[int, ...]  # block + tail
-    label_ids: tuple[int, ...]  # in answer order: yes/no, options in request order, levels 0..n-1
-
-
-def label_keys(question: Question) -> list[str]:
-    """A question's labels by name, in the order its probabilities come: what a fit's biases are keyed by."""
-    if isinstance(question, NoulQuestion):
-        return ["true", "false"]
-    if isinstance(question, ChoiceQuestion):
-        return list(question.criteria)
-    return [str(i) for i in range(len(question.criteria))]
-
-
-@dataclass(frozen=True)
-class Reading:
-    """How one question is asked and read: its suffixes (one per variant of its prompt; onepass's own
-    prompt has one) and how their label probabilities, each in label_keys order, make the answer's."""
-
-    variants: tuple[RenderedQuestion, ...]
-    combine: Literal["one", "mean", "rating"] = "one"
-    # A decision model's temperature for this question (its file's); None: the service's calibration.
-    temperature: float | None = None
-
-    def read(self, per_variant: Sequence[Sequence[float]]) -> list[float]:
-        """ "mean": the variants averaged; "rating": a 9-point rating (0 certainly no .. 8 certainly
-        yes) read as p(true), then p(false)."""
-        if self.combine == "one":
-            return list(per_variant[0])
-        if self.combine == "mean":
-            return [math.fsum(ps) / len(ps) for ps in zip(*per_variant, strict=True)]
-        rating = per_variant[0]
-        yes = math.fsum(i * p for i, p in enumerate(rating)) / (len(rating) - 1)
-        return [yes, 1.0 - yes]
-
-
-class TooManyOptions(ValueError):
-    """A question has more options (or levels) than the model has labels for."""
-
-    def __init__(self, qid: str, field: str, count: int, limit: int, message: str) -> None:
-        super().__init__(message)
-        self.qid, self.field, self.count, self.limit = qid, field, count, limit
-
-
-class TemplateRefused(ValueError):
-    """A model's own template would not render a request (its raise_exception, a type it cannot
-    print): the request's fault, at `loc`, never the server's."""
-
-    def __init__(self, loc: tuple[str, ...], message: str) -> None:
-        super().__init__(message)
-        self.loc = loc
-
-
-@dataclass(frozen=True)
-class QuestionSet:
-    """The question-first layout's middle tier: every question of a request, numbered in a
-    canonical order, between the system prompt and the state."""
-
-    text: str
-    tokens: tuple[int, ...]  # "Questions: ..." up to the state's lead, as they follow the head
-    number: dict[str, int]  # question id -> its number in the block (identical questions share one)
-    readouts: dict[str, RenderedQuestion]  # question id -> its suffix: which question to answer, the tail
-
-
-class Prompter:
+class OwnPrompter:
     """Renders prefixes and suffixes for one model; built once at load time.
 
     state-first:    head | state | between | question block | tail         (one suffix per question)
-    question-first: head | questions | lead | state | between | readout | tail
+    question-first: head | questions | lead | state | between | question again | tail
     In the second, the question block is shared by every state asked the same questions, so a
-    pipeline of new states prefills it once; each question's suffix is a short readout naming it.
+    pipeline of new states prefills it once; each question's suffix is short: it names the question.
     """
+
+    decision_type: str | None = None  # a decision GGUF's prompts are app/answering/decision.py's
 
     def __init__(self, tokenizer: Tokenizer, fmt: PromptFormat, layout: str = "state-first") -> None:
         parse_layout(layout)
@@ -240,7 +170,7 @@ class Prompter:
         eos_text: str,
         context: str = "",
         layout: str = "state-first",
-    ) -> Prompter:
+    ) -> OwnPrompter:
         system = f"{SYSTEM_PROMPT}\n\n{context.strip()}" if context.strip() else SYSTEM_PROMPT
         fmt = plain_format(system)
         if chat_template:
@@ -254,26 +184,15 @@ class Prompter:
     def max_options(self) -> int:
         return len(self.labels.options)
 
-    decision_type: str | None = None  # onepass's own prompt; a decision GGUF's is app/answering/decision.py
-
     @property
     def identity(self) -> str:
         """What a fitted calibration depends on besides the model: the text around the state, the layout."""
         return "\0".join([self.format.head, self.format.between, self.layout])
 
-    def prefix_parts(self, state: str, question_set: QuestionSet | None, prefix: tuple[int, ...]) -> tuple[str, ...]:
-        """What, besides the model and the KV settings, shapes the prefix snapshot: its cache key."""
-        if question_set is None:
-            return (self.format.head, self.format.between, state)
-        return (self.format.head_before_lead, question_set.text, self.format.between, state)
-
-    def plan(
-        self, state: Text, questions: dict[str, Question]
-    ) -> tuple[QuestionSet | None, tuple[int, ...], list[tuple[str, Question, Reading]]]:
-        """(the question set or None, the prefix's tokens, each question's reading) for a request's
-        state (as sent) and questions."""
-        text = render_state(state)
-        for qid, question in questions.items():
+    def plan(self, request: SystemOneRequest) -> Plan:
+        """The request's prefix, its cache key's parts and each question's reading."""
+        text = request.state_text
+        for qid, question in request.questions.items():
             if isinstance(question, ChoiceQuestion) and len(question.criteria) > self.max_options:
                 raise TooManyOptions(
                     qid,
@@ -282,16 +201,16 @@ class Prompter:
                     self.max_options,
                     f"has single-token labels for at most {self.max_options} options",
                 )
+        questions = request.questions
         if self.layout == "question-first":
             question_set = self.question_set(questions)
             prefix = (*self.head_tokens, *question_set.tokens, *self.state_tokens(text))
-            return (
-                question_set,
-                prefix,
-                [(qid, q, Reading((question_set.readouts[qid],))) for qid, q in questions.items()],
-            )
+            key: tuple[str, ...] = (self.format.head_before_lead, question_set.text, self.format.between, text)
+            readings = [(qid, q, Reading((question_set.suffixes[qid],))) for qid, q in questions.items()]
+            return Plan(prefix, key, readings, question_set)
         prefix = (*self.head_tokens, *self.state_tokens(text))
-        return None, prefix, [(qid, q, Reading((self.question(q),))) for qid, q in questions.items()]
+        key = (self.format.head, self.format.between, text)
+        return Plan(prefix, key, [(qid, q, Reading((self.question(q),))) for qid, q in questions.items()])
 
     def state_tokens(self, state: str) -> tuple[int, ...]:
         """Tokens of the state part of the prefix (what a cache miss prefills).
@@ -304,37 +223,37 @@ class Prompter:
     def _tokenize_state(self, state: str) -> tuple[int, ...]:
         return tuple(self.tokenizer.tokenize(state + self.format.between, add_bos=False, special=False))
 
-    def question(self, question: Question) -> RenderedQuestion:
+    def question(self, question: Question) -> Suffix:
         """The state-first suffix: the question block, its answer line, the tail."""
         body, answer_line, label_ids = self._block(question)
         return self._suffix(body, answer_line, label_ids)
 
     def question_set(self, questions: dict[str, Question]) -> QuestionSet:
-        """The question-first middle tier and each question's readout. Blocks are numbered in sorted
+        """The question-first question set and each question's suffix. Blocks are numbered in sorted
         order of their text, so neither the ids nor the order of the questions changes the prompt."""
         blocks = {qid: self._block(question) for qid, question in questions.items()}
         texts = sorted({"\n".join(body) for body, _, _ in blocks.values()})
         number = {qid: texts.index("\n".join(body)) + 1 for qid, (body, _, _) in blocks.items()}
         numbered = [_numbered(text, k) for k, text in enumerate(texts, 1)]
         text = "Questions:\n" + "\n\n".join(numbered) + "\n\n" + self.format.lead
-        readouts = {}
+        suffixes = {}
         for qid, (body, answer_line, label_ids) in blocks.items():
             # The question's own line again, and a choice's labelled option names without their
-            # descriptions (those, and score levels, stay in the shared block): shorter readouts
+            # descriptions (those, and score levels, stay in the shared block): shorter suffixes
             # measured worse on tests/eval (docs/models.md, "Prompt layouts").
             lines = [_numbered(body[0], number[qid])]
             question = questions[qid]
             if isinstance(question, ChoiceQuestion):
                 lines += [] if self.format.terse else ["Options:"]
                 lines += [f"{label}. {name}" for name, (label, _) in self._option_labels(question).items()]
-            readouts[qid] = self._suffix(lines, answer_line, label_ids)
+            suffixes[qid] = self._suffix(lines, answer_line, label_ids)
         tokens = tuple(self.tokenizer.tokenize(text, add_bos=False, special=False))
-        return QuestionSet(text, tokens, number, readouts)
+        return QuestionSet(text, tokens, number, suffixes, (self.format.head_before_lead, text))
 
-    def _suffix(self, lines: list[str], answer_line: str | None, label_ids: tuple[int, ...]) -> RenderedQuestion:
+    def _suffix(self, lines: list[str], answer_line: str | None, label_ids: tuple[int, ...]) -> Suffix:
         text = "\n".join([*lines, answer_line] if answer_line else lines)
         tokens = self.tokenizer.tokenize(text, add_bos=False, special=False)
-        return RenderedQuestion(text, (*tokens, *self._tail_tokens), label_ids)
+        return Suffix(text, (*tokens, *self._tail_tokens), label_ids)
 
     def _block(self, question: Question) -> tuple[list[str], str | None, tuple[int, ...]]:
         """(the question's lines, its answer line or None for terse blocks, its label ids)."""

@@ -61,7 +61,7 @@ def main(argv: Sequence[str]) -> None:
     began = time.monotonic()
     service = load_spec(spec)
     try:
-        fits, journal = service.fits, journal_for(service)
+        fits, journal = service.calibration.store, journal_for(service)
         assert fits is not None and journal is not None
         progress = Progress(len(examples), "answering")
         try:
@@ -76,7 +76,7 @@ def main(argv: Sequence[str]) -> None:
                 f"reused the evidence of {answered.reused} of {len(examples)} examples answered before "
                 f"({journal.folder})"
             )
-        reports, records = fit_all(examples, answered.evidence, service.calibration_temperature, ours.question_set)
+        reports, records = fit_all(examples, answered.evidence, service.calibration, ours.question_set)
         stored, reports = store_all(fits, reports, records)
     finally:
         service.close()
@@ -99,7 +99,9 @@ def main(argv: Sequence[str]) -> None:
             print(f"  warning: {r['warning']}", file=sys.stderr)
     print(f"{len(stored)} fits stored in {fits.folder}")
     print(f"report: {report}" + (f", diagram: {picture}" if drawn else " (no diagram: matplotlib is not installed)"))
-    print(json.dumps({"fits": [{k: s[k] for k in ("id", "key", "method", "examples")} for s in stored]}))
+    print(
+        json.dumps({"fits": [{"id": s.id, "key": s.key, "method": s.method, "examples": s.examples} for s in stored]})
+    )
     errors = [r for r in shown if r["error"]]
     if errors:
         sys.exit(f"onepass calibrate: {len(errors)} question(s) could not be fitted (above); the other fits are stored")

@@ -92,15 +92,14 @@ class FitJobs:
     def _run(job: FitJob, lease: Lease, examples: list[Parsed], question_set: bool) -> None:
         try:
             with lease() as service:
-                journal = journal_for(service)
-                if service.fits is None or journal is None:
+                journal, store = journal_for(service), service.calibration.store
+                if store is None or journal is None:
                     raise RuntimeError("this model has no folder for fits")
                 answered = answer_all(service, examples, job.progress, job.cancel.is_set, journal)
                 job.reused = answered.reused
-                temperature = service.calibration_temperature
-                reports, records = fit_all(examples, answered.evidence, temperature, question_set)
-                stored, reports = store_all(service.fits, reports, records)
-            job.fits = [{k: r[k] for k in ("id", "key", "method", "examples")} for r in stored]
+                reports, records = fit_all(examples, answered.evidence, service.calibration, question_set)
+                stored, reports = store_all(store, reports, records)
+            job.fits = [{"id": r.id, "key": r.key, "method": r.method, "examples": r.examples} for r in stored]
             job.report = [report.to_json() for report in reports]
             job.errors = [
                 {"key": r["key"], "name": r["name"], "ids": r["ids"], "error": r["error"]}

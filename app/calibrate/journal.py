@@ -3,7 +3,7 @@ interrupted resumes without answering again.
 
 One file per example, in an `evidence/` folder beside the fits it is for (one folder per model file
 and prompt), named by a digest of everything that shaped the answer: the fits' identity (model file
-and prompt), the llama.cpp build and KV settings, whether hidden states were read, and the example's
+and prompt), the llama.cpp build and KV settings, whether hidden vectors were read, and the example's
 state and questions in their order. A file is written whole (a temporary file renamed over) and carries a digest
 of its content; one that does not verify is answered again. The answers are not part of the key:
 relabelling an example reuses its evidence.
@@ -23,7 +23,7 @@ from typing import Any
 import blake3
 import numpy as np
 
-from app.answering.service import Evidence
+from app.calibration import Evidence
 from app.contract import SystemOneRequest
 
 log = logging.getLogger("onepass.journal")

@@ -1,5 +1,5 @@
 """Fitting a model's calibration to a user's examples: read them, answer them through the normal path,
-fit each question (app/answering/fitting.py), store the adopted fits (app/answering/fits.py), and report.
+fit each question with the model's calibration (app/calibration/), store the adopted fits, and report.
 
 An example is one state with questions and, optionally, the right answer per question id:
 `true`/`false` for a noul, an option name for a choice, a level index for a score. Examples without
@@ -15,10 +15,21 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.answering.fits import FitStore, question_key
-from app.answering.fitting import FOLDS, MIN_LABELLED, Choice, Example, SetRow, choose, fit_batch, readout_ratios
-from app.answering.service import Evidence, ModelService
+from app.answering.service import ModelService
 from app.calibrate.journal import EvidenceJournal
+from app.calibration import (
+    FOLDS,
+    MIN_LABELLED,
+    Calibration,
+    Choice,
+    Evidence,
+    FitRecord,
+    FitStore,
+    SetRow,
+    example_of,
+    question_key,
+    ratio_of,
+)
 from app.contract import ChoiceQuestion, NoulQuestion, Question, SystemOneRequest, canonical_json
 from app.progress import Progress
 
@@ -127,11 +138,12 @@ class Answered:
 
 def journal_for(service: ModelService) -> EvidenceJournal | None:
     """Where this model's answered evidence is kept: beside its fits, valid for this build too."""
-    if service.fits is None:
+    store = service.calibration.store
+    if store is None:
         return None
     engine = service.engine
-    identity = f"{service.fits.identity}\0{engine.build}\0{engine.kv_settings}"
-    return EvidenceJournal(service.fits.folder / "evidence", identity)
+    identity = f"{store.identity}\0{engine.build}\0{engine.kv_settings}"
+    return EvidenceJournal(store.folder / "evidence", identity)
 
 
 def answer_all(
@@ -166,8 +178,8 @@ def answer_all(
 
 
 def fit_all(
-    examples: Sequence[Parsed], evidence: Sequence[dict[str, Evidence]], temperature: float, question_set: bool
-) -> tuple[list[QuestionReport], list[dict[str, Any]]]:
+    examples: Sequence[Parsed], evidence: Sequence[dict[str, Evidence]], calibration: Calibration, question_set: bool
+) -> tuple[list[QuestionReport], list[FitRecord]]:
     """Per question content: the choice among the candidates, and the records of the adopted fits.
     A question whose fitting raises is reported with its error; the others are fitted as ever."""
     groups: dict[str, list[tuple[int, str]]] = {}
@@ -177,7 +189,7 @@ def fit_all(
     reports, records = [], []
     for key, members in groups.items():
         try:
-            report, record = fit_question(examples, evidence, temperature, question_set, key, members)
+            report, record = fit_question(examples, evidence, calibration, question_set, key, members)
         except Exception as error:  # one question's failure never costs the others
             log.exception("fitting question %s failed", key)
             first_i, first_q = members[0]
@@ -218,11 +230,11 @@ def _named(reports: list[QuestionReport]) -> list[QuestionReport]:
 def fit_question(
     examples: Sequence[Parsed],
     evidence: Sequence[dict[str, Evidence]],
-    temperature: float,
+    calibration: Calibration,
     question_set: bool,
     key: str,
     members: list[tuple[int, str]],
-) -> tuple[QuestionReport, dict[str, Any] | None]:
+) -> tuple[QuestionReport, FitRecord | None]:
     """One question's report, and the record of its fit if one is adopted. `members`: the (example,
     question id) pairs that ask it."""
     first_i, first_q = members[0]
@@ -231,67 +243,73 @@ def fit_question(
     labelled = [(i, e, examples[i].answers[qid]) for i, qid, e in rows if qid in examples[i].answers]
     shown = json.loads(canonical_json(question.model_dump(mode="json")))
     ids = sorted({qid for _, qid in members})
-    choice, warning, label_free, record = None, None, None, None
+    unlabelled = len(rows) - len(labelled)
     if len(labelled) < MIN_LABELLED:
+        record = None
         if question.type in LABEL_FREE_TYPES and len(rows) >= FEW_STATES:
-            canonical = sorted(tuple(rows[0][2].labels))
-            fit = fit_batch([_canonical(e, None, canonical) for _, _, e in rows], temperature)
-            label_free = "batch (label-free)"
-            record = {
-                "key": key,
-                "question": shown,
-                "method": label_free,
-                "fit": fit.to_json(),
-                "examples": 0,
-                "states": len(rows),
-            }
-        if labelled:
-            warning = (
-                f"only {len(labelled)} labelled example{'s' if len(labelled) > 1 else ''}: a fit needs at least "
-                f"{MIN_LABELLED} to be cross-validated, so "
-                + ("label-free batch calibration applies" if label_free else "it keeps contextual calibration")
-            )
-        elif not label_free:
-            warning = (
-                f"no labels: label-free calibration applies to {' and '.join(LABEL_FREE_TYPES)} questions with at "
-                f"least {FEW_STATES} states"
-            )
-        return QuestionReport(
-            key, ids, shown, len(labelled), len(rows) - len(labelled), None, warning, label_free
-        ), record
-    canonical = sorted(tuple(labelled[0][1].labels))
-    train = [_canonical(e, right, canonical) for _, e, right in labelled]
+            canonical = sorted(rows[0][2].labels)
+            fit = calibration.label_free([example_of(e, None, canonical) for _, _, e in rows])
+            record = FitRecord(key, shown, LABEL_FREE, fit, examples=0, states=len(rows))
+        warning = _too_few(len(labelled), record is not None)
+        label_free = LABEL_FREE if record is not None else None
+        report = QuestionReport(key, ids, shown, len(labelled), unlabelled, None, warning, label_free)
+        return report, record
+    canonical = sorted(labelled[0][1].labels)
     sets = set_rows(examples, evidence, [i for i, _, _ in labelled]) if question_set else None
-    if sets is not None and len({frozenset(row.readouts) for row in sets}) > 1:
+    if sets is not None and len({frozenset(row.ratios) for row in sets}) > 1:
         sets = None  # a question-set fit needs every example to ask the same set
-    sample = [_canonical(e, None, canonical) for _, _, e in rows]  # every state, labelled or not
-    choice = choose(train, temperature, sample, sets, key, ordered=question.type == "score")
+    train = [
+        example_of(e, right, canonical, None if sets is None else sets[n]) for n, (_, e, right) in enumerate(labelled)
+    ]
+    sample = [example_of(e, None, canonical) for _, _, e in rows]  # every state, labelled or not
+    choice = calibration.choose(train, sample, key, ordered=question.type == "score")
+    record = None
+    if choice.adopted and choice.fit is not None:
+        reads = sorted({f[0] for f in choice.fit.features}) if choice.fit.reads_every_question else None
+        record = FitRecord(
+            key,
+            shown,
+            choice.method,
+            choice.fit,
+            examples=len(labelled),
+            before=choice.before.to_json(),
+            after=choice.after.to_json(),
+            question_set=None if reads is None else tuple(reads),
+        )
+    report = QuestionReport(key, ids, shown, len(labelled), unlabelled, choice, _notes(len(labelled), choice))
+    return report, record
+
+
+LABEL_FREE = "batch (label-free)"
+
+
+def _too_few(labelled: int, label_free: bool) -> str | None:
+    if labelled:
+        return (
+            f"only {labelled} labelled example{'s' if labelled > 1 else ''}: a fit needs at least "
+            f"{MIN_LABELLED} to be cross-validated, so "
+            + ("label-free batch calibration applies" if label_free else "it keeps contextual calibration")
+        )
+    if label_free:
+        return None
+    types = " and ".join(LABEL_FREE_TYPES)
+    return f"no labels: label-free calibration applies to {types} questions with at least {FEW_STATES} states"
+
+
+def _notes(labelled: int, choice: Choice) -> str | None:
     notes = []
-    if len(labelled) < FEW_EXAMPLES:
-        notes.append(f"only {len(labelled)} labelled examples: a fit needs about {FEW_EXAMPLES} to be trusted")
+    if labelled < FEW_EXAMPLES:
+        notes.append(f"only {labelled} labelled examples: a fit needs about {FEW_EXAMPLES} to be trusted")
     if choice.folds < FOLDS:
         notes.append(f"cross-validated with {choice.folds} folds, not {FOLDS}, as the examples are few")
     if choice.not_tried:
         notes.append(choice.not_tried)
-    warning = "; ".join(notes) or None
-    if choice.adopted and choice.fit is not None:
-        record = {
-            "key": key,
-            "question": shown,
-            "method": choice.method,
-            "fit": choice.fit.to_json(),
-            "examples": len(labelled),
-            "before": choice.before.to_json(),
-            "after": choice.after.to_json(),
-        }
-        if choice.fit.method == "question_set":
-            record["set"] = sorted({f[0] for f in choice.fit.features})
-    return QuestionReport(key, ids, shown, len(labelled), len(rows) - len(labelled), choice, warning), record
+    return "; ".join(notes) or None
 
 
 def store_all(
-    fits: FitStore, reports: list[QuestionReport], records: list[dict[str, Any]]
-) -> tuple[list[dict[str, Any]], list[QuestionReport]]:
+    fits: FitStore, reports: list[QuestionReport], records: list[FitRecord]
+) -> tuple[list[FitRecord], list[QuestionReport]]:
     """Store each adopted fit; one that cannot be stored is reported against its question (and the
     others are still stored). Returns the stored records and the reports."""
     stored, failed = [], {}
@@ -299,29 +317,14 @@ def store_all(
         try:
             stored.append(fits.put(record))
         except Exception as error:
-            log.exception("storing the fit of question %s failed", record["key"])
-            failed[record["key"]] = f"could not store its fit: {type(error).__name__}: {error}"
+            log.exception("storing the fit of question %s failed", record.key)
+            failed[record.key] = f"could not store its fit: {type(error).__name__}: {error}"
     return stored, [replace(r, error=failed[r.key]) if r.key in failed else r for r in reports]
 
 
-def _canonical(evidence: Evidence, right: int | None, labels: list[str]) -> Example:
-    """The readout with its labels in sorted order (a choice's options may come in any order)."""
-    order = [list(evidence.labels).index(label) for label in labels]
-    return Example(
-        tuple(labels),
-        tuple(evidence.raw[i] for i in order),
-        tuple(evidence.prior[i] for i in order),
-        None if right is None else order.index(right),
-        evidence.hidden,
-    )
-
-
 def set_rows(examples: Sequence[Parsed], evidence: Sequence[dict[str, Evidence]], indices: list[int]) -> list[SetRow]:
-    rows = []
-    for i in indices:
-        readouts = {}
-        for qid, question in examples[i].request.questions.items():
-            e = evidence[i][qid]
-            readouts[question_key(question)] = readout_ratios(e.labels, e.raw, e.prior)
-        rows.append(SetRow(readouts))
-    return rows
+    """Each example's every question's ratios, by question key: what a question-set fit reads."""
+    return [
+        SetRow({question_key(q): ratio_of(evidence[i][qid]) for qid, q in examples[i].request.questions.items()})
+        for i in indices
+    ]

@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from app.engine.fingerprint import file_digest
-from app.engine.snapshot import Snapshot
+from app.engine.snapshot import Snapshot as Snapshot  # the engine takes and gives snapshots: its callers' type too
 
 log = logging.getLogger("onepass.engine")
 llama_log = logging.getLogger("onepass.llama")
@@ -56,7 +56,7 @@ class Readout:
 
     label_logits: list[float]
     label_mass: float  # probability the full next-token distribution puts on the labels
-    # The model's last hidden state there (what its output layer reads), when the decode asked for it.
+    # The model's last hidden vector there (what its output layer reads), when the decode asked for it.
     hidden: NDArray[np.float32] | None = field(default=None, compare=False)
 
 
@@ -190,7 +190,7 @@ class Engine:
         self.path = model_path
         self.vocab = llama.llama_model_get_vocab(self.model)
         self.n_vocab = llama.llama_vocab_n_tokens(self.vocab)
-        self.n_embd = llama.llama_model_n_embd_out(self.model)  # the width of a hidden state it outputs
+        self.n_embd = llama.llama_model_n_embd_out(self.model)  # the width of a hidden vector it outputs
         self.n_ctx = n_ctx
         self.add_bos = bool(llama.llama_vocab_get_add_bos(self.vocab))
         self.fingerprint = file_digest(model_path)  # every byte: the disk tier trusts snapshots by it
@@ -370,7 +370,7 @@ class Engine:
 
     def decode_suffixes(self, prefix: Snapshot, jobs: Sequence[Job], *, hidden: bool = False) -> Answered:
         """Restore `prefix`, decode every job after it, read each job's label logits (and with
-        `hidden`, its last hidden state).
+        `hidden`, its last hidden vector).
 
         All jobs go into one llama_decode when they fit; otherwise into the fewest decodes
         that respect the sequence limit and the context's free cells.
@@ -408,7 +408,7 @@ class Engine:
             llama.llama_memory_seq_cp(ctx.memory, 0, seq, -1, -1)  # unified KV: shares the cells, copies nothing
         entries, outputs = suffix_rows(jobs, n_prefix, share=self.shares_suffix_tokens)
         if hidden:
-            # llama.cpp gives hidden states only for a batch whose every row is an output (it would
+            # llama.cpp gives hidden vectors only for a batch whose every row is an output (it would
             # otherwise mark them all itself, and say so in the log on every decode).
             entries = [(token, pos, seqs, True) for token, pos, seqs, _ in entries]
         llama.llama_set_embeddings(ctx.ctx, hidden)
@@ -434,8 +434,8 @@ class Engine:
         state = None
         if hidden:
             found = llama.llama_get_embeddings_ith(ctx.ctx, batch_index)
-            if not found:  # a model that pools its hidden states (an embedding model) has none per token
-                raise EngineError(f"llama.cpp returned no hidden state for batch position {batch_index}")
+            if not found:  # a model that pools its hidden vectors (an embedding model) has none per token
+                raise EngineError(f"llama.cpp returned no hidden vector for batch position {batch_index}")
             state = np.ctypeslib.as_array(found, shape=(self.n_embd,)).copy()
             state.flags.writeable = False
         return Readout(label_logits, min(1.0, mass), state)

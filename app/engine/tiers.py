@@ -1,5 +1,5 @@
-"""A prefix snapshot found through the tiers: the RAM cache (one build per key at a time), then the
-verified disk tier, then a prefill from a base snapshot, which both tiers then keep."""
+"""The prefix cache: a prefix's snapshot found through its tiers, the RAM tier (one build per key at a
+time), then the verified disk tier, then a prefill from a base snapshot, which both tiers then keep."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from app.engine.disk_cache import DiskTier
+from app.engine.disk_tier import DiskTier
 from app.engine.llama import Engine, Timing
-from app.engine.ram_cache import CacheKey, SnapshotCache
+from app.engine.ram_tier import CacheKey, RamTier, cache_key
 from app.engine.snapshot import Snapshot
 from app.errors import Cancelled
 
@@ -24,13 +24,27 @@ class Resolved:
     source: Source  # where it came from: the RAM tier, the disk tier, a prefill; "off": no RAM tier
 
 
-class PrefixTiers:
-    def __init__(self, engine: Engine, ram: SnapshotCache, disk: DiskTier | None = None) -> None:
+class PrefixCache:
+    """Snapshots of prefixes of one model: its RAM tier and its disk tier (None: no disk tier)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        ram: RamTier,
+        disk: DiskTier | None = None,
+        key_fn: Callable[..., CacheKey] = cache_key,
+    ) -> None:
+        """`key_fn`: a test hook (a constant key forces hash collisions)."""
         self.engine = engine
         self.ram = ram
         self.disk = disk
+        self._key_fn = key_fn
         self.prefilled_tokens = 0  # tokens prefilled so far (for /metrics)
         self._counter_lock = threading.Lock()  # pooled contexts prefill in parallel threads
+
+    def key(self, *parts: str | bytes) -> CacheKey:
+        """A prefix's key: the model, the KV settings, and `parts`, what else shapes its snapshot's bytes."""
+        return self._key_fn(self.engine.fingerprint, self.engine.kv_settings, *parts)
 
     def resolve(
         self,

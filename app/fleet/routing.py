@@ -24,7 +24,12 @@ def affinity_key(state: Text) -> str:
     """The first 16 hex digits of SHA-256 over the state's UTF-8 text as the prompt and the cache key
     see it: a string without surrounding space, an object or array as canonical JSON (so two equal
     objects in any key order share a key, and so do states that differ only in surrounding space)."""
-    return hashlib.sha256(render_state(state).encode()).hexdigest()[:16]
+    return affinity_key_of(render_state(state))
+
+
+def affinity_key_of(state_text: str) -> str:
+    """affinity_key of a state already rendered (SystemOneRequest.state_text)."""
+    return hashlib.sha256(state_text.encode()).hexdigest()[:16]
 
 
 def replica_name(configured: str | None, port: int | None = None) -> str:

@@ -8,9 +8,9 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from app.answering.fits import FitStore
 from app.answering.service import ModelService
 from app.calibrate.runner import ExampleError, parse_examples
+from app.calibration import FitStore
 from app.errors import ApiError, InvalidRequest
 from app.http.body import parse_json, read_body
 from app.http.runtime import runtime_of
@@ -51,14 +51,15 @@ def _fits_of(request: Request) -> tuple[str, FitStore]:
     registry = runtime_of(request).require_registry()
     name = registry.canonical(request.query_params.get("model", DEFAULT_ALIAS))
     with registry.lease(name) as service:
-        if service.fits is None:
+        store = service.calibration.store
+        if store is None:
             raise ApiError(404, "not_found", f"{name} keeps no fits")
-        return name, service.fits
+        return name, store
 
 
 async def list_fits(request: Request) -> JSONResponse:
     name, fits = await anyio.to_thread.run_sync(_fits_of, request)
-    shown = [{k: v for k, v in record.items() if k != "parsed"} for record in fits.records()]
+    shown = [record.to_json() for record in fits.records()]
     return JSONResponse({"model": name, "fits": shown})
 
 

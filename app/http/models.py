@@ -32,5 +32,5 @@ async def cache_stats(request: Request) -> JSONResponse:
     models = {}
     for name, service in registry.loaded().items():
         tiers = service.cache_stats()
-        models[name] = {**tiers["state"], "question_sets": tiers["question_set"], "disk": tiers["disk"]}
+        models[name] = {**tiers["state"], "question_set": tiers["question_set"], "disk": tiers["disk"]}
     return JSONResponse(models)

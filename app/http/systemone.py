@@ -14,7 +14,7 @@ from starlette.responses import Response
 from app.config import Settings
 from app.contract import SystemOneRequest, SystemOneResponse, errors_for_response, limit_errors
 from app.errors import ApiError, Cancelled, InvalidRequest
-from app.fleet.routing import PREFIX_KEY_HEADER, affinity_key
+from app.fleet.routing import PREFIX_KEY_HEADER, affinity_key_of
 from app.http.body import parse_json, read_body
 from app.http.runtime import Runtime, runtime_of
 
@@ -86,5 +86,5 @@ async def systemone(request: Request) -> Response:
         cache=response.x_cache, input_tokens=response.usage.input_tokens, timing_ms=response.x_timing_ms.model_dump()
     )
     # for a proxy in front of several replicas: clients may echo it (deploy/haproxy.cfg hashes it)
-    headers = {PREFIX_KEY_HEADER: affinity_key(parsed.state)}
+    headers = {PREFIX_KEY_HEADER: affinity_key_of(parsed.state_text)}
     return Response(response.to_json(), media_type="application/json", headers=headers)

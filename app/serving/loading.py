@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import blake3
 
 from app.answering.decision import DecisionPrompter, read_format
-from app.answering.fits import FitStore
-from app.answering.prompting import Prompter
+from app.answering.prompter import Prompter
+from app.answering.prompting import OwnPrompter
 from app.answering.service import ModelService
+from app.calibration import CONTENT_FREE_STATES, Calibration, DiskPriors, FitStore, Priors
 from app.engine.devices import gpu_layers_problem
-from app.engine.disk_cache import DiskTier, SnapshotIdentity
+from app.engine.disk_tier import DiskTier, SnapshotIdentity
 from app.engine.llama import Engine
-from app.engine.ram_cache import SnapshotCache
+from app.engine.ram_tier import CacheKey, RamTier, cache_key
+from app.engine.tiers import PrefixCache
 from app.platform.tuning import choose, choose_threads
 from app.serving.specs import ModelSpec
 
 log = logging.getLogger("onepass.loading")
+
+QUESTION_SETS = 8  # question-first layout: question sets kept (a pipeline asks one set many times)
 
 
 def read_context(path: Path | None) -> str:
@@ -27,9 +32,7 @@ def read_context(path: Path | None) -> str:
     return "" if path is None else path.read_text(encoding="utf-8")
 
 
-def prompter_for(
-    engine: Engine, template: str = "auto", context: str = "", layout: str = "state-first"
-) -> Prompter | DecisionPrompter:
+def prompter_for(engine: Engine, template: str = "auto", context: str = "", layout: str = "state-first") -> Prompter:
     """The prompts a model is served with: a decision GGUF's own format (app/answering/decision.py), else its
     chat template ("auto") or the plain layout.
 
@@ -43,7 +46,7 @@ def prompter_for(
             )
         return DecisionPrompter(engine, decision, engine.control_texts())
     chat_template = engine.metadata("tokenizer.chat_template") if template == "auto" else None
-    return Prompter.for_model(
+    return OwnPrompter.for_model(
         engine,
         chat_template,
         engine.special_token_text(engine.bos_token),
@@ -95,11 +98,37 @@ def disk_tier_for(spec: ModelSpec, engine: Engine) -> DiskTier | None:
     )
 
 
-def fits_for(spec: ModelSpec, engine: Engine, prompter: Prompter | DecisionPrompter) -> FitStore:
+def fits_for(spec: ModelSpec, engine: Engine, prompter: Prompter) -> FitStore:
     """The model's fitted calibrations (model_folder), valid only for the prompt they were fitted
     under (its text around the state, and the layout; a decision model's template)."""
     identity = blake3.blake3(f"{engine.fingerprint.hex()}\0{prompter.identity}".encode()).hexdigest()
     return FitStore(spec.settings.calibration_dir / model_folder(spec, engine), identity[:32])
+
+
+def assemble(
+    name: str,
+    engine: Engine,
+    prompter: Prompter,
+    cache: RamTier,
+    *,
+    calibration: str = "none",
+    calibration_temperature: float = 1.0,
+    disk: DiskTier | None = None,
+    fits: FitStore | None = None,
+    key_fn: Callable[..., CacheKey] = cache_key,
+) -> ModelService:
+    """A model's service from its parts: the states' prefix cache on `cache` and `disk`, the question
+    sets' beside it, the content-free priors (kept on `disk` too), the calibration and its `fits`.
+    `key_fn`: a test hook (a constant key forces hash collisions)."""
+    states = PrefixCache(engine, cache, disk, key_fn)
+    question_sets = PrefixCache(engine, RamTier(QUESTION_SETS, cache.max_tokens), disk, key_fn)
+    priors = Priors(
+        [prompter.state_tokens(state) for state in CONTENT_FREE_STATES],
+        lambda base, jobs: engine.decode_suffixes(base, jobs).readouts,
+        DiskPriors(disk, engine.fingerprint, engine.kv_settings) if disk is not None else None,
+    )
+    policy = Calibration(calibration, calibration_temperature, priors, fits)
+    return ModelService(name, engine, prompter, states, question_sets, policy)
 
 
 def load_spec(spec: ModelSpec) -> ModelService:
@@ -120,12 +149,12 @@ def load_spec(spec: ModelSpec) -> ModelService:
         prompter = prompter_for(
             engine, spec.settings.template, read_context(spec.settings.context_path), spec.settings.layout
         )
-        cache = SnapshotCache(spec.settings.session_cache_entries, spec.settings.session_cache_tokens)
+        cache = RamTier(spec.settings.session_cache_entries, spec.settings.session_cache_tokens)
         calibration = spec.settings.calibration
         if isinstance(prompter, DecisionPrompter) and calibration == "contextual" and not prompter.state_first:
             log.info("%s: no contextual calibration (its template does not put the state first)", spec.name)
             calibration = "none"
-        return ModelService(
+        return assemble(
             spec.name,
             engine,
             prompter,

@@ -33,7 +33,9 @@ class _Resident:
 
 
 @dataclass
-class _State:
+class _Offered:
+    """What the registry offers: its configuration, its models by name, every name and alias."""
+
     config: ModelsConfig
     specs: dict[str, ModelSpec] = field(default_factory=dict)
     names: dict[str, str] = field(default_factory=dict)  # name or alias -> model name
@@ -47,7 +49,7 @@ class ModelRegistry:
         self._loading: set[str] = set()
         self._errors: dict[str, str] = {}
         self._decision_types: dict[str, str | None] = {}  # learnt at each model's load (its GGUF's metadata)
-        self._state = self._index(config)
+        self._offered = self._index(config)
 
     @classmethod
     def serving(cls, service: ModelService, spec: ModelSpec | None = None) -> ModelRegistry:
@@ -58,27 +60,27 @@ class ModelRegistry:
         return registry
 
     @staticmethod
-    def _index(config: ModelsConfig) -> _State:
-        state = _State(config, {spec.name: spec for spec in config.models})
+    def _index(config: ModelsConfig) -> _Offered:
+        offered = _Offered(config, {spec.name: spec for spec in config.models})
         for spec in config.models:
             for name in (spec.name, *spec.aliases):
-                state.names[name] = spec.name
-        state.names[DEFAULT_ALIAS] = config.default_model
-        return state
+                offered.names[name] = spec.name
+        offered.names[DEFAULT_ALIAS] = config.default_model
+        return offered
 
     @property
     def default_name(self) -> str:
-        return self._state.config.default_model
+        return self._offered.config.default_model
 
     def canonical(self, name: str) -> str:
         try:
-            return self._state.names[name]
+            return self._offered.names[name]
         except KeyError:
-            raise ModelNotFound(name, list(self._state.names)) from None
+            raise ModelNotFound(name, list(self._offered.names)) from None
 
     def contexts_of(self, name: str) -> int:
         """How many requests the model decodes at once (its pool of llama.cpp contexts)."""
-        return self._state.specs[self.canonical(name)].settings.contexts
+        return self._offered.specs[self.canonical(name)].settings.contexts
 
     @contextmanager
     def lease(self, name: str) -> Iterator[ModelService]:
@@ -99,17 +101,17 @@ class ModelRegistry:
 
     def reload(self, config: ModelsConfig) -> dict[str, list[str]]:
         """Adopt a new configuration; removed and changed models retire once idle."""
-        state = self._index(config)
+        offered = self._index(config)
         with self._cond:
-            old = self._state.specs
-            changed = [name for name, spec in old.items() if state.specs.get(name) not in (None, spec)]
-            removed = [name for name in old if name not in state.specs]
-            self._state = state
+            old = self._offered.specs
+            changed = [name for name, spec in old.items() if offered.specs.get(name) not in (None, spec)]
+            removed = [name for name in old if name not in offered.specs]
+            self._offered = offered
             retiring = [name for name in (*changed, *removed) if name in self._resident]
         for name in retiring:
             self._retire(name)
         self._evict_idle()
-        return {"added": [n for n in state.specs if n not in old], "removed": removed, "changed": changed}
+        return {"added": [n for n in offered.specs if n not in old], "removed": removed, "changed": changed}
 
     def answer(
         self, name: str, request: SystemOneRequest, cancelled: threading.Event | None = None
@@ -123,21 +125,21 @@ class ModelRegistry:
             return {name: resident.service for name, resident in self._resident.items()}
 
     def catalogue(self) -> list[CatalogueEntry]:
-        """Every name a client may ask for (aliases too), the model it means and its state."""
+        """Every name a client may ask for (aliases too), the model it means, and whether it is loaded."""
         with self._cond:
-            state, loaded, errors = self._state, set(self._resident), dict(self._errors)
+            offered, loaded, errors = self._offered, set(self._resident), dict(self._errors)
             decision_types = dict(self._decision_types)
         return [
             CatalogueEntry(
                 name,
                 model,
-                state.specs[model].path.name,
-                {**state.specs[model].describe(), "known_model": state.specs[model].known},
+                offered.specs[model].path.name,
+                {**offered.specs[model].describe(), "known_model": offered.specs[model].known},
                 model in loaded,
                 errors.get(model),
                 decision_types.get(model),
             )
-            for name, model in state.names.items()
+            for name, model in offered.names.items()
         ]
 
     def close(self) -> None:
@@ -156,7 +158,7 @@ class ModelRegistry:
                 self._resident.move_to_end(name)
                 resident.busy += 1
                 return resident
-            spec = self._state.specs[name]
+            spec = self._offered.specs[name]
             self._loading.add(name)
         try:
             service = self._loader(spec)
@@ -200,14 +202,14 @@ class ModelRegistry:
         """Unload least recently used idle models while more than models_max are resident."""
         while True:
             with self._cond:
-                excess = len(self._resident) - self._state.config.models_max
+                excess = len(self._resident) - self._offered.config.models_max
                 # never the most recently used: it is the one a request just asked for
                 idle = [name for name, r in list(self._resident.items())[:-1] if r.busy == 0]
                 if excess <= 0 or not idle:
                     return
                 victim = self._resident.pop(idle[0])
                 victim.retiring = True
-            log.info("unloading %s (models_max=%d)", idle[0], self._state.config.models_max)
+            log.info("unloading %s (models_max=%d)", idle[0], self._offered.config.models_max)
             self._close(victim)
 
     @staticmethod

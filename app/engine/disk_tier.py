@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 
 import blake3
 
-from app.engine.ram_cache import CacheKey
+from app.engine.ram_tier import CacheKey
 from app.engine.snapshot import Snapshot
 
 log = logging.getLogger("onepass.disk")

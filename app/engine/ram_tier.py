@@ -1,4 +1,4 @@
-"""SnapshotCache: prefix KV snapshots in an LRU bounded by entries and by tokens.
+"""RamTier: prefix KV snapshots in an LRU bounded by entries and by tokens.
 
 Pure Python and thread-safe. Snapshots are immutable `bytes`, so a reader holding one
 is never affected by later evictions or by other readers. Every operation is O(1) apart
@@ -31,7 +31,7 @@ def cache_key(*parts: str | bytes) -> CacheKey:
     return CacheKey(hasher.digest())
 
 
-class SnapshotCache:
+class RamTier:
     def __init__(self, max_entries: int, max_tokens: int) -> None:
         self.max_entries = max_entries
         self.max_tokens = max_tokens

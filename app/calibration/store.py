@@ -1,10 +1,10 @@
-"""Fitted calibrations kept as verified files: one folder per model file and prompt, one file per fit.
+"""Fits kept as verified files: one folder per model file and prompt, one file per fit.
 
 A fit is found by its question's content (type, instructions, criteria; canonical JSON, so the
 order of a choice's options does not matter), never by the id a request gives the question. Files
 are written whole (a temporary file renamed over) and carry a digest of their content; a file that
 does not verify, or was fitted for another model or prompt, is skipped. Servers sharing the folder
-share the fits: a server re-reads the folder when its modification time changes.
+share the fits: a server reads the folder again when its modification time changes.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import logging
 import os
 import tempfile
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import blake3
 
-from app.answering.fitting import Fit
+from app.calibration.fit import FitRecord
 from app.contract import Question, canonical_json
 
 log = logging.getLogger("onepass.fits")
@@ -37,32 +38,34 @@ def _digest(fields: dict[str, Any]) -> str:
 
 
 class FitStore:
-    """The fits of one model and prompt (`identity`), in `folder`."""
+    """The fits of one model file and prompt (`identity`), in `folder`."""
 
     def __init__(self, folder: Path, identity: str) -> None:
         self.folder = folder
         self.identity = identity
         self._lock = threading.Lock()
         self._seen: int | None = None  # the folder's mtime_ns when last read
-        self._by_key: dict[str, dict[str, Any]] = {}
-        self._sets: list[dict[str, Any]] = []
+        self._by_key: dict[str, FitRecord] = {}
+        self._sets: list[FitRecord] = []
 
-    def put(self, record: dict[str, Any]) -> dict[str, Any]:
-        """Store a fit record (its `key`, `method`, `fit`, `examples`, ...); returns it with its id."""
-        fields = {**record, "identity": self.identity}
-        fields["id"] = blake3.blake3(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+    def put(self, record: FitRecord) -> FitRecord:
+        """Store a fit; returns it with its id and identity. It replaces the fit of the same question
+        (or question set)."""
+        fields = replace(record, id="", identity=self.identity).to_json()
+        fit_id = blake3.blake3(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+        stored = replace(record, id=fit_id, identity=self.identity)
+        fields = stored.to_json()
         self.folder.mkdir(parents=True, exist_ok=True)
-        for old in self.records():  # one fit per question (or question set): the new one replaces it
-            if old["key"] == fields["key"] and old.get("set") == fields.get("set"):
-                self.delete(old["id"])
-        target = self.folder / f"{fields['id']}{SUFFIX}"
+        for old in self.records():
+            if old.key == stored.key and old.question_set == stored.question_set:
+                self.delete(old.id)
         with tempfile.NamedTemporaryFile("w", dir=self.folder, suffix=".tmp", delete=False) as out:
             json.dump({**fields, "digest": _digest(fields)}, out, sort_keys=True)
             out.flush()
             os.fsync(out.fileno())
-        os.replace(out.name, target)
+        os.replace(out.name, self.folder / f"{fit_id}{SUFFIX}")
         self._seen = None
-        return fields
+        return stored
 
     def delete(self, fit_id: str) -> bool:
         path = self.folder / f"{fit_id}{SUFFIX}"
@@ -73,8 +76,8 @@ class FitStore:
         self._seen = None
         return True
 
-    def records(self) -> list[dict[str, Any]]:
-        """Every sound fit in the folder, oldest first by id order."""
+    def records(self) -> list[FitRecord]:
+        """Every sound fit in the folder, in the order of their ids."""
         found = []
         for path in sorted(self.folder.glob(f"*{SUFFIX}")) if self.folder.is_dir() else []:
             record = self._read(path)
@@ -82,17 +85,16 @@ class FitStore:
                 found.append(record)
         return found
 
-    def _read(self, path: Path) -> dict[str, Any] | None:
+    def _read(self, path: Path) -> FitRecord | None:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             fields = {k: v for k, v in data.items() if k != "digest"}
             if data["digest"] != _digest(fields) or fields["identity"] != self.identity:
                 raise ValueError("digest or identity")
-            fields["parsed"] = Fit.from_json(fields["fit"])
+            return FitRecord.from_json(fields)
         except (OSError, ValueError, KeyError, TypeError) as error:
             log.warning("skipping fit file %s: %s", path, error)
             return None
-        return fields
 
     def _refresh(self) -> None:
         try:
@@ -103,16 +105,16 @@ class FitStore:
             if stamp == self._seen:
                 return
             records = self.records()
-            self._by_key = {r["key"]: r for r in records if not r.get("set")}
-            self._sets = [r for r in records if r.get("set")]
+            self._by_key = {r.key: r for r in records if r.question_set is None}
+            self._sets = [r for r in records if r.question_set is not None]
             self._seen = stamp
 
-    def single(self, key: str) -> dict[str, Any] | None:
+    def single(self, key: str) -> FitRecord | None:
         """The fit for one question's content, if any."""
         self._refresh()
         return self._by_key.get(key)
 
-    def for_set(self, keys: set[str]) -> list[dict[str, Any]]:
+    def for_set(self, keys: set[str]) -> list[FitRecord]:
         """Question-set fits whose whole set is among `keys` (the request asks every question of it)."""
         self._refresh()
-        return [r for r in self._sets if set(r["set"]) <= keys]
+        return [r for r in self._sets if r.question_set is not None and set(r.question_set) <= keys]

@@ -1,4 +1,4 @@
-"""Contextual calibration ("Calibrate Before Use", Zhao et al. 2021).
+"""Contextual calibration ("Calibrate Before Use", Zhao et al. 2021): the content-free priors.
 
 A small model prefers some labels whatever the text says ("Yes", "A", the middle level).
 We estimate that prior per question by asking the same question about content-free states
@@ -6,8 +6,8 @@ We estimate that prior per question by asking the same question about content-fr
 
     p_calibrated(label) ∝ (p(label | state) / p(label | content-free)) ^ (1 / T)
 
-T (the calibration temperature, default 1) rescales the result's confidence; it never
-changes which answer is the most likely.
+T (the model's calibration temperature, or a decision model's own) rescales the result's
+confidence; it never changes which answer is the most likely.
 
 A question's prior does not depend on the state, so it is computed once per distinct
 question (its suffix tokens after its base: the system prompt, or in the question-first
@@ -26,12 +26,15 @@ from __future__ import annotations
 import json
 import math
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from app.answering.scoring import softmax
+from app.calibration.scoring import softmax
+from app.engine.disk_tier import DiskTier
 from app.engine.llama import Job, Readout
+from app.engine.ram_tier import CacheKey, cache_key
 from app.engine.snapshot import Snapshot
 
 CONTENT_FREE_STATES = ("N/A", "")
@@ -48,22 +51,19 @@ class PriorStore(Protocol):
     def save(self, tokens: tuple[int, ...], data: bytes) -> None: ...
 
 
-class ContextualCalibrator:
+class Priors:
+    """Each question's content-free prior, measured once per base and suffix and kept (bounded)."""
+
     def __init__(
         self,
         content_free_tokens: Sequence[Sequence[int]],
         measure: Measure,
-        temperature: float = 1.0,
         store: PriorStore | None = None,
     ) -> None:
         """`content_free_tokens`: each stand-in state's tokens, as they follow the system prompt;
-        `measure`: decodes jobs after a base snapshot and returns their readouts;
-        `temperature`: divides the calibrated log-probabilities (below 1 sharpens them)."""
-        if temperature <= 0:
-            raise ValueError("the calibration temperature must be positive")
+        `measure`: decodes jobs after a base snapshot and returns their readouts."""
         self._stand_ins = [tuple(tokens) for tokens in content_free_tokens]
         self._measure = measure
-        self._temperature = temperature
         self._store = store
         # (base tokens, suffix) -> label -> p
         self._priors: OrderedDict[tuple[tuple[int, ...], tuple[int, ...]], dict[int, float]] = OrderedDict()
@@ -102,28 +102,20 @@ class ContextualCalibrator:
             )
         return known
 
-    def calibrate(
-        self,
-        base: Snapshot,
-        suffix: tuple[int, ...],
-        labels: Sequence[int],
-        probabilities: Sequence[float],
-        temperature: float | None = None,
-    ) -> list[float]:
-        """`temperature`: this question's own (a decision model's file gives one per question type)."""
-        prior = self.prior(base, suffix, labels)
-        t = self._temperature if temperature is None else temperature
-        # Dividing in log space keeps tiny priors finite; softmax renormalises.
-        return softmax(
-            [
-                (math.log(max(p, 1e-300)) - math.log(max(q, 1e-300))) / t
-                for p, q in zip(probabilities, prior, strict=True)
-            ]
-        )
-
     def __len__(self) -> int:
         with self._lock:
             return len(self._priors)
+
+
+def divide(probabilities: Sequence[float], prior: Sequence[float], temperature: float) -> list[float]:
+    """The probabilities with the prior divided out, at `temperature`."""
+    # Dividing in log space keeps tiny priors finite; softmax renormalises.
+    return softmax(
+        [
+            (math.log(max(p, 1e-300)) - math.log(max(q, 1e-300))) / temperature
+            for p, q in zip(probabilities, prior, strict=True)
+        ]
+    )
 
 
 def _parse(stored: bytes, labels: list[int]) -> dict[int, float] | None:
@@ -134,3 +126,22 @@ def _parse(stored: bytes, labels: list[int]) -> dict[int, float] | None:
     except (ValueError, TypeError):
         return None
     return found if sorted(found) == labels and all(math.isfinite(p) for p in found.values()) else None
+
+
+class DiskPriors:
+    """Priors kept by the disk tier beside the snapshots: a few hundred bytes each, verified like them
+    (build, model, KV settings, the tokens they were measured on)."""
+
+    def __init__(self, disk: DiskTier, fingerprint: bytes, kv_settings: str) -> None:
+        self._disk = disk
+        self._prefix = (b"calibration prior", fingerprint, kv_settings, "|".join(CONTENT_FREE_STATES))
+
+    def _key(self, tokens: tuple[int, ...]) -> CacheKey:
+        return cache_key(*self._prefix, array("I", tokens).tobytes())
+
+    def load(self, tokens: tuple[int, ...]) -> bytes | None:
+        found = self._disk.load(self._key(tokens), tokens)
+        return found.data if found is not None else None
+
+    def save(self, tokens: tuple[int, ...], data: bytes) -> None:
+        self._disk.save(self._key(tokens), Snapshot(data, tokens))

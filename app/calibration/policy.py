@@ -1,0 +1,190 @@
+"""Which probabilities a question's answer gets: its raw readout, contextually calibrated, or under
+a fit of the user's, and which fit was used. The one object the request path asks.
+
+Without a fit, onepass's own prompt is answered raw (calibration "none") or with the content-free
+prior divided out at the model's calibration temperature ("contextual"); a decision model's
+question at its file's temperature, its prior divided out first with "contextual". A fit (the
+user's examples, app/calibration/choosing.py) replaces either for the questions it matches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, get_args
+
+import numpy as np
+from numpy.typing import NDArray
+
+from app.calibration import candidates, choosing
+from app.calibration.contextual import Priors, divide
+from app.calibration.evidence import Evidence, Example, ratio_of
+from app.calibration.fit import Fit, FitRecord
+from app.calibration.scoring import softmax
+from app.calibration.store import FitStore, question_key
+from app.contract import Question, label_keys
+from app.engine.llama import Readout
+from app.engine.snapshot import Snapshot
+
+Mode = Literal["none", "contextual"]
+
+
+class Variant(Protocol):
+    """One suffix of a question's prompt: its tokens after the prefix, and the label ids it reads."""
+
+    @property
+    def tokens(self) -> tuple[int, ...]: ...
+
+    @property
+    def label_ids(self) -> tuple[int, ...]: ...
+
+
+class Reading(Protocol):
+    """How a question is asked and read (app/answering/prompter.py's Reading)."""
+
+    @property
+    def variants(self) -> Sequence[Variant]: ...
+
+    @property
+    def temperature(self) -> float | None: ...  # a decision model's, from its file; None: the model's own
+
+    def read(self, per_variant: Sequence[Sequence[float]]) -> list[float]: ...
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One question of a request as the decode read it: one readout per variant of its reading."""
+
+    question: Question
+    reading: Reading
+    readouts: Sequence[Readout]
+
+    def raw(self) -> list[float]:
+        """The answer before any calibration or temperature: each variant's label softmax, read as the
+        format reads its variants."""
+        return self.reading.read([softmax(r.label_logits) for r in self.readouts])
+
+    def hidden(self) -> NDArray[np.float32] | None:
+        """The hidden vector a probe reads: the variants' mean (None: not decoded for it)."""
+        vectors = [r.hidden for r in self.readouts]
+        if any(vector is None for vector in vectors):
+            return None
+        if len(vectors) == 1:
+            return vectors[0]
+        mean: NDArray[np.float32] = np.mean(np.asarray(vectors, dtype=np.float64), axis=0).astype(np.float32)
+        return mean
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """A question's answer probabilities, its raw ones where calibration changed them (x_raw), and the
+    user's fit that gave them (x_calibration)."""
+
+    probabilities: list[float]
+    raw: list[float] | None = None
+    fit: FitRecord | None = None
+
+
+@dataclass(frozen=True)
+class FitsFound:
+    """The user's fits that answer a request's questions, by question id."""
+
+    by_id: dict[str, FitRecord] = field(default_factory=dict)
+
+    @property
+    def reads_hidden(self) -> bool:
+        """Whether a fit reads its question's hidden vector, which only a decode that asks for it gives."""
+        return any(record.fit.reads_hidden for record in self.by_id.values())
+
+
+class Calibration:
+    """One model's calibration: its mode, its temperature, the content-free priors, the user's fits."""
+
+    def __init__(self, mode: str, temperature: float, priors: Priors, store: FitStore | None = None) -> None:
+        if mode not in get_args(Mode):
+            raise ValueError(f"calibration is one of {', '.join(get_args(Mode))}, not {mode!r}")
+        if temperature <= 0:
+            raise ValueError("the calibration temperature must be positive")
+        self.mode: Mode = "contextual" if mode == "contextual" else "none"
+        self.temperature = temperature  # T0: divides the calibrated log-probabilities (below 1 sharpens)
+        self.priors = priors
+        self.store = store  # None: this model keeps no fits
+
+    def fits_for(self, questions: Mapping[str, Question]) -> FitsFound:
+        """The fits that answer these questions. A question-set fit applies only when the request asks
+        its whole set."""
+        if self.store is None:
+            return FitsFound()
+        keys = {qid: question_key(question) for qid, question in questions.items()}
+        set_fits = {record.key: record for record in self.store.for_set(set(keys.values()))}
+        found = {qid: set_fits.get(key) or self.store.single(key) for qid, key in keys.items()}
+        return FitsFound({qid: record for qid, record in found.items() if record is not None})
+
+    def calibrate(self, base: Snapshot, asked: Mapping[str, Asked], fits: FitsFound) -> dict[str, Calibrated]:
+        """Each question's probabilities. `base`: the snapshot the suffixes followed (the priors are
+        measured after it, the first time a question is seen)."""
+        fitted = self._fitted(base, asked, fits)
+        found = {}
+        for qid, question in asked.items():
+            record = fits.by_id.get(qid)
+            if record is not None:
+                found[qid] = Calibrated(fitted[qid], question.raw(), record)
+            else:
+                found[qid] = self._unfitted(base, question)
+        return found
+
+    def evidence(self, base: Snapshot, asked: Mapping[str, Asked]) -> dict[str, Evidence]:
+        """What fitting reads of each question: its raw probabilities and content-free prior, in label
+        order, and the hidden vector where the decode read it."""
+        found = {}
+        for qid, question in asked.items():
+            reading = question.reading
+            prior = reading.read([self.priors.prior(base, v.tokens, v.label_ids) for v in reading.variants])
+            found[qid] = Evidence(label_keys(question.question), question.raw(), prior, question.hidden())
+        return found
+
+    def choose(
+        self, examples: Sequence[Example], unlabelled: Sequence[Example], key: str, ordered: bool
+    ) -> choosing.Choice:
+        """The fit for one question's labelled examples (app/calibration/choosing.py), at this model's temperature."""
+        return choosing.choose(examples, self.temperature, unlabelled, key, ordered)
+
+    def label_free(self, sample: Sequence[Example]) -> Fit:
+        """Batch calibration, fitted on states without labels."""
+        return candidates.fit_batch(sample, self.temperature)
+
+    def _unfitted(self, base: Snapshot, asked: Asked) -> Calibrated:
+        raw = asked.raw()
+        reading, own = asked.reading, asked.reading.temperature
+        if self.mode == "none":
+            if own is None:
+                return Calibrated(raw)
+            per_variant = [softmax([x / own for x in r.label_logits]) for r in asked.readouts]
+        else:
+            t = self.temperature if own is None else own
+            per_variant = [
+                divide(softmax(r.label_logits), self.priors.prior(base, v.tokens, v.label_ids), t)
+                for v, r in zip(reading.variants, asked.readouts, strict=True)
+            ]
+        return Calibrated(reading.read(per_variant), raw)
+
+    def _fitted(self, base: Snapshot, asked: Mapping[str, Asked], fits: FitsFound) -> dict[str, list[float]]:
+        if not fits.by_id:
+            return {}
+        # a question-set fit reads every question's evidence, other fits their own
+        reads_all = any(record.fit.reads_every_question for record in fits.by_id.values())
+        wanted = {qid: q for qid, q in asked.items() if reads_all or qid in fits.by_id}
+        evidence = self.evidence(base, wanted)
+        ratios = {question_key(wanted[qid].question): ratio_of(e) for qid, e in evidence.items()}
+        return {
+            qid: record.fit.apply(
+                evidence[qid].labels, evidence[qid].raw, evidence[qid].prior, evidence[qid].hidden, ratios
+            )
+            for qid, record in fits.by_id.items()
+        }
+
+
+def label_mass(readouts: Sequence[Readout]) -> float:
+    """How much of the next-token probability the labels hold, over a question's variants."""
+    return math.fsum(r.label_mass for r in readouts) / len(readouts)
