@@ -37,7 +37,7 @@ CUDA_ARCHS ?= 75;80;86;89;90;120
 # A CUDA toolkit on this machine (nvcc with cuBLAS) is used; without one, tools/cuda_toolkit.py puts
 # together one from NVIDIA's wheels on the package index (the build log says which).
 CUDA_TOOLKITS := $(HOME)/.cache/onepass/cuda
-# Vulkan on Debian 12: its headers are too old for ggml-vulkan.cpp, so models/vulkan_headers.py unpacks Debian 13's.
+# Vulkan on Debian 12: its headers are too old for ggml-vulkan.cpp, so tools/vulkan_headers.py unpacks Debian 13's.
 VULKAN_HEADERS := $(HOME)/.cache/onepass/vulkan-headers-trixie
 GPU_CMAKE_ARGS_cpu :=
 GPU_CMAKE_ARGS_cuda := -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCHS)
@@ -122,7 +122,7 @@ vulkan-deps:
 			echo "the Vulkan build needs$$missing (as root: apt-get install$$missing)"; exit 1; \
 		fi; \
 	fi
-	@if command -v apt-get >/dev/null; then $(PYTHON) models/vulkan_headers.py $(VULKAN_HEADERS); fi
+	@if command -v apt-get >/dev/null; then $(PYTHON) -m tools.vulkan_headers $(VULKAN_HEADERS); fi
 
 model: $(INSTALL_STAMP)
 	$(PYTHON) models/fetch.py default --dest $(DEFAULT_MODEL)
@@ -181,7 +181,7 @@ check-build: setup
 
 # What a bug report needs: OS, Python, CPU, the llama.cpp build, backends, models, the wheel.
 doctor:
-	@$(PYTHON) -m app.platform.doctor --venv $(VENV) --wheel-dir $(WHEEL_DIR)
+	@$(PYTHON) -m tools.doctor --venv $(VENV) --wheel-dir $(WHEEL_DIR)
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check app tests bench models tools
@@ -199,7 +199,7 @@ PEER_CACHE ?= $(HOME)/.cache/onepass/llama-server
 PEER := $(PEER_CACHE)/$(WHEEL_KEY)/llama-server
 $(PEER): | $(BIN)/python
 	@echo "building llama-server from llama-cpp-python $(LLAMA_CPP_VERSION)'s llama.cpp with the same flags (once)"
-	$(BIN)/python -m bench.build_peer --package llama-cpp-python==$(LLAMA_CPP_VERSION) --cmake-args '$(BUILD_ARGS)' \
+	$(BIN)/python -m tools.build_peer --package llama-cpp-python==$(LLAMA_CPP_VERSION) --cmake-args '$(BUILD_ARGS)' \
 		--out $(dir $(PEER)) --jobs $$(getconf _NPROCESSORS_ONLN)
 
 peer: $(PEER)
@@ -211,7 +211,7 @@ NATIVE_PACKAGE := xllamacpp==2026.10.11549
 NATIVE_SERVER := $(PEER_CACHE)/native-$(subst ==,-,$(NATIVE_PACKAGE))-$(WHEEL_KEY)/llama-server
 $(NATIVE_SERVER): | $(BIN)/python
 	@echo "building llama-server from $(NATIVE_PACKAGE)'s llama.cpp, which serves /v1/systemone (once)"
-	$(BIN)/python -m bench.build_peer --package $(NATIVE_PACKAGE) --cmake-args '$(BUILD_ARGS)' \
+	$(BIN)/python -m tools.build_peer --package $(NATIVE_PACKAGE) --cmake-args '$(BUILD_ARGS)' \
 		--out $(dir $(NATIVE_SERVER)) --jobs $$(getconf _NPROCESSORS_ONLN)
 
 native-server: $(NATIVE_SERVER)
@@ -289,7 +289,7 @@ test-build-choice: model-small
 # fails or hangs is named. make check-gpu GPU_CHECK_MODEL=models/x.gguf
 GPU_CHECK_MODEL ?= $(SMALL_MODEL)
 check-gpu: model-small
-	$(BIN)/python -m app.platform.check_gpu $(GPU_CHECK_MODEL)
+	$(BIN)/python -m tools.check_gpu $(GPU_CHECK_MODEL)
 
 # What this venv builds and installs, from its recorded choice and the command line (no build).
 build-info:

@@ -35,9 +35,9 @@ from app.contract import SystemOneRequest
 from app.engine.llama import Engine
 from app.paths import REPO_ROOT, cache_home
 from app.serving.loading import prompter_for
-from bench.build_peer import download_sdist
 from bench.eval import load_items
 from bench.output import Progress
+from tools.build_peer import download_sdist
 
 HARNESS = Path(__file__).resolve().parent / "native_render.cpp"
 # What the renderer needs of the source: the template engine, its JSON wrapper and their headers.

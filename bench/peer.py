@@ -1,7 +1,7 @@
 """llama.cpp's own HTTP server, built like onepass's llama.cpp, as the peer onepass is measured against.
 
 `make peer` builds `llama-server` from the llama.cpp source inside the same llama-cpp-python
-release, with the same CMake flags (bench/build_peer.py), so a ratio compares designs, not builds.
+release, with the same CMake flags (tools/build_peer.py), so a ratio compares designs, not builds.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 # Lowest first. A module may import bench modules of lower layers only.
 LAYERS: list[set[str]] = [
     # shared pieces
-    {"output", "client", "servers", "pipelines", "peer", "build_peer", "browser", "twin", "policy_examples"},
+    {"output", "client", "servers", "pipelines", "peer", "browser", "twin", "policy_examples"},
     {"figure", "workloads", "screenshot", "evidence"},
     # scenarios
     {

@@ -20,7 +20,7 @@ def run(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_a_step_that_outlives_its_timeout_is_named_with_its_stack() -> None:
     done = run(
-        "import threading\nfrom app.platform.check_gpu import Steps\nsteps = Steps(0.5)\n"
+        "import threading\nfrom tools.check_gpu import Steps\nsteps = Steps(0.5)\n"
         "with steps.step('context creation'):\n    threading.Event().wait(60)  # a call that never returns\n"
     )
     assert done.returncode == 2, done.stdout + done.stderr
@@ -31,8 +31,7 @@ def test_a_step_that_outlives_its_timeout_is_named_with_its_stack() -> None:
 
 def test_a_step_that_raises_is_named_with_its_error() -> None:
     done = run(
-        "from app.platform.check_gpu import Steps\n"
-        "with Steps(30).step('one decode'):\n    raise RuntimeError('no device')\n"
+        "from tools.check_gpu import Steps\nwith Steps(30).step('one decode'):\n    raise RuntimeError('no device')\n"
     )
     assert done.returncode == 1
     assert "FAILED: step 'one decode': RuntimeError: no device" in done.stdout
@@ -40,7 +39,7 @@ def test_a_step_that_raises_is_named_with_its_error() -> None:
 
 def test_every_step_runs_and_reports_on_the_tiny_model(tiny_chat_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "app.platform.check_gpu", str(tiny_chat_path), "--timeout", "120"],
+        [sys.executable, "-m", "tools.check_gpu", str(tiny_chat_path), "--timeout", "120"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from app.paths import REPO_ROOT
 from app.platform.build_check import explain, run_check
 from app.platform.cpu import (
     Cpu,
@@ -153,7 +154,11 @@ def test_the_installed_build_decodes_on_this_cpu() -> None:
 
 def test_doctor_reports_the_cpu_the_build_its_check_and_the_models() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "app.platform.doctor", "--venv", sys.prefix], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "tools.doctor", "--venv", sys.prefix],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     sections = [line for line in out.splitlines() if line and not line.startswith(" ")]
     assert sections == [

@@ -17,9 +17,9 @@ import pytest
 
 from app.contract import SystemOneRequest
 from app.engine.llama import Engine, Job, llama_log
-from app.platform.check_gpu import Placement
 from tests.conftest import GPU_LAYERS, tiny_settings
 from tests.loading import load_model
+from tools.check_gpu import Placement
 
 pytestmark = pytest.mark.skipif(
     not Engine.gpu_offload_supported() or GPU_LAYERS == 0,

@@ -9,6 +9,8 @@ from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 APP = Path(__file__).resolve().parent.parent / "app"
+# The ops tools (tools/README.md) and the bench run from a checkout on top of app/, which is installed alone.
+TOOLS = APP.parent / "tools"
 
 # Lowest first. The ground floor is app/'s own modules; a subpackage may import those and the
 # subpackages of lower layers, never one of its own layer or above.
@@ -16,7 +18,7 @@ GROUND = {"config", "contract", "errors", "paths", "progress"}
 LAYERS: list[set[str]] = [
     {"engine", "fleet"},  # llama.cpp and the snapshot tiers; the replicas' routing key and processes
     {"calibration"},  # raw label probabilities to an answer's: contextual calibration, fits, their store
-    {"answering", "platform"},  # one model's request path; this machine (CPU, build, GPU check, tuning)
+    {"answering", "platform"},  # one model's request path; this machine (CPU, build, tuning)
     {"serving"},  # settings per model, loading, the registry
     {"calibrate"},  # fitting calibration to a user's examples
     {"http"},  # the HTTP edge
@@ -151,3 +153,16 @@ def test_the_model_service_has_no_long_method() -> None:
         if isinstance(method, ast.FunctionDef) and method.end_lineno is not None:
             lines = method.end_lineno - method.lineno + 1
             assert lines <= 40, f"ModelService.{method.name} is {lines} lines long"
+
+
+def test_app_never_imports_the_tools_the_bench_or_the_tests() -> None:
+    for module, path in modules().items():
+        outside = imports(path)[1] & {"tools", "bench", "tests"}
+        assert not outside, f"app/{module} imports {sorted(outside)}"
+
+
+def test_the_tools_stand_on_app_alone() -> None:
+    """A tool may import app/ and the standard library's or a dependency's packages, never the bench or tests."""
+    for path in TOOLS.glob("*.py"):
+        outside = imports(path)[1] & {"bench", "tests"}
+        assert not outside, f"tools/{path.name} imports {sorted(outside)}"

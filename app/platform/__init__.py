@@ -1,1 +1,1 @@
-"""This machine: CPU flags, the build check, the doctor, the GPU check, speed tuning, the tiny GGUF."""
+"""This machine: CPU flags, the build check, speed tuning, the tiny GGUF (the ops tools are in tools/)."""

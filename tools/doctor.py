@@ -130,7 +130,7 @@ def report(venv: Path, wheel_dir: Path | None) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.doctor", description=__doc__.splitlines()[0])
     parser.add_argument("--venv", type=Path, default=REPO_ROOT / ".venv")
     parser.add_argument("--wheel-dir", type=Path, default=None, help="this machine's wheel folder (the Makefile's)")
     args = parser.parse_args()

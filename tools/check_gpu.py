@@ -1,7 +1,7 @@
 """make check-gpu: the GPU path step by step, each step under its own timeout, so that a failure or a
 hang names its step instead of ending a run with no word.
 
-python -m app.platform.check_gpu [MODEL.gguf] [--timeout SECONDS]
+python -m tools.check_gpu [MODEL.gguf] [--timeout SECONDS]
 
 Steps: the backends this build has, the model load with every layer offloaded (and where llama.cpp
 put them), the context, one decode, a state save, its restore, the batched decode of several
@@ -140,7 +140,7 @@ def check(model: Path, timeout: float, layers: int = -1) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m app.platform.check_gpu", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.check_gpu", description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path, nargs="?", default=DEFAULT_MODEL_PATH)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds each step may take (default 300)")
     parser.add_argument("--layers", type=int, default=-1, help="layers to offload (default -1: all)")

@@ -1,6 +1,6 @@
 """Unpack newer Vulkan headers for building llama.cpp's Vulkan backend on Debian 12.
 
-Usage: python models/vulkan_headers.py DEST
+Usage: python -m tools.vulkan_headers DEST   (make vulkan-deps runs it)
 
 Debian 12's libvulkan-dev (headers 1.3.239) cannot compile ggml-vulkan.cpp: it uses
 VK_EXT_layer_settings, newer than those headers. Debian 13's libvulkan-dev headers compile it
@@ -12,10 +12,10 @@ build then gets -DVulkan_INCLUDE_DIR=DEST/usr/include. Standard library only.
 
 from __future__ import annotations
 
+import argparse
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -87,6 +87,6 @@ def fetch(dest: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit(__doc__)
-    fetch(Path(sys.argv[1]))
+    parser = argparse.ArgumentParser(prog="python -m tools.vulkan_headers", description=__doc__.splitlines()[0])
+    parser.add_argument("dest", type=Path, help="the folder to unpack into (DEST/usr/include)")
+    fetch(parser.parse_args().dest)

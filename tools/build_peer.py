@@ -3,7 +3,7 @@ onepass uses, with the same CMake flags as its wheel, so the bench compares desi
 make native-server: the same from the llama.cpp inside another package's sdist (one whose llama.cpp
 has /v1/systemone), for tests/test_native_server.py.
 
-python -m bench.build_peer --package llama-cpp-python==0.3.36 --cmake-args "..." --out DIR   (DIR/llama-server)
+python -m tools.build_peer --package llama-cpp-python==0.3.36 --cmake-args "..." --out DIR   (DIR/llama-server)
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def build(requirement: str, cmake_args: str, out: Path, jobs: int) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.build_peer", description=__doc__.splitlines()[0])
     parser.add_argument("--package", required=True, help="NAME==VERSION of the sdist whose llama.cpp to build")
     parser.add_argument("--cmake-args", required=True, help="onepass's wheel flags (the Makefile's BUILD_ARGS)")
     parser.add_argument("--out", type=Path, required=True)
