@@ -49,6 +49,12 @@ def complete(root: Path) -> bool:
     )
 
 
+def has_driver_stub(root: Path) -> bool:
+    """Whether `root` has the CUDA driver's link stub (libcuda.so in a stubs folder), which ggml links
+    for its virtual-memory pool. A toolkit installed with the driver has it; NVIDIA's wheels do not."""
+    return any((root / lib / "stubs" / "libcuda.so").is_file() for lib in ("lib64", "lib", "targets/x86_64-linux/lib"))
+
+
 def system_toolkit() -> Path | None:
     candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
     nvcc = shutil.which("nvcc")
@@ -111,10 +117,22 @@ def main() -> None:
         root, source, runtime = wheel_toolkit(args.cache), "NVIDIA's wheels", RUNTIME_WHEELS
     version = nvcc_version(root / "bin" / "nvcc")
     say(f"{source}, {root} ({version})")
+    flags = [f"-DCUDAToolkit_ROOT={root}", f"-DCMAKE_CUDA_COMPILER={root / 'bin' / 'nvcc'}"]
+    vmm = has_driver_stub(root)
+    if not vmm:
+        # Without the stub ggml cannot link the driver at build time; its plain memory pool needs none.
+        say("no driver stub (lib64/stubs/libcuda.so): built with GGML_CUDA_NO_VMM (ggml's plain memory pool)")
+        flags.append("-DGGML_CUDA_NO_VMM=ON")
     if args.record is not None:
-        record = {"source": source, "root": str(root), "nvcc": version, "runtime_wheels": list(runtime)}
+        record = {
+            "source": source,
+            "root": str(root),
+            "nvcc": version,
+            "runtime_wheels": list(runtime),
+            "virtual_memory_pool": vmm,
+        }
         args.record.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    print(f"-DCUDAToolkit_ROOT={root} -DCMAKE_CUDA_COMPILER={root / 'bin' / 'nvcc'}")
+    print(" ".join(flags))
 
 
 if __name__ == "__main__":
