@@ -13,7 +13,10 @@ $(error onepass needs Python 3.11 or newer; '$(PYTHON)' is $(or $(shell $(PYTHON
 endif
 endif
 
-LLAMA_CPP_VERSION := 0.3.36
+# The engine: llama-cpp-python 0.3.36's bindings on the llama.cpp that serves /v1/systemone (the tree in
+# xllamacpp's sdist), assembled by tools/engine_source.py; its version names that llama.cpp.
+LLAMA_CPP_VERSION := $(shell $(PYTHON) -m tools.engine_source --print-version)
+ENGINE_SOURCE := $(HOME)/.cache/onepass/engine-source/$(LLAMA_CPP_VERSION)
 # The build: make setup GPU=cuda (NVIDIA), GPU=metal (Apple silicon), GPU=vulkan (AMD, Intel, any Vulkan
 # driver) or GPU=cpu (the default). The choice is recorded beside the venv ($(VENV)/build-choice.mk), and
 # every later target (run, test, check-gpu, ...) builds and installs that one until you choose again.
@@ -67,7 +70,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?=
 PORT ?=
 
-.PHONY: setup vulkan-deps test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet bench-calibration eval load check-gpu clean clean-build
+.PHONY: setup vulkan-deps bench-native test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet bench-calibration eval load check-gpu clean clean-build
 
 # `make setup` records the choice even when that build is installed already (choosing it again).
 setup: $(INSTALL_STAMP)
@@ -78,15 +81,17 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || { echo "creating the venv failed: on Debian or Ubuntu, apt-get install python3-venv"; exit 1; }
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(WHEEL_STAMP): | $(BIN)/python $(VULKAN_DEPS)
+$(ENGINE_SOURCE)/ONEPASS-ENGINE:
+	$(PYTHON) -m tools.engine_source --out $(ENGINE_SOURCE)
+
+$(WHEEL_STAMP): | $(BIN)/python $(VULKAN_DEPS) $(ENGINE_SOURCE)/ONEPASS-ENGINE
 	@echo "building llama-cpp-python $(LLAMA_CPP_VERSION) (GPU=$(GPU)) into $(WHEEL_DIR) (minutes, once)"
 	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)
 	@set -e; toolkit=""; \
 	if [ "$(GPU)" = cuda ]; then toolkit="$$($(PYTHON) tools/cuda_toolkit.py --cache $(CUDA_TOOLKITS) --record $(WHEEL_DIR)/cuda-toolkit.json)"; fi; \
 	echo "  CMAKE_ARGS=$(BUILD_ARGS) $$toolkit"; \
 	CMAKE_ARGS="$(BUILD_ARGS) $$toolkit" CMAKE_BUILD_PARALLEL_LEVEL=$$(getconf _NPROCESSORS_ONLN) \
-		$(BIN)/python -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python \
-		-w $(WHEEL_DIR) llama-cpp-python==$(LLAMA_CPP_VERSION)
+		$(BIN)/python -m pip wheel --no-deps --no-cache-dir -w $(WHEEL_DIR) $(ENGINE_SOURCE)
 	$(PYTHON) -m app.platform.cpu describe '$(LLAMA_CPP_VERSION)' '$(BUILD_ARGS)' '$(GPU)' > $(WHEEL_DIR)/built-for.json
 	touch $@
 
@@ -194,30 +199,28 @@ $(BENCH_STAMP): $(INSTALL_STAMP)
 	$(BIN)/python -m pip install -q -e '.[dev,bench]'
 	touch $@
 
-# llama.cpp's own server, built from the same source and flags as our wheel: the bench's peer.
+# llama.cpp's own server, built from the engine's llama.cpp with the same flags as its wheel: the bench's
+# peer, and make test-native's /v1/systemone (server-decision.cpp) that onepass is compared with.
 PEER_CACHE ?= $(HOME)/.cache/onepass/llama-server
 PEER := $(PEER_CACHE)/$(WHEEL_KEY)/llama-server
-$(PEER): | $(BIN)/python
-	@echo "building llama-server from llama-cpp-python $(LLAMA_CPP_VERSION)'s llama.cpp with the same flags (once)"
-	$(BIN)/python -m tools.build_peer --package llama-cpp-python==$(LLAMA_CPP_VERSION) --cmake-args '$(BUILD_ARGS)' \
+NATIVE_SERVER := $(PEER)
+$(PEER): | $(BIN)/python $(ENGINE_SOURCE)/ONEPASS-ENGINE
+	@echo "building llama-server from the engine's llama.cpp ($(LLAMA_CPP_VERSION)) with the same flags (once)"
+	$(BIN)/python -m tools.build_peer --source $(ENGINE_SOURCE)/vendor/llama.cpp --cmake-args '$(BUILD_ARGS)' \
 		--out $(dir $(PEER)) --jobs $$(getconf _NPROCESSORS_ONLN)
 
 peer: $(PEER)
-
-# llama.cpp's server with its native /v1/systemone (server-decision.cpp), which the llama.cpp of
-# llama-cpp-python $(LLAMA_CPP_VERSION) predates: built from the llama.cpp inside xllamacpp's sdist.
-# make test-native answers decision GGUFs with it and with onepass, and compares (once: minutes).
-NATIVE_PACKAGE := xllamacpp==2026.10.11549
-NATIVE_SERVER := $(PEER_CACHE)/native-$(subst ==,-,$(NATIVE_PACKAGE))-$(WHEEL_KEY)/llama-server
-$(NATIVE_SERVER): | $(BIN)/python
-	@echo "building llama-server from $(NATIVE_PACKAGE)'s llama.cpp, which serves /v1/systemone (once)"
-	$(BIN)/python -m tools.build_peer --package $(NATIVE_PACKAGE) --cmake-args '$(BUILD_ARGS)' \
-		--out $(dir $(NATIVE_SERVER)) --jobs $$(getconf _NPROCESSORS_ONLN)
 
 native-server: $(NATIVE_SERVER)
 
 test-native: model model-decision $(NATIVE_SERVER)
 	ONEPASS_NATIVE_SERVER=$(NATIVE_SERVER) $(BIN)/python -m pytest -q tests/test_native_server.py
+
+# onepass and llama.cpp's /v1/systemone on speed, the same requests to both on the converted default model: new
+# states, one state repeated, more states than llama-server has slots, a 2,000-token state, 4 clients at once;
+# bench/results/<date>-<sha>-native-speed.{json,md}. make bench-native BENCH_ARGS=--quick: a smaller run.
+bench-native: model-decision $(BENCH_STAMP) $(NATIVE_SERVER)
+	$(BIN)/python -m bench.native_speed --server $(NATIVE_SERVER) --model $(DECISION_MODEL) $(BENCH_ARGS)
 
 # The full comparison for a model (default: the default model): make bench BENCH_ARGS="--model models/x.gguf"
 BENCH_ARGS ?=

@@ -169,7 +169,8 @@ class CalibrationUsed(BaseModel):
 class NoulAnswer(BaseModel):
     type: Literal["noul"] = "noul"
     noul: Probability
-    x_label_mass: Probability  # the share of the next-token distribution on the answer labels
+    # the share of the next-token distribution on the answer labels; absent for a decision head
+    x_label_mass: Probability | None = None
     x_raw: Probability | None = None  # before calibration (absent when calibration is off)
     x_calibration: CalibrationUsed | None = None
 
@@ -179,7 +180,7 @@ class ChoiceAnswer(BaseModel):
     choice: str
     confidence: Probability
     probabilities: dict[str, Probability]
-    x_label_mass: Probability
+    x_label_mass: Probability | None = None
     x_raw: dict[str, Probability] | None = None
     x_calibration: CalibrationUsed | None = None
 
@@ -190,7 +191,7 @@ class ScoreAnswer(BaseModel):
     confidence: Probability
     legend: dict[str, Text]
     probabilities: dict[str, Probability]
-    x_label_mass: Probability
+    x_label_mass: Probability | None = None
     x_raw: dict[str, Probability] | None = None
     x_calibration: CalibrationUsed | None = None
 
@@ -298,7 +299,7 @@ class ErrorResponse(BaseModel):
 def answer_of(
     question: Question,
     probabilities: list[float],
-    mass: float,
+    mass: float | None,
     raw: list[float] | None = None,
     fit: CalibrationUsed | None = None,
 ) -> Answer:

@@ -21,7 +21,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from app.paths import REPO_ROOT, cache_home
 from app.serving.loading import prompter_for
 from bench.eval import load_items
 from bench.output import Progress
-from tools.build_peer import download_sdist
+from tools import engine_source
 
 HARNESS = Path(__file__).resolve().parent / "native_render.cpp"
 # What the renderer needs of the source: the template engine, its JSON wrapper and their headers.
@@ -52,29 +51,12 @@ def release_version() -> str:
 
 
 def release_source(version: str) -> Path:
-    """The llama.cpp tree inside llama-cpp-python's sdist, the parts the renderer needs, kept in
-    the cache folder (downloaded and unpacked once, then renamed into place whole)."""
-    folder = cache_home() / "llama-cpp-source" / version
-    if (folder / "common" / "jinja" / "runtime.h").is_file():
-        return folder
-    with tempfile.TemporaryDirectory(prefix="onepass-llama-src-") as tmp:
-        work = Path(tmp)
-        sdist = download_sdist(f"llama-cpp-python=={version}", work)
-        root = f"llama_cpp_python-{version}/vendor/llama.cpp/"
-        unpacked = work / "llama.cpp"
-        with tarfile.open(sdist) as archive:
-            for member in archive.getmembers():
-                inner = member.name.removeprefix(root)
-                if member.name.startswith(root) and inner.startswith(SOURCE_PARTS) and member.isfile():
-                    member.name = inner
-                    archive.extract(member, unpacked, filter="data")
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.replace(unpacked, folder)
-        except OSError:  # there already: another process unpacked it meanwhile (or a partial tree: say so)
-            if not (folder / "common" / "jinja" / "runtime.h").is_file():
-                raise
-    return folder
+    """The llama.cpp tree the installed engine was built from (tools/engine_source.py assembles it into
+    the cache folder once: make setup does)."""
+    folder = cache_home() / "engine-source" / version
+    if not (folder / "ONEPASS-ENGINE").is_file():
+        engine_source.assemble(folder)
+    return folder / "vendor" / "llama.cpp"
 
 
 def compiler() -> str | None:

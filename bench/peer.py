@@ -41,7 +41,9 @@ class Peer:
 
 
 @contextmanager
-def llama_server(binary: Path, model: Path, n_ctx: int, threads: int, repack: bool, flash_attn: bool) -> Iterator[Peer]:
+def llama_server(
+    binary: Path, model: Path, n_ctx: int, threads: int, repack: bool, flash_attn: bool, batch: int = 512
+) -> Iterator[Peer]:
     """llama-server built from the same llama.cpp source and flags as onepass's wheel (make peer),
     set up as onepass is: one slot, f16 KV, the prompt cache on, and the thread count, repacked
     weights and flash attention given (onepass's measured choices), so a ratio measures the
@@ -50,7 +52,8 @@ def llama_server(binary: Path, model: Path, n_ctx: int, threads: int, repack: bo
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(n_ctx)]
-    command += ["-np", "1", "-b", "512", "-ub", "512", "-ngl", "0", "-t", str(threads)]
+    # batch: a model read whole (laya, clef, ...) takes each prompt in one micro-batch of at most this
+    command += ["-np", "1", "-b", str(batch), "-ub", str(batch), "-ngl", "0", "-t", str(threads)]
     command += ["-fa", "on" if flash_attn else "off", "--repack" if repack else "--no-repack"]
     command += ["--swa-full", "--no-warmup", "--cache-prompt"]  # swa-full: else Gemma 3 reuses no prefix
     command += ["-lv", "4"]  # the level that logs system_info

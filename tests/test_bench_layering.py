@@ -26,6 +26,7 @@ LAYERS: list[set[str]] = [
     },
     # make bench; what reads the eval set or compares its reports, or compares onepass with llama.cpp
     {"run", "compare_evals", "native_template", "native_decision"},
+    {"native_speed"},  # onepass and llama.cpp's /v1/systemone on speed: reads native_decision's agreement
 ]
 
 

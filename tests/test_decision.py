@@ -236,11 +236,10 @@ def test_temperatures_go_by_question_type_and_size_bucket() -> None:
 @pytest.mark.parametrize(
     ("kind", "template", "temperatures", "message"),
     [
-        ("kev", LABELLED, {}, "decision type 'kev' is not served by onepass: its answer is a pointer head"),
-        ("laya", LABELLED, {}, "'laya' is not served"),
-        ("clef", LABELLED, {}, "'clef' is not served"),
-        ("lfm2-d1", LABELLED, {}, "'lfm2-d1' is not served"),
-        ("lfm2_d1", LABELLED, {}, "'lfm2_d1' is not served"),
+        ("kev", LABELLED, {}, "a kev decision model needs <|box_end|> as one token"),
+        ("laya", LABELLED, {}, "a laya decision model needs a positive llama.decision.max_head_tokens"),
+        ("clef", LABELLED, {}, "a clef decision model keeps no memory, but this one does"),
+        ("lfm2_d1_omni", LABELLED, {}, "a lfm2-d1-omni decision model keeps no memory, but this one does"),
         ("julia", LABELLED, {}, "unknown decision type 'julia'"),
         ("lev", None, {}, "needs a 'systemone' template"),
         ("lev", LABELLED, {"noul": -1.0}, "invalid decision temperature: llama.decision.temperature.noul"),

@@ -284,7 +284,7 @@ def test_a_question_asked_twice_is_decoded_once_and_answered_alike(tiny_service:
 
 def test_suffix_rows_decode_the_tokens_suffixes_begin_with_once() -> None:
     jobs = [Job([7, 8, 9], [1]), Job([7, 8, 4], [1]), Job([7, 5], [1]), Job([7, 8], [2]), Job([6], [1])]
-    rows, outputs = suffix_rows(jobs, 100)
+    rows, paths = suffix_rows(jobs, 100)
     assert rows == [
         (7, 100, (1, 2, 3, 4), False),
         (8, 101, (1, 2, 4), True),  # job 4 ends here: its logits are read from the shared row
@@ -293,10 +293,10 @@ def test_suffix_rows_decode_the_tokens_suffixes_begin_with_once() -> None:
         (5, 101, (3,), True),
         (6, 100, (5,), True),
     ]
-    assert outputs == [2, 3, 4, 1, 5]
-    whole, whole_outputs = suffix_rows(jobs, 100, share=False)
+    assert paths == [[0, 1, 2], [0, 1, 3], [0, 4], [0, 1], [5]]  # each token's row: a mark reads any of them
+    whole, whole_paths = suffix_rows(jobs, 100, share=False)
     assert [row[2] for row in whole] == [(1,)] * 3 + [(2,)] * 3 + [(3,)] * 2 + [(4,)] * 2 + [(5,)]
-    assert whole_outputs == [2, 5, 7, 9, 10]
+    assert [path[-1] for path in whole_paths] == [2, 5, 7, 9, 10]
 
 
 @pytest.mark.skipif(

@@ -15,10 +15,13 @@ from typing import Any
 import httpx
 import pytest
 
+from app.answering.prompter import Reading
 from app.contract import SystemOneRequest
+from app.engine.llama import Readout
 from bench.native_decision import agreement, onepass_service, probabilities
 from bench.peer import llama_server
 from tests.test_decision import QUESTIONS, STATE, TEMPERATURES, TEMPLATES, decision_gguf
+from tests.tiny_decision import BUILDERS
 
 NATIVE = os.environ.get("ONEPASS_NATIVE_SERVER", "")
 pytestmark = pytest.mark.skipif(
@@ -69,6 +72,87 @@ def test_each_type_answers_as_llama_cpp_answers(folder: Path, kind: str) -> None
                         assert found.largest_gap < TOLERANCE, (kind, qid, probabilities(ours[qid]), theirs[qid])
     finally:
         service.close()
+
+
+def largest_gaps(model: Path) -> dict[str, float]:
+    """Per question, over both states and both question sets, the largest gap between onepass's
+    probability of a label and llama-server's."""
+    service = onepass_service(model, threads=1)
+    gaps: dict[str, float] = {}
+    try:
+        # clef's one prompt for every question is longer than llama-server's default micro-batch
+        native = llama_server(Path(NATIVE), model, 2048, 1, False, False, batch=2048)
+        with native as peer, httpx.Client(timeout=120) as client:
+            for state in STATES:
+                for questions in (QUESTIONS, MORE):
+                    theirs = ask(client, peer.url, state, questions)
+                    body = {"model": "m", "state": state, "questions": questions}
+                    ours = service.answer(SystemOneRequest.model_validate(body)).wire()["answers"]
+                    assert list(theirs) == list(ours)
+                    for qid, question in questions.items():
+                        gap = agreement(question["type"], ours[qid], theirs[qid]).largest_gap
+                        gaps[qid] = max(gaps.get(qid, 0.0), gap)
+    finally:
+        service.close()
+    return gaps
+
+
+@pytest.mark.parametrize("kind", sorted(BUILDERS))
+def test_each_type_read_from_a_head_or_label_groups_answers_as_llama_cpp_answers(folder: Path, kind: str) -> None:
+    gaps = largest_gaps(BUILDERS[kind](folder / f"{kind}.gguf"))
+    assert max(gaps.values()) < TOLERANCE, (kind, gaps)
+
+
+SCORES = Reading.scores  # the readout as it is, for the alterations below to start from
+
+
+def swap_q_and_k(reading: Reading, readout: Readout) -> list[float]:
+    flipped = tuple(v[::-1].copy() for v in readout.marked)  # each vector's halves trade places
+    return SCORES(reading, Readout(readout.label_logits, readout.label_mass, readout.hidden, flipped))
+
+
+def wrong_marker(reading: Reading, readout: Readout) -> list[float]:
+    shifted = (*readout.marked[1:], readout.marked[0])  # each option reads the next one's mask
+    return SCORES(reading, Readout(readout.label_logits, readout.label_mass, readout.hidden, shifted))
+
+
+def labels_reversed(reading: Reading, readout: Readout) -> list[float]:
+    return readout.label_logits[::-1]
+
+
+def wrong_column(reading: Reading, readout: Readout) -> list[float]:
+    return [float(v[(reading.column + 1) % len(v)]) for v in readout.marked]
+
+
+def one_spelling(reading: Reading, readout: Readout) -> list[float]:
+    """Each group's first token only: the other spellings dropped."""
+    starts = [sum(reading.groups[:i]) for i in range(len(reading.groups))]
+    return [readout.label_logits[start] for start in starts]
+
+
+def rows_reversed(reading: Reading, readout: Readout) -> list[float]:
+    return [float(v[0]) for v in readout.marked[::-1]]
+
+
+ALTERED = {
+    **dict.fromkeys(TEMPLATES, labels_reversed),
+    "kev": swap_q_and_k,
+    "clef": rows_reversed,
+    "laya": wrong_column,
+    "lfm2-d1": one_spelling,
+    "lfm2-d1-omni": wrong_marker,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ALTERED))
+def test_a_readout_read_wrong_is_caught(folder: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The comparison above can fail: with the readout altered, some answer moves past the tolerance."""
+    if kind in BUILDERS:
+        model = BUILDERS[kind](folder / f"altered-{kind}.gguf")
+    else:
+        model = decision_gguf(folder, kind, TEMPLATES[kind], TEMPERATURES)
+    monkeypatch.setattr(Reading, "scores", ALTERED[kind])
+    assert max(largest_gaps(model).values()) >= TOLERANCE
 
 
 @pytest.mark.real_model

@@ -25,6 +25,9 @@ from bench.native_template import (
     release_version,
 )
 from tests.test_decision import QUESTION_FIRST, QUESTIONS, TEMPLATES, decision_gguf, decision_prompter, serve
+from tests.tiny_decision import BUILDERS
+
+RENDERED_BY_THE_TEMPLATE = ("kev", "lfm2-d1")  # the causal types whose converters' templates are rendered as is
 
 STATES: list[Any] = [
     "My refund never came. Order #5521, 3 days ago.",
@@ -76,6 +79,8 @@ def prompters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, De
     services["styled"] = serve(decision_gguf(folder / "styled", "nimble", STYLED))
     (folder / "question-first").mkdir()
     services["question-first"] = serve(decision_gguf(folder / "question-first", "pplx-decider", QUESTION_FIRST))
+    for kind in RENDERED_BY_THE_TEMPLATE:
+        services[kind] = serve(BUILDERS[kind](folder / f"tiny-{kind}.gguf"))
     yield {kind: decision_prompter(service) for kind, service in services.items()}
     for service in services.values():
         service.close()
@@ -85,13 +90,14 @@ def requests(states: list[Any]) -> list[SystemOneRequest]:
     return [SystemOneRequest.model_validate({"model": "m", "state": s, "questions": QUESTIONS}) for s in states]
 
 
-@pytest.mark.parametrize("kind", [*TEMPLATES, "question-first", "styled"])
+@pytest.mark.parametrize("kind", [*TEMPLATES, "question-first", "styled", *RENDERED_BY_THE_TEMPLATE])
 def test_every_types_template_renders_alike_in_both_engines(
     renderer: Path, prompters: dict[str, DecisionPrompter], kind: str
 ) -> None:
     """Strings, JSON values of every kind (ints, floats both print alike, booleans, null, nesting),
     option descriptions as text, null and JSON; lev's sorted keys and both orders; nimble's list of
-    every question."""
+    every question; kev's text values; lfm2-d1's labels and `tojson(indent=2)`. (laya, lfm2-d1-omni
+    and clef cut their prompts after rendering: tests/test_native_server.py compares them end to end.)"""
     rendered, differences = compare(prompters[kind], renderer, requests(STATES))
     assert rendered == len(STATES) * (len(QUESTIONS) + (kind == "lev"))
     assert differences == [], differences[0]

@@ -1,9 +1,10 @@
-"""make peer: build llama.cpp's `llama-server` from the source inside the llama-cpp-python release
-onepass uses, with the same CMake flags as its wheel, so the bench compares designs, not builds.
-make native-server: the same from the llama.cpp inside another package's sdist (one whose llama.cpp
-has /v1/systemone), for tests/test_native_server.py.
+"""make peer (and make native-server, the same binary): build llama.cpp's `llama-server` from the
+llama.cpp onepass's engine is built from (tools/engine_source.py), with the same CMake flags as its
+wheel, so the bench compares designs, not builds, and tests/test_native_server.py compares onepass
+with llama.cpp's own /v1/systemone.
 
-python -m tools.build_peer --package llama-cpp-python==0.3.36 --cmake-args "..." --out DIR   (DIR/llama-server)
+python -m tools.build_peer --source LLAMA_CPP_DIR --cmake-args "..." --out DIR       (DIR/llama-server)
+python -m tools.build_peer --package NAME==VERSION --cmake-args "..." --out DIR     (the llama.cpp in an sdist)
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def download_sdist(requirement: str, folder: Path) -> Path:
     raise RuntimeError(f"{index}/{name}/ lists no source distribution of {version}")
 
 
-def build(requirement: str, cmake_args: str, out: Path, jobs: int) -> Path:
+def build(requirement: str | None, source: Path | None, cmake_args: str, out: Path, jobs: int) -> Path:
+    """llama-server built from the llama.cpp tree `source`, or from the one in `requirement`'s sdist."""
     if shutil.which("cmake") is None:
         raise SystemExit(
             "building llama-server needs cmake: `apt-get install cmake`, `brew install cmake` or `pip install cmake`"
@@ -62,11 +64,13 @@ def build(requirement: str, cmake_args: str, out: Path, jobs: int) -> Path:
     binary = out / "llama-server"
     with tempfile.TemporaryDirectory(prefix="onepass-peer-") as tmp:
         work = Path(tmp)
-        sdist = download_sdist(requirement, work)
-        with tarfile.open(sdist) as archive:
-            archive.extractall(work, filter="data")
-        # the llama.cpp tree in it: vendor/llama.cpp (llama-cpp-python), thirdparty/llama.cpp (xllamacpp)
-        source = next(path.parent.parent.parent for path in work.glob("*/*/llama.cpp/tools/server/server.cpp"))
+        if source is None:
+            assert requirement is not None
+            sdist = download_sdist(requirement, work)
+            with tarfile.open(sdist) as archive:
+                archive.extractall(work, filter="data")
+            # the llama.cpp tree in it: vendor/llama.cpp (llama-cpp-python), thirdparty/llama.cpp (xllamacpp)
+            source = next(path.parent.parent.parent for path in work.glob("*/*/llama.cpp/tools/server/server.cpp"))
         build_dir = work / "build"
         subprocess.run(
             ["cmake", "-S", str(source), "-B", str(build_dir), *SERVER_ARGS, *shlex.split(cmake_args)], check=True
@@ -82,12 +86,14 @@ def build(requirement: str, cmake_args: str, out: Path, jobs: int) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.build_peer", description=__doc__.splitlines()[0])
-    parser.add_argument("--package", required=True, help="NAME==VERSION of the sdist whose llama.cpp to build")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--source", type=Path, help="the llama.cpp tree to build")
+    where.add_argument("--package", help="NAME==VERSION of the sdist whose llama.cpp to build")
     parser.add_argument("--cmake-args", required=True, help="onepass's wheel flags (the Makefile's BUILD_ARGS)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
-    print(build(args.package, args.cmake_args, args.out, args.jobs))
+    print(build(args.package, args.source, args.cmake_args, args.out, args.jobs))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 A decision GGUF names its format in `<arch>.decision.type`, ships a Jinja template named `systemone`
 (`tokenizer.chat_template.systemone`) and may ship temperatures `<arch>.decision.temperature.<question
-type>[.<bucket>]`. onepass serves the types whose answer is the logits of single-token labels at the
-end of the prompt, as the format defines them:
+type>[.<bucket>]`. onepass serves all nine types llama.cpp's server does. This module prompts the
+causal ones, whose state's prefix the cache keeps (app/answering/encoders.py the others):
 
 - openjev: labels A-Z then a-z (all 52 single tokens), the i-th label for the i-th option; the template
   gets no labels and derives them from the position; noul lists true first;
@@ -12,10 +12,14 @@ end of the prompt, as the format defines them:
   labels; a choice of several options is asked twice, in forward and reversed order (the labels
   keep their display order), and the two readings averaged; every JSON object's keys sorted;
 - nimble: lev's labels, one reading, and the template also gets every question of the request;
-- pplx-decider: lev's labels, one reading.
+- pplx-decider: lev's labels, one reading;
+- lfm2-d1: labels per question (yes/no, the level digits, an option code each), each read as the
+  largest logit of its group of tokens (yes/Yes/YES; "A" and " A"); noul lists true first;
+- kev: no labels: each option ends at a <|box_end|> token, and its score is q . k / sqrt(n / 2), q the
+  first half of the last token's output vector, k the second half of the option's (the model's
+  cls.output projection); user text is given to the template as kev's text (app/answering/decision_text.py).
 
-Types that need a readout llama.cpp's logits cannot give (kev, laya, clef, lfm2-d1, lfm2-d1-omni) are
-refused at load. A question's temperature is the file's `<type>.<bucket>`, else `<type>`, else 1.
+A question's temperature is the file's `<type>.<bucket>`, else `<type>`, else 1.
 
 The cached prefix is found by rendering: the longest common token prefix of two probe questions
 about the same state is the state's prefix, shared by every question about it. A template that does
@@ -23,8 +27,9 @@ not put the state before the question has none; each question's prompt then foll
 prompt shares.
 
 The prompt is tokenized with special tokens parsed (templates write their own control tokens), so
-control-token text in the user's strings is broken with a word joiner first: a state cannot forge
-the template's structure.
+control-token text in the user's strings is broken first: as llama.cpp's server breaks it where it
+does (kev's `<|name|>` as `<¦name¦>`), and with a word joiner wherever it remains, so that a state
+cannot forge the template's structure.
 """
 
 from __future__ import annotations
@@ -38,29 +43,21 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import product
-from typing import Any
+from typing import Any, Literal
 
-from jinja2 import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
+from app.answering import decision_text
 from app.answering.prompter import Plan, Reading, Suffix, TemplateRefused, Tokenizer, TooManyOptions
 from app.contract import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, SystemOneRequest, Text, label_keys
 
 log = logging.getLogger("onepass.decision")
 
-SERVED = ("openjev", "lev", "nimble", "pplx-decider")
-NOT_SERVED = {
-    "kev": "its answer is a pointer head (the dot product of hidden vectors at <|box_end|> markers), "
-    "which needs per-token embeddings that this build does not read",
-    "laya": "its answer is an encoder head read at [MASK] markers from the embeddings output, "
-    "which this build does not read",
-    "clef": "it scores every option from one joint prompt's embeddings rows, which this build does not read",
-    "lfm2-d1": "its outputs are maxima over groups of label tokens (yes/Yes/YES, keys as codes), "
-    "a readout this build does not implement",
-    "lfm2-d1-omni": "its answer is an encoder head read at marker tokens, which this build does not read",
-}
+CAUSAL = ("openjev", "lev", "nimble", "pplx-decider", "lfm2-d1", "kev")  # this module's: a state's prefix is kept
+WHOLE = ("laya", "lfm2-d1-omni", "clef")  # app/answering/encoders.py's: every prompt read whole
+SERVED = (*CAUSAL, *WHOLE)
 TEMPLATE_KEY = "tokenizer.chat_template.systemone"
 MAX_LABELS = 255
+MAX_OPTIONS = 255  # llama.cpp's limit for the types without a label per option
+BOX_END = "<|box_end|>"  # kev: where an option's output vector is read
 RATING_POINTS = 9  # lev's noul: a rating from 0 (certainly no) to 8 (certainly yes)
 WORD_JOINER = "\u2060"
 PROBE_STATES = ("The first probe text.", "Another text, for the second probe.")
@@ -79,6 +76,7 @@ class DecisionFormat:
     kind: str  # one of SERVED
     template: str
     temperatures: dict[str, float]  # "<question type>[.<bucket>]" -> T
+    max_head_tokens: int = 0  # laya: the question and its options' token budget
 
     def temperature(self, question_type: str, n_options: int) -> float:
         bucket = _bucket(self.kind, n_options)
@@ -100,8 +98,6 @@ def read_format(metadata: Callable[[str], str | None], keys: Sequence[str]) -> D
     if declared is None:
         return None
     kind = declared.strip().lower().replace("_", "-")
-    if kind in NOT_SERVED:
-        raise DecisionError(f"decision type {declared!r} is not served by onepass: {NOT_SERVED[kind]}")
     if kind not in SERVED:
         raise DecisionError(f"unknown decision type {declared!r}; onepass serves {', '.join(SERVED)}")
     template = metadata(TEMPLATE_KEY)
@@ -118,11 +114,20 @@ def read_format(metadata: Callable[[str], str | None], keys: Sequence[str]) -> D
             if not math.isfinite(value) or value <= 0:
                 raise DecisionError(f"invalid decision temperature: {key} = {text!r}")
             temperatures[key.removeprefix(prefix + "temperature.")] = value
-    return DecisionFormat(kind, template, temperatures)
+    max_head_tokens = 0
+    if kind == "laya":
+        text = metadata(prefix + "max_head_tokens") or ""
+        max_head_tokens = int(text) if text.isdigit() else 0
+        if max_head_tokens <= 0:
+            raise DecisionError(f"a laya decision model needs a positive {prefix}max_head_tokens, not {text!r}")
+    return DecisionFormat(kind, template, temperatures, max_head_tokens)
 
 
 def pick_labels(tokenizer: Tokenizer, kind: str) -> tuple[tuple[str, int], ...]:
-    """The type's label codes as (text, token): each must be one token, written with no space before."""
+    """The type's label codes as (text, token): each must be one token, written with no space before.
+    lfm2-d1 picks its labels per question, kev reads no labels: none here."""
+    if kind in ("lfm2-d1", "kev"):
+        return ()
     letters = list(string.ascii_uppercase)
     if kind == "openjev":
         found = []
@@ -150,29 +155,32 @@ class _Option:
     description: Any  # the raw JSON value, or None
 
 
-def _options(question: Question, true_first: bool) -> list[_Option]:
+TRUE_FIRST = ("openjev", "clef", "lfm2-d1")  # the types whose noul lists true, then false
+
+
+def options_of(question: Question, kind: str) -> list[_Option]:
+    """A question's options in the order a `kind` model is shown them (clef sorts a choice's by key)."""
     if isinstance(question, NoulQuestion):
         criteria = question.criteria
         true = _Option("true", criteria.true if criteria is not None else None)
         false = _Option("false", criteria.false if criteria is not None else None)
-        return [true, false] if true_first else [false, true]
+        return [true, false] if kind in TRUE_FIRST else [false, true]
     if isinstance(question, ChoiceQuestion):
-        return [_Option(name, description) for name, description in question.criteria.items()]
+        found = [_Option(name, description) for name, description in question.criteria.items()]
+        return sorted(found, key=lambda o: o.key.encode()) if kind == "clef" else found
     assert isinstance(question, ScoreQuestion)
     return [_Option(str(i), level) for i, level in enumerate(question.criteria)]
 
 
-def _sorted_keys(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _sorted_keys(value[key]) for key in sorted(value)}
-    if isinstance(value, list):
-        return [_sorted_keys(item) for item in value]
-    return value
+@dataclass(frozen=True)
+class _Prompt:
+    """One variant of a question, rendered: its tokens, the label tokens read at its end (in answer
+    order), the positions a head reads (in answer order, then kev's pointer) and lfm2-d1's groups."""
 
-
-def _tojson(value: Any, indent: int | None = None) -> str:
-    """The JSON text of a value as templates print it: key order kept, non-ASCII as itself."""
-    return json.dumps(value, ensure_ascii=False, indent=indent)
+    tokens: tuple[int, ...]
+    label_ids: tuple[int, ...]
+    marks: tuple[int, ...] = ()
+    groups: tuple[int, ...] = ()
 
 
 class DecisionPrompter:
@@ -185,11 +193,15 @@ class DecisionPrompter:
         self.tokenizer = tokenizer
         self.format = fmt
         self.decision_type = fmt.kind
+        if fmt.kind not in CAUSAL:
+            raise DecisionError(f"{fmt.kind} reads each prompt whole: app/answering/encoders.py prompts it")
         self.labels = pick_labels(tokenizer, fmt.kind)
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)  # templates are untrusted
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise_template_error
-        self._template = env.from_string(fmt.template)
+        if fmt.kind == "kev":
+            marker = tokenizer.tokenize(BOX_END, add_bos=False, special=True)
+            if len(marker) != 1:
+                raise DecisionError(f"a kev decision model needs {BOX_END} as one token")
+            self._marker = marker[0]
+        self._template = decision_text.environment().from_string(fmt.template)
         self._controls = sorted((t for t in control_texts if len(t) > 1), key=len, reverse=True)
         self._tokens = functools.lru_cache(maxsize=PROMPT_MEMO)(self._tokenize)
         try:
@@ -214,7 +226,7 @@ class DecisionPrompter:
 
     @property
     def max_options(self) -> int:
-        return len(self.labels)
+        return len(self.labels) if self.labels else MAX_OPTIONS
 
     @property
     def identity(self) -> str:
@@ -232,14 +244,18 @@ class DecisionPrompter:
         # the state's own prefix first: a template that refuses the state says so about the state
         known = self._prefix_of(json.dumps(state)) if self.state_first else self.head_tokens
         prompts = {qid: self._variants(qid, question, questions, state) for qid, question in questions.items()}
-        every = [tokens for variants in prompts.values() for tokens, _ in variants]
-        prefix = _common([known, *every])
-        shortest = min(len(tokens) for tokens in every)
-        prefix = prefix[: min(len(prefix), shortest - 1)]  # every question keeps a token to decode
+        every = [prompt for variants in prompts.values() for prompt in variants]
+        prefix = _common([known, *(prompt.tokens for prompt in every)])
+        # every question keeps a token to decode, and every place a head reads
+        keep = min(min(p.marks, default=len(p.tokens) - 1) for p in every)
+        prefix = prefix[: min(len(prefix), keep)]
         planned = []
         for qid, question in questions.items():
-            variants = tuple(Suffix("", tokens[len(prefix) :], label_ids) for tokens, label_ids in prompts[qid])
-            planned.append((qid, question, self._reading(question, variants)))
+            variants = tuple(
+                Suffix("", p.tokens[len(prefix) :], p.label_ids, tuple(m - len(prefix) for m in p.marks))
+                for p in prompts[qid]
+            )
+            planned.append((qid, question, self._reading(question, variants, prompts[qid][0].groups)))
         return Plan(prefix, ("systemone", array("I", prefix).tobytes()), planned)
 
     # Rendering ---------------------------------------------------------------------------------
@@ -258,41 +274,67 @@ class DecisionPrompter:
                 )
                 raise TooManyOptions(qid, "criteria", needed, self.max_options, message)
 
-    def _variants(
-        self, qid: str, question: Question, questions: dict[str, Question], state: Text
-    ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-        """(the prompt's tokens, the label ids read in label_keys order) for each variant."""
+    def _variants(self, qid: str, question: Question, questions: dict[str, Question], state: Text) -> list[_Prompt]:
+        """Each variant of a question, rendered, with what its readout reads in label_keys order."""
         kind = self.format.kind
         answer_order = label_keys(question)
         found = []
         for shown in self.variants_shown(question):
+            position = {o.key: i for i, o in enumerate(shown)}  # each label's place in this variant's display
             tokens = self._tokens(self._render(question, questions, state, qid, shown))
             if kind == "lev" and isinstance(question, NoulQuestion):
-                label_ids = tuple(token for _, token in self.labels[:RATING_POINTS])
-            else:  # each option's label is the one at its place in this variant's display
-                position = {o.key: i for i, o in enumerate(shown)}
-                label_ids = tuple(self.labels[position[key]][1] for key in answer_order)
-            found.append((tokens, label_ids))
+                found.append(_Prompt(tokens, tuple(token for _, token in self.labels[:RATING_POINTS])))
+            elif kind == "lfm2-d1":
+                _, groups = self._d1_labels(qid, question, shown)
+                ordered = [groups[position[key]] for key in answer_order]
+                flat = tuple(token for group in ordered for token in group)
+                found.append(_Prompt(tokens, flat, groups=tuple(len(group) for group in ordered)))
+            elif kind == "kev":
+                markers = [i for i, token in enumerate(tokens) if token == self._marker]
+                if len(markers) != len(shown):
+                    raise TemplateRefused(
+                        ("questions", qid), "the kev template did not end each option with one marker"
+                    )
+                marks = (*(markers[position[key]] for key in answer_order), len(tokens) - 1)
+                found.append(_Prompt(tokens, (), marks))
+            else:
+                found.append(_Prompt(tokens, tuple(self.labels[position[key]][1] for key in answer_order)))
         return found
 
-    def _reading(self, question: Question, variants: tuple[Suffix, ...]) -> Reading:
+    def _d1_labels(self, qid: str, question: Question, shown: list[_Option]) -> tuple[list[str], list[tuple[int, ...]]]:
+        try:
+            return decision_text.d1_labels(self._plain_tokens, question.type, [o.key for o in shown])
+        except ValueError as error:
+            raise TooManyOptions(qid, "criteria", len(shown), len(shown) - 1, str(error)) from error
+
+    def _plain_tokens(self, text: str) -> list[int]:
+        return self.tokenizer.tokenize(text, add_bos=False, special=False)
+
+    def _reading(self, question: Question, variants: tuple[Suffix, ...], groups: tuple[int, ...]) -> Reading:
         n = 2 if isinstance(question, NoulQuestion) else len(question.criteria)
         temperature = self.format.temperature(question.type, n)
-        if self.format.kind == "lev" and isinstance(question, NoulQuestion):
+        kind = self.format.kind
+        if kind == "lev" and isinstance(question, NoulQuestion):
             return Reading(variants, "rating", temperature)
-        return Reading(variants, "mean" if len(variants) > 1 else "one", temperature)
+        combine: Literal["one", "mean"] = "mean" if len(variants) > 1 else "one"
+        if kind == "lfm2-d1":
+            return Reading(variants, combine, temperature, head="groups", groups=groups)
+        if kind == "kev":
+            return Reading(variants, combine, temperature, head="pointer")
+        return Reading(variants, combine, temperature)
 
     def template_values(
         self, question: Question, questions: dict[str, Question], state: Text, qid: str, shown: list[_Option]
     ) -> dict[str, Any]:
         """What the systemone template is given to render one variant of one question."""
         kind = self.format.kind
+        instructions = question.instructions if question.instructions is not None else ""
         values: dict[str, Any] = {
             "id": qid,
             "type": question.type,
-            "instructions": self._user(question.instructions if question.instructions is not None else ""),
+            "instructions": self._user(instructions),
             "state": self._user(state),
-            "options": self._options_value(shown),
+            "options": self._options_value(qid, question, shown),
         }
         if kind == "nimble":
             values["questions"] = [
@@ -300,18 +342,21 @@ class DecisionPrompter:
                     "id": other_id,
                     "type": other.type,
                     "instructions": self._user(other.instructions if other.instructions is not None else ""),
-                    "options": self._options_value(_options(other, true_first=False)),
+                    "options": self._options_value(other_id, other, options_of(other, kind)),
                 }
                 for other_id, other in questions.items()
             ]
         if kind == "lev":
-            values = _sorted_keys(values)
+            values = decision_text.sort_keys(values)
+        if kind == "kev":  # kev's template takes text only
+            values["state"] = self._user(decision_text.kev_text(state))
+            values["instructions"] = self._user(decision_text.kev_text(instructions))
         values["images"] = []
         return values
 
     def variants_shown(self, question: Question) -> list[list[_Option]]:
         """The options in the order each variant shows them (lev shows a choice both ways)."""
-        options = _options(question, true_first=self.format.kind == "openjev")
+        options = options_of(question, self.format.kind)
         if self.format.kind == "lev" and isinstance(question, ChoiceQuestion) and len(options) > 1:
             return [options, options[::-1]]
         return [options]
@@ -335,12 +380,21 @@ class DecisionPrompter:
     def render_values(self, values: dict[str, Any]) -> str:
         return self._template.render(**values)
 
-    def _options_value(self, shown: list[_Option]) -> list[dict[str, Any]]:
+    def _options_value(self, qid: str, question: Question, shown: list[_Option]) -> list[dict[str, Any]]:
+        kind = self.format.kind
+        codes = self._d1_labels(qid, question, shown)[0] if kind == "lfm2-d1" else [code for code, _ in self.labels]
         found = []
         for i, option in enumerate(shown):
-            value: dict[str, Any] = {"key": self._user(option.key), "description": self._user(option.description)}
-            if self.format.kind != "openjev":
-                value["label"] = self.labels[i][0]
+            if kind == "kev":
+                description = option.description
+                if description is not None:
+                    description = decision_text.kev_text(description)
+                key = decision_text.kev_text(option.key)
+                value: dict[str, Any] = {"key": self._user(key), "description": self._user(description)}
+            else:
+                value = {"key": self._user(option.key), "description": self._user(option.description)}
+            if kind != "openjev" and kind != "kev":
+                value["label"] = codes[i]
             found.append(value)
         return found
 
@@ -363,10 +417,6 @@ class DecisionPrompter:
     def _state_prefix(self, state_json: str) -> tuple[int, ...]:
         state = json.loads(state_json)
         return _common([self._tokens(self._render(probe, {"probe": probe}, state)) for probe in _PROBES])
-
-
-def _raise_template_error(message: str) -> None:
-    raise TemplateError(message)
 
 
 def _common(sequences: Sequence[Sequence[int]]) -> tuple[int, ...]:

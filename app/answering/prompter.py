@@ -10,7 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+import numpy as np
+
 from app.contract import Question, SystemOneRequest
+from app.engine.llama import Readout
 
 
 class Tokenizer(Protocol):
@@ -24,23 +27,70 @@ class Tokenizer(Protocol):
 
 @dataclass(frozen=True)
 class Suffix:
-    """One question's suffix: what follows the prefix, up to where its answer label goes."""
+    """One question's suffix: what follows the prefix, up to where its answer label goes. For a
+    model without memory the prefix is empty: the suffix is the whole prompt."""
 
     text: str  # the question block (user text); empty where the template renders the whole prompt
     tokens: tuple[int, ...]
     label_ids: tuple[int, ...]  # in answer order: yes/no, options in request order, levels 0..n-1
+    marks: tuple[int, ...] = ()  # positions in `tokens` whose output vectors a decision head reads
+    order: tuple[int, ...] = ()  # each token's decision order, for a joint decision head (clef)
+
+
+Head = Literal["labels", "groups", "pointer", "column", "rows"]
 
 
 @dataclass(frozen=True)
 class Reading:
     """How one question is asked and read: its suffixes (one per variant of its prompt; onepass's own
-    prompt has one) and how their label probabilities, each in label_keys order, make the answer's."""
+    prompt has one), how a readout gives each label's score (`head`), and how their probabilities,
+    each in label_keys order, make the answer's (`combine`).
+
+    Heads: "labels", the label tokens' logits; "groups", the largest logit of each label's group of
+    tokens (`groups`: each label's count of label ids, in order); "pointer", q at the last mark
+    against each option's k at its own mark, q.k / sqrt(n / 2) (the first and second half of a
+    vector n wide); "column", the `column`th value of each option's vector at its mark; "rows",
+    the first value of each of the question's vectors (a joint head scores option j in row j)."""
 
     variants: tuple[Suffix, ...]
     combine: Literal["one", "mean", "rating"] = "one"
     # A decision model's temperature for this question, from its file; None: the model's calibration
     # temperature applies (app/calibration/policy.py).
     temperature: float | None = None
+    head: Head = "labels"
+    groups: tuple[int, ...] = ()
+    column: int = 0
+
+    @property
+    def plain(self) -> bool:
+        """Each label is one token's logit: what contextual priors and fits read."""
+        return self.head == "labels"
+
+    def scores(self, readout: Readout) -> list[float]:
+        """Each label's score from one variant's readout."""
+        if self.head == "labels":
+            return readout.label_logits
+        if self.head == "groups":
+            found, start = [], 0
+            for size in self.groups:
+                found.append(max(readout.label_logits[start : start + size]))
+                start += size
+            return found
+        vectors = [np.asarray(v, dtype=np.float64) for v in readout.marked]
+        if self.head == "pointer":
+            half = len(vectors[-1]) // 2
+            q = vectors[-1][:half]
+            return [float(q @ k[half:]) / math.sqrt(half) for k in vectors[:-1]]
+        if self.head == "column":
+            return [float(v[self.column]) for v in vectors]
+        return [float(v[0]) for v in vectors]
+
+    def mass(self, readouts: Sequence[Readout]) -> float | None:
+        """The share of the next-token distribution on the labels, over the variants; None where the
+        answer is not read from next-token logits."""
+        if self.head not in ("labels", "groups"):
+            return None
+        return math.fsum(r.label_mass for r in readouts) / len(readouts)
 
     def read(self, per_variant: Sequence[Sequence[float]]) -> list[float]:
         """ "mean": the variants averaged; "rating": a 9-point rating (0 certainly no .. 8 certainly

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -10,11 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.answering.prompter import Plan, Prompter, Suffix, TemplateRefused, TooManyOptions
-from app.calibration import Asked, Calibrated, Calibration, Evidence, label_mass
+from app.calibration import Asked, Calibrated, Calibration, Evidence
 from app.contract import CalibrationUsed, SystemOneRequest, SystemOneResponse, TimingMs, Usage, answer_of
-from app.engine.llama import Engine, Job, RestoreError, Snapshot, Timing
+from app.engine.llama import Engine, Job, Readout, RestoreError, Snapshot, Timing
 from app.engine.tiers import PrefixCache, Resolved
-from app.errors import Cancelled, InvalidRequest
+from app.errors import ApiError, Cancelled, InvalidRequest
 
 log = logging.getLogger("onepass.service")
 
@@ -103,18 +104,23 @@ class ModelService:
             raise InvalidRequest.at(error.loc, str(error), "value_error", None) from error
         longest = max(len(suffix.tokens) for suffix in plan.suffixes())
         if len(plan.prefix) + longest > self.engine.n_ctx:
-            message = (
-                f"the prompt needs {len(plan.prefix)} prefix tokens (system {self.base.n_tokens} + state "
-                f"{len(plan.prefix) - self.base.n_tokens}) plus {longest} for the longest question, but the "
-                f"model context holds {self.engine.n_ctx}"
-            )
+            if not plan.prefix:  # a model without memory: each prompt is read whole, in one piece
+                message = f"the longest prompt has {longest} tokens, but the model context holds {self.engine.n_ctx}"
+            else:
+                message = (
+                    f"the prompt needs {len(plan.prefix)} prefix tokens (system {self.base.n_tokens} + state "
+                    f"{len(plan.prefix) - self.base.n_tokens}) plus {longest} for the longest question, but the "
+                    f"model context holds {self.engine.n_ctx}"
+                )
             raise InvalidRequest.at(("state",), message, "too_long", len(plan.prefix) + longest)
         return plan
 
     def decode(self, plan: Plan, cancelled: threading.Event | None, *, hidden: bool = False) -> Decoded:
         """Resolve the prefix through the caches and decode every question's suffixes in one batch (with
-        `hidden`, reading each one's hidden vector too)."""
+        `hidden`, reading each one's hidden vector too); a model without memory reads each prompt whole."""
         check = cancelled.is_set if cancelled is not None else (lambda: False)
+        if self.engine.memoryless:
+            return self._encode(plan, check)
         built = Timing()
         base = self._base_for(plan, built, check)
         key = self.states.key(*plan.key)
@@ -131,9 +137,9 @@ class ModelService:
             self.states.drop(key)
             prefix = self.states.resolve(key, plan.prefix, start, built, check)
             answered = self.engine.decode_suffixes(prefix.snapshot, jobs, hidden=hidden)
-        readout_of = {(job.tokens, job.labels): r for job, r in zip(jobs, answered.readouts, strict=True)}
+        readout_of = {(job.tokens, job.labels, job.marks): r for job, r in zip(jobs, answered.readouts, strict=True)}
         asked = {
-            qid: Asked(question, reading, [readout_of[(v.tokens, v.label_ids)] for v in reading.variants])
+            qid: Asked(question, reading, [readout_of[(v.tokens, v.label_ids, v.marks)] for v in reading.variants])
             for qid, question, reading in plan.questions
         }
         timing = Timing(
@@ -152,7 +158,8 @@ class ModelService:
             found = calibrated[qid]
             fit = found.fit
             used = None if fit is None else CalibrationUsed(id=fit.id, method=fit.method, examples=fit.examples)
-            answers[qid] = answer_of(asked.question, found.probabilities, label_mass(asked.readouts), found.raw, used)
+            mass = asked.reading.mass(asked.readouts)
+            answers[qid] = answer_of(asked.question, found.probabilities, mass, found.raw, used)
         finished = time.perf_counter()
         plan, timing = decoded.plan, decoded.timing
         log.info(
@@ -181,6 +188,33 @@ class ModelService:
             ),
         )
 
+    def _encode(self, plan: Plan, check: Callable[[], bool]) -> Decoded:
+        """Each distinct whole prompt through a model without memory, once, read at every row a
+        question asks of it (a joint head's questions share one prompt)."""
+        rows: dict[tuple[tuple[int, ...], tuple[int, ...]], set[int]] = {}
+        for suffix in plan.suffixes():
+            rows.setdefault((suffix.tokens, suffix.order), set()).update(suffix.marks)
+        vectors, timing = {}, Timing()
+        for (tokens, order), wanted in sorted(rows.items()):
+            if check():
+                raise Cancelled("cancelled before the decode")
+            read = sorted(wanted)
+            encoded = self.engine.encode(tokens, read, order)
+            vectors[(tokens, order)] = dict(zip(read, encoded.vectors, strict=True))
+            timing.decode_ms += encoded.decode_ms
+        asked = {}
+        for qid, question, reading in plan.questions:
+            readouts = [
+                Readout([], 0.0, None, tuple(vectors[(v.tokens, v.order)][m] for m in v.marks))
+                for v in reading.variants
+            ]
+            if not all(math.isfinite(x) for r in readouts for x in reading.scores(r)):
+                # a joint head gives NaN where it could not use the prompt's decision order
+                raise ApiError(500, "internal_error", f"{self.name} could not evaluate question {qid!r}: NaN scores")
+            asked[qid] = Asked(question, reading, readouts)
+        prefix = Resolved(self.base, "off")
+        return Decoded(plan, self.base, asked, prefix, [Job(t, (), ()) for t, _ in rows], timing, len(rows))
+
     def _base_for(self, plan: Plan, built: Timing, check: Callable[[], bool]) -> Snapshot:
         """What the state's prefix starts from: the base, or in the question-first layout the question
         set's snapshot on it (the prefix cache is a small tree)."""
@@ -195,4 +229,5 @@ def batch_jobs(suffixes: Iterable[Suffix]) -> list[Job]:
     """The decode's jobs: each distinct suffix once, in a canonical order (by its tokens), so neither
     the order questions arrive in nor a repeated question changes the batch layout and with it
     the floating-point rounding."""
-    return [Job(tokens, labels) for tokens, labels in sorted({(s.tokens, s.label_ids) for s in suffixes})]
+    distinct = sorted({(s.tokens, s.label_ids, s.marks) for s in suffixes})
+    return [Job(tokens, labels, marks) for tokens, labels, marks in distinct]

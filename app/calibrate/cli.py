@@ -66,6 +66,8 @@ def main(argv: Sequence[str]) -> None:
         progress = Progress(len(examples), "answering")
         try:
             answered = answer_all(service, examples, progress, journal=journal)
+        except ExampleError as error:
+            sys.exit(f"onepass calibrate: {error}")
         except KeyboardInterrupt:
             sys.exit(
                 f"\nonepass calibrate: interrupted after {progress.done} of {len(examples)} examples; their evidence "

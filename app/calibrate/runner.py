@@ -166,7 +166,10 @@ def answer_all(
             continue
         if stop():
             raise InterruptedError("the fitting run was cancelled")
-        evidence = service.evidence(example.request, hidden=True)  # hidden: for the probe candidate
+        try:
+            evidence = service.evidence(example.request, hidden=True)  # hidden: for the probe candidate
+        except ValueError as error:  # a decision head's answers: nothing a fit reads
+            raise ExampleError(f"{service.name}: {error}") from error
         if journal is not None:
             try:
                 journal.save(example.request, True, evidence)

@@ -9,7 +9,6 @@ user's examples, app/calibration/choosing.py) replaces either for the questions 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, get_args
@@ -49,6 +48,13 @@ class Reading(Protocol):
     @property
     def temperature(self) -> float | None: ...  # a decision model's, from its file; None: the model's own
 
+    @property
+    def plain(self) -> bool: ...  # each label is one token's logit: priors and fits read those
+
+    def scores(self, readout: Readout) -> list[float]: ...  # each label's score in one variant's readout
+
+    def mass(self, readouts: Sequence[Readout]) -> float | None: ...
+
     def read(self, per_variant: Sequence[Sequence[float]]) -> list[float]: ...
 
 
@@ -63,7 +69,7 @@ class Asked:
     def raw(self) -> list[float]:
         """The answer before any calibration or temperature: each variant's label softmax, read as the
         format reads its variants."""
-        return self.reading.read([softmax(r.label_logits) for r in self.readouts])
+        return self.reading.read([softmax(self.reading.scores(r)) for r in self.readouts])
 
     def hidden(self) -> NDArray[np.float32] | None:
         """The hidden vector a probe reads: the variants' mean (None: not decoded for it)."""
@@ -136,10 +142,13 @@ class Calibration:
 
     def evidence(self, base: Snapshot, asked: Mapping[str, Asked]) -> dict[str, Evidence]:
         """What fitting reads of each question: its raw probabilities and content-free prior, in label
-        order, and the hidden vector where the decode read it."""
+        order, and the hidden vector where the decode read it. Raises ValueError for a question not
+        read from one token's logit per label (a decision head: no prior, no fit)."""
         found = {}
         for qid, question in asked.items():
             reading = question.reading
+            if not reading.plain:
+                raise ValueError("this model's answers are not one token's logit per label: it takes no fit")
             prior = reading.read([self.priors.prior(base, v.tokens, v.label_ids) for v in reading.variants])
             found[qid] = Evidence(label_keys(question.question), question.raw(), prior, question.hidden())
         return found
@@ -157,10 +166,10 @@ class Calibration:
     def _unfitted(self, base: Snapshot, asked: Asked) -> Calibrated:
         raw = asked.raw()
         reading, own = asked.reading, asked.reading.temperature
-        if self.mode == "none":
+        if self.mode == "none" or not reading.plain:  # a decision head: its file's temperature, as llama.cpp
             if own is None:
                 return Calibrated(raw)
-            per_variant = [softmax([x / own for x in r.label_logits]) for r in asked.readouts]
+            per_variant = [softmax([x / own for x in reading.scores(r)]) for r in asked.readouts]
         else:
             t = self.temperature if own is None else own
             per_variant = [
@@ -183,8 +192,3 @@ class Calibration:
             )
             for qid, record in fits.by_id.items()
         }
-
-
-def label_mass(readouts: Sequence[Readout]) -> float:
-    """How much of the next-token probability the labels hold, over a question's variants."""
-    return math.fsum(r.label_mass for r in readouts) / len(readouts)

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import math
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,14 @@ class RestoreError(EngineError):
     """A snapshot could not be restored; the context has been cleaned."""
 
 
+class PromptTooLong(ValueError):
+    """A prompt longer than a model without memory takes in one piece (llama.cpp would abort)."""
+
+    def __init__(self, n_tokens: int, limit: int) -> None:
+        super().__init__(f"the prompt has {n_tokens} tokens; this model reads at most {limit} in one piece")
+        self.n_tokens, self.limit = n_tokens, limit
+
+
 @dataclass(frozen=True)
 class Readout:
     """What one question's decision position says about its labels."""
@@ -58,14 +67,18 @@ class Readout:
     label_mass: float  # probability the full next-token distribution puts on the labels
     # The model's last hidden vector there (what its output layer reads), when the decode asked for it.
     hidden: NDArray[np.float32] | None = field(default=None, compare=False)
+    # The model's output vectors at the job's marks (a decision head's projection), in their order.
+    marked: tuple[NDArray[np.float32], ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
 class Job:
-    """Tokens to decode after the prefix, and the label tokens to read after the last one."""
+    """Tokens to decode after the prefix, the label tokens to read after the last one, and `marks`:
+    positions in `tokens` whose output vectors to read (a decision head reads several places)."""
 
     tokens: Sequence[int]
     labels: Sequence[int]
+    marks: Sequence[int] = ()
 
 
 @dataclass
@@ -82,6 +95,14 @@ class Answered:
     timing: Timing = field(default_factory=Timing)
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """A whole prompt's output vectors at the rows asked for, and how long the model took."""
+
+    vectors: list[NDArray[np.float32]]
+    decode_ms: float
+
+
 _GGML_LEVELS = {3: logging.WARNING, 4: logging.ERROR}  # ggml_log_level: 1 debug, 2 info, 5 "cont"
 
 
@@ -95,6 +116,31 @@ def _route_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> No
 _log_callback = llama.llama_log_callback(_route_llama_log)  # referenced for the process lifetime
 llama.llama_log_set(_log_callback, ctypes.c_void_p(0))
 llama.llama_backend_init()
+
+# What llama.cpp's llama_context_default_params() sets in its trailing fields. Bindings that
+# declare the struct otherwise than the library does (a field missing or extra before them) read
+# other bytes there: answers would be computed with settings nobody chose, silently.
+_DEFAULT_FLAGS = {
+    "embeddings": False,
+    "offload_kqv": True,
+    "no_perf": True,
+    "op_offload": True,
+    "swa_full": True,
+    "kv_unified": False,
+}
+
+
+def check_bindings() -> None:
+    """Raise EngineError when llama-cpp-python's llama_context_params is not laid out as its
+    libllama fills it in (a wheel built against another llama.cpp than its bindings)."""
+    params = llama.llama_context_default_params()
+    wrong = {name: getattr(params, name) for name, value in _DEFAULT_FLAGS.items() if getattr(params, name) != value}
+    if wrong or params.n_outputs_max_per_seq != 1:
+        raise EngineError(
+            f"llama-cpp-python {llama.__version__} does not match its llama.cpp library ({Engine.library_dir()}): "
+            f"llama_context_default_params() reads {wrong or {'n_outputs_max_per_seq': params.n_outputs_max_per_seq}}; "
+            "build the wheel again (make clean-build; make setup)"
+        )
 
 
 @dataclass(frozen=True)
@@ -131,28 +177,38 @@ class KvSettings:
 
 
 class _Context:
-    """One llama_context with its reusable batch. Used by one thread at a time."""
+    """One llama_context with its reusable batch. Used by one thread at a time.
 
-    def __init__(self, model: ctypes.c_void_p, kv: KvSettings, threads: int) -> None:
+    A model without memory (an encoder: every token sees every other) gets an `encoder` context:
+    embeddings on, no pooling, and a micro-batch as large as the context, since such a model takes
+    a whole prompt in one piece (llama.cpp aborts the process on a longer one)."""
+
+    def __init__(self, model: ctypes.c_void_p, kv: KvSettings, threads: int, encoder: bool = False) -> None:
         params = llama.llama_context_default_params()
         kv.apply(params)
         params.n_seq_max = MAX_SEQUENCES
         params.n_threads = params.n_threads_batch = threads
         params.no_perf = True
+        if encoder:
+            params.n_ubatch = params.n_batch = kv.n_ctx
+            params.embeddings = True
+            params.pooling_type = llama.LLAMA_POOLING_TYPE_NONE
         n_ctx = kv.n_ctx
         self.ctx = llama.llama_init_from_model(model, params)
         if not self.ctx:
             raise EngineError(f"llama.cpp could not create a context (n_ctx={n_ctx})")
-        self.memory = llama.llama_get_memory(self.ctx)
+        self.memory = llama.llama_get_memory(self.ctx)  # None for a model without memory
         self.n_ctx = n_ctx
         # Room for every sequence on each token: a token several suffixes share is in all of theirs.
         self.batch = llama.llama_batch_init(n_ctx, 0, MAX_SEQUENCES)
+        self.prompt = llama.llama_batch_ext_init(self.ctx) if encoder else None  # a whole prompt, with its marks
         # Snapshots whose exact bytes sequence 0 holds, shortest first (a base, then what was
         # prefilled on it); sequence 0 is the only sequence left between requests.
         self.held: tuple[Snapshot, ...] = ()
 
     def clear(self) -> None:
-        llama.llama_memory_clear(self.memory, False)  # cells emptied; stale data stays masked
+        if self.memory:
+            llama.llama_memory_clear(self.memory, False)  # cells emptied; stale data stays masked
         self.held = ()
 
     def position_of(self, snapshot: Snapshot) -> int | None:
@@ -160,6 +216,8 @@ class _Context:
         return next((i for i, held in enumerate(self.held) if held is snapshot), None)
 
     def close(self) -> None:
+        if self.prompt is not None:
+            llama.llama_batch_ext_free(self.prompt)
         llama.llama_batch_free(self.batch)
         llama.llama_free(self.ctx)
 
@@ -178,6 +236,7 @@ class Engine:
     ) -> None:
         if not model_path.is_file():
             raise EngineError(f"model file not found: {model_path}")
+        check_bindings()
         started = time.perf_counter()
         params = llama.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
@@ -212,6 +271,11 @@ class Engine:
         self.restores = 0  # snapshots copied into a context (the rest were still held there)
         self._counter_lock = threading.Lock()
         self._kv, self._threads = kv, threads or os.cpu_count() or 1
+        # A model without memory (laya, lfm2-d1-omni, clef) reads each prompt whole: nothing to snapshot.
+        # llama.cpp says so only through a context: one is made to ask.
+        probe = _Context(self.model, kv, self._threads)
+        self.memoryless = not probe.memory
+        probe.close()
         self._contexts: list[_Context] = []
         self._idle: list[_Context] = []  # least recently used first
         self._idle_changed = threading.Condition()
@@ -230,7 +294,7 @@ class Engine:
         """Add `count` contexts to the pool (the constructor opens its `contexts`; make check-gpu opens them
         as a step of its own)."""
         for _ in range(count):
-            ctx = _Context(self.model, self._kv, self._threads)
+            ctx = _Context(self.model, self._kv, self._threads, encoder=self.memoryless)
             with self._idle_changed:
                 self._contexts.append(ctx)
                 self._idle.append(ctx)
@@ -345,6 +409,16 @@ class Engine:
     def eos_token(self) -> int:
         return int(llama.llama_vocab_eos(self.vocab))
 
+    @property
+    def mask_token(self) -> int:
+        """The vocabulary's mask token (an encoder's), or -1."""
+        return int(llama.llama_vocab_mask(self.vocab))
+
+    @property
+    def sep_token(self) -> int:
+        """The vocabulary's separator token (an encoder's), or -1."""
+        return int(llama.llama_vocab_sep(self.vocab))
+
     # Inference
 
     def prefill(self, tokens: Sequence[int], base: Snapshot | None = None) -> tuple[Snapshot, Timing]:
@@ -406,39 +480,77 @@ class Engine:
     def _decode_group(self, ctx: _Context, n_prefix: int, jobs: Sequence[Job], hidden: bool) -> list[Readout]:
         for seq in range(1, len(jobs) + 1):
             llama.llama_memory_seq_cp(ctx.memory, 0, seq, -1, -1)  # unified KV: shares the cells, copies nothing
-        entries, outputs = suffix_rows(jobs, n_prefix, share=self.shares_suffix_tokens)
-        if hidden:
-            # llama.cpp gives hidden vectors only for a batch whose every row is an output (it would
+        entries, paths = suffix_rows(jobs, n_prefix, share=self.shares_suffix_tokens)
+        vectors = hidden or any(job.marks for job in jobs)
+        if vectors:
+            # llama.cpp gives output vectors only for a batch whose every row is an output (it would
             # otherwise mark them all itself, and say so in the log on every decode).
             entries = [(token, pos, seqs, True) for token, pos, seqs, _ in entries]
-        llama.llama_set_embeddings(ctx.ctx, hidden)
+        llama.llama_set_embeddings(ctx.ctx, vectors)
         try:
             self._fill(ctx, entries)
             self._decode(ctx)
-            readouts = [self._read(ctx, index, job.labels, hidden) for index, job in zip(outputs, jobs, strict=True)]
+            readouts = [self._read(ctx, path, job, hidden) for path, job in zip(paths, jobs, strict=True)]
         finally:
             llama.llama_set_embeddings(ctx.ctx, False)
         for seq in range(1, len(jobs) + 1):
             llama.llama_memory_seq_rm(ctx.memory, seq, -1, -1)
         return readouts
 
-    def _read(self, ctx: _Context, batch_index: int, label_ids: Sequence[int], hidden: bool) -> Readout:
+    def _read(self, ctx: _Context, rows: Sequence[int], job: Job, hidden: bool) -> Readout:
+        """A job's readout; `rows`: the batch row of each of its tokens."""
+        batch_index = rows[-1]
         pointer = llama.llama_get_logits_ith(ctx.ctx, batch_index)
         if not pointer:
             raise EngineError(f"llama.cpp returned no logits for batch position {batch_index}")
         logits = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
         top = float(logits.max())
         log_total = top + math.log(float(np.exp(logits - top).sum(dtype=np.float64)))
-        label_logits = [float(logits[t]) for t in label_ids]
+        label_logits = [float(logits[t]) for t in job.labels]
         mass = math.fsum(math.exp(x - log_total) for x in label_logits)  # fsum: the label order cannot matter
-        state = None
-        if hidden:
-            found = llama.llama_get_embeddings_ith(ctx.ctx, batch_index)
-            if not found:  # a model that pools its hidden vectors (an embedding model) has none per token
-                raise EngineError(f"llama.cpp returned no hidden vector for batch position {batch_index}")
-            state = np.ctypeslib.as_array(found, shape=(self.n_embd,)).copy()
-            state.flags.writeable = False
-        return Readout(label_logits, min(1.0, mass), state)
+        state = self._vector(ctx, batch_index) if hidden else None
+        marked = tuple(self._vector(ctx, rows[mark]) for mark in job.marks)
+        return Readout(label_logits, min(1.0, mass), state, marked)
+
+    def _vector(self, ctx: _Context, batch_index: int) -> NDArray[np.float32]:
+        """The output vector of a batch row (the hidden vector, or a decision head's projection of it)."""
+        found = llama.llama_get_embeddings_ith(ctx.ctx, batch_index)
+        if not found:  # a model that pools its output vectors (an embedding model) has none per token
+            raise EngineError(f"llama.cpp returned no output vector for batch position {batch_index}")
+        vector = np.ctypeslib.as_array(found, shape=(self.n_embd,)).copy()
+        vector.flags.writeable = False
+        return vector
+
+    def encode(self, tokens: Sequence[int], rows: Sequence[int], order: Sequence[int] = ()) -> Encoded:
+        """A whole prompt through a model without memory, and its output vectors at `rows`. `order`:
+        each token's decision order, for a joint decision head (clef), which then puts the score
+        of option j in row j."""
+        if not self.memoryless:
+            raise EngineError("encode is for models without memory; decode_suffixes answers the others")
+        if not 0 < len(tokens) <= self.n_ctx:
+            raise PromptTooLong(len(tokens), self.n_ctx)
+        if order and len(order) != len(tokens):
+            raise ValueError(f"{len(order)} decision orders for {len(tokens)} tokens")
+        with self._borrow(None) as ctx:
+            prompt = ctx.prompt
+            if prompt is None:
+                raise EngineError("this context was not made for whole prompts")
+            llama.llama_batch_ext_clear(prompt)
+            for i, token in enumerate(tokens):
+                if llama.llama_batch_ext_add_token(prompt, 0, token) != i:
+                    raise EngineError(f"llama.cpp refused token {token} at {i} of the prompt")
+                llama.llama_batch_ext_set_pos(prompt, i, ctypes.byref(llama.llama_pos(i)))
+                llama.llama_batch_ext_set_output_embd(prompt, i, True)
+                if order and not _set_decision_order(prompt, i, order[i]):
+                    raise EngineError(f"llama.cpp refused decision order {order[i]} at {i}")
+            began = time.perf_counter()
+            status = llama.llama_process(ctx.ctx, llama.LLAMA_PROCESS_TYPE_DECODE, prompt)
+            with self._counter_lock:
+                self.decode_calls += 1
+                self.decoded_tokens += len(tokens)
+            if status != 0:
+                raise EngineError(f"llama_process failed with status {status}")
+            return Encoded([self._vector(ctx, row) for row in rows], _ms_since(began))
 
     # Context primitives
 
@@ -520,9 +632,40 @@ class Engine:
             raise EngineError(f"llama_decode failed with status {status}")
 
 
-def suffix_rows(jobs: Sequence[Job], n_prefix: int, *, share: bool = True) -> tuple[list[Row], list[int]]:
+# The one call a joint decision head (clef) needs beyond llama.h: declared in llama.cpp's staging
+# C++ header (src/llama-ext.h), so exported under its C++ name; a build without it cannot serve clef.
+DECISION_ORDER_SYMBOLS = (
+    "llama_batch_ext_set_decision_order",
+    "_Z34llama_batch_ext_set_decision_orderP15llama_batch_exti20llama_decision_order",
+)
+
+
+@functools.cache
+def decision_order_setter() -> Callable[[ctypes.c_void_p, int, int], bool] | None:
+    """llama_batch_ext_set_decision_order, bound by its exported name; None when this build has none."""
+    for path in sorted(Engine.library_dir().glob("*llama.*")):
+        if path.suffix not in (".so", ".dylib", ".dll"):
+            continue
+        library = ctypes.CDLL(str(path))  # the loaded library again: the same handle
+        for name in DECISION_ORDER_SYMBOLS:
+            function = getattr(library, name, None)
+            if function is not None:
+                function.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int]
+                function.restype = ctypes.c_bool
+                return function  # type: ignore[no-any-return]
+    return None
+
+
+def _set_decision_order(batch: ctypes.c_void_p, index: int, order: int) -> bool:
+    setter = decision_order_setter()
+    if setter is None:
+        raise EngineError(f"this llama.cpp build ({Engine.library_dir()}) has no {DECISION_ORDER_SYMBOLS[0]}")
+    return bool(setter(batch, index, order))
+
+
+def suffix_rows(jobs: Sequence[Job], n_prefix: int, *, share: bool = True) -> tuple[list[Row], list[list[int]]]:
     """The batch rows that decode `jobs` after an `n_prefix`-token prefix, job i in sequence i + 1,
-    and the row of each job's last token.
+    and the row of each of each job's tokens.
 
     With `share`, the suffixes form a tree: a token that several suffixes reach through the same
     tokens is one row, in all of their sequences (llama.cpp masks a row by its first sequence,
@@ -533,9 +676,10 @@ def suffix_rows(jobs: Sequence[Job], n_prefix: int, *, share: bool = True) -> tu
     tokens: list[int] = [-1]
     sequences: list[list[int]] = [[]]
     children: list[dict[tuple[int, int], int]] = [{}]  # by (token, 0), or (token, job) when not sharing
-    ends: list[int] = []  # each job's last node
+    paths: list[list[int]] = []  # each job's nodes, one per token
     for seq, job in enumerate(jobs, start=1):
         node = 0
+        paths.append([])
         for token in job.tokens:
             key = (token, 0 if share else seq)
             if key not in children[node]:
@@ -545,8 +689,8 @@ def suffix_rows(jobs: Sequence[Job], n_prefix: int, *, share: bool = True) -> tu
                 children.append({})
             node = children[node][key]
             sequences[node].append(seq)
-        ends.append(node)
-    outputs = set(ends)
+            paths[-1].append(node)
+    outputs = {path[-1] for path in paths}
     rows: list[Row] = []
     row_of: dict[int, int] = {}
     stack = [(child, 0) for child in reversed(children[0].values())]
@@ -555,7 +699,7 @@ def suffix_rows(jobs: Sequence[Job], n_prefix: int, *, share: bool = True) -> tu
         row_of[node] = len(rows)
         rows.append((tokens[node], n_prefix + depth, tuple(sequences[node]), node in outputs))
         stack.extend((child, depth + 1) for child in reversed(children[node].values()))
-    return rows, [row_of[end] for end in ends]
+    return rows, [[row_of[node] for node in path] for path in paths]
 
 
 def _ms_since(began: float) -> float:

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import blake3
 
-from app.answering.decision import DecisionPrompter, read_format
+from app.answering.decision import WHOLE, DecisionError, DecisionPrompter, read_format
+from app.answering.encoders import EncoderPrompter, Specials
 from app.answering.prompter import Prompter
 from app.answering.prompting import OwnPrompter
 from app.answering.service import ModelService
 from app.calibration import CONTENT_FREE_STATES, Calibration, DiskPriors, FitStore, Priors
 from app.engine.devices import gpu_layers_problem
 from app.engine.disk_tier import DiskTier, SnapshotIdentity
-from app.engine.llama import Engine
+from app.engine.llama import Engine, decision_order_setter
 from app.engine.ram_tier import CacheKey, RamTier, cache_key
 from app.engine.tiers import PrefixCache
 from app.platform.tuning import choose, choose_threads
@@ -43,6 +44,17 @@ def prompter_for(engine: Engine, template: str = "auto", context: str = "", layo
         if context.strip() or layout != "state-first":
             log.warning(
                 "a %s decision model is prompted by its own template: context and layout are ignored", decision.kind
+            )
+        if decision.kind in WHOLE:
+            if not engine.memoryless:
+                raise DecisionError(f"a {decision.kind} decision model keeps no memory, but this one does: not served")
+            if decision.kind == "clef" and decision_order_setter() is None:
+                raise DecisionError(
+                    f"clef needs llama_batch_ext_set_decision_order, which this llama.cpp build ({engine.build}) lacks"
+                )
+            texts = {t: engine.piece(t) for t in (engine.mask_token, engine.sep_token) if t >= 0}
+            return EncoderPrompter(
+                engine, decision, engine.control_texts(), Specials(engine.mask_token, engine.sep_token, texts)
             )
         return DecisionPrompter(engine, decision, engine.control_texts())
     chat_template = engine.metadata("tokenizer.chat_template") if template == "auto" else None

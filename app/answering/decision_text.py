@@ -1,0 +1,154 @@
+"""The text around a decision GGUF's template, as llama.cpp's server makes it (its
+tools/server/server-decision.cpp): the template environment, the transforms of the values a
+template is given, and lfm2-d1's labels. Prompts rendered here tokenize exactly as llama-server's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from itertools import product
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+SPECIAL = re.compile(r"<\|([A-Za-z0-9_]+)\|>")
+BROKEN_BAR = "\u00a6"  # what kev and lfm2-d1-omni write instead of the bars of a special token in user text
+
+
+def environment() -> ImmutableSandboxedEnvironment:
+    """A sandbox for an untrusted template, with llama.cpp's tojson and raise_exception."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = _raise_template_error
+    return env
+
+
+def tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Sequence[str] | None = None
+) -> str:
+    """A value's JSON as llama.cpp's template engine prints it: key order kept, non-ASCII as itself,
+    ", " and ": " between items and keys unless `separators` says otherwise."""
+    found = list(separators or ())
+    item = found[0] if found else (", " if indent is None else ",")
+    key = found[1] if len(found) > 1 else ": "
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=(item, key))
+
+
+def _raise_template_error(message: str) -> None:
+    raise TemplateError(message)
+
+
+def sort_keys(value: Any) -> Any:
+    """Every object's keys in sorted order (lev and clef were trained so)."""
+    if isinstance(value, dict):
+        return {key: sort_keys(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [sort_keys(item) for item in value]
+    return value
+
+
+def replace_text(value: Any, search: str, replace: str) -> Any:
+    """`search` replaced in every string of a JSON value (not in the keys)."""
+    if isinstance(value, str):
+        return value.replace(search, replace)
+    if isinstance(value, dict):
+        return {key: replace_text(item, search, replace) for key, item in value.items()}
+    if isinstance(value, list):
+        return [replace_text(item, search, replace) for item in value]
+    return value
+
+
+def escape_specials(text: str) -> str:
+    """`<|name|>` in user text written `<¦name¦>`, so that it is never read as a special token."""
+    return SPECIAL.sub(lambda found: f"<{BROKEN_BAR}{found[1]}{BROKEN_BAR}>", text)
+
+
+def escape_specials_deep(value: Any) -> Any:
+    """escape_specials over every string of a JSON value, the keys of objects too (lfm2-d1-omni)."""
+    if isinstance(value, str):
+        return escape_specials(value)
+    if isinstance(value, dict):
+        return {escape_specials(key): escape_specials_deep(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [escape_specials_deep(item) for item in value]
+    return value
+
+
+def kev_render(value: Any, indent: int = 0) -> str:
+    """A JSON value as kev reads it: text, the keys of objects kept as labels, lists as "- " items."""
+    pad = "  " * indent
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, list):
+        lines = []
+        for item in value:
+            text = kev_render(item, indent + 1).lstrip(" \t\n\r")
+            lines.append(f"{pad}- {text}")
+        return "\n".join(lines)
+    if isinstance(value, dict):
+        lines = []
+        for key, item in value.items():
+            nested = isinstance(item, dict | list)
+            between = ":\n" if nested else ": "
+            lines.append(f"{pad}{key}{between}{kev_render(item, indent + 1 if nested else 0)}")
+        return "\n".join(lines)
+    return json.dumps(value)
+
+
+def kev_text(value: Any) -> str:
+    """kev's text of a JSON value, with its special-token spellings broken."""
+    return escape_specials(kev_render(value))
+
+
+def d1_labels(
+    tokenize: Callable[[str], list[int]], kind: str, keys: Sequence[str]
+) -> tuple[list[str], list[tuple[int, ...]]]:
+    """lfm2-d1's label of each option (`keys`, in the prompt's order; `kind` the question's type)
+    and the group of tokens whose largest logit is its score. `tokenize`: text to tokens, special
+    tokens not parsed. Raises ValueError where the vocabulary has no label left."""
+
+    def single(forms: Sequence[str]) -> tuple[int, ...]:
+        found: list[int] = []
+        for form in forms:
+            tokens = tokenize(form)
+            if len(tokens) == 1 and tokens[0] not in found:
+                found.append(tokens[0])
+        return tuple(found)
+
+    if kind != "choice":
+        groups = [
+            single([key] if kind == "score" else ["yes", "Yes", "YES"] if key == "true" else ["no", "No", "NO"])
+            for key in keys
+        ]
+        if not all(groups):
+            raise ValueError("a decision label is not a single token")
+        return list(keys), groups
+    letters = all(len(key) == 1 and key.isascii() and key.isalpha() for key in keys)
+    codes = [key if letters else chr(ord("A") + i) if len(keys) <= 26 else f"{i:02d}" for i, key in enumerate(keys)]
+    pool = [
+        *(chr(c) for c in range(ord("A"), ord("Z") + 1)),
+        *(f"{i:02d}" for i in range(100)),
+        *(chr(c) for c in range(ord("a"), ord("z") + 1)),
+        *(f"#{i}" for i in range(200)),
+        *("".join(pair) for pair in product([chr(c) for c in range(ord("A"), ord("Z") + 1)], repeat=2)),
+    ]
+    used: set[int] = set()
+    texts, found_groups = [], []
+    for code in codes:
+        for candidate in (code, *pool):
+            tokens = tokenize(candidate)
+            if len(tokens) == 1 and tokens[0] not in used:
+                used.add(tokens[0])
+                texts.append(candidate)
+                found_groups.append((tokens[0], *(t for t in single([" " + candidate]) if t != tokens[0])))
+                break
+        else:
+            raise ValueError(f"no single-token label left for {len(keys)} options")
+    return texts, found_groups

@@ -1,0 +1,255 @@
+"""Decision GGUFs read whole: laya, lfm2-d1-omni and clef, whose models keep no memory (every token
+sees every other), so no prefix of theirs can be cached. Each prompt is built as llama.cpp's server
+builds it (tools/server/server-decision.cpp) and read in one piece:
+
+- laya (modern-bert): `[CLS] question [SEP] ([MASK] option)* [SEP] state [SEP]`; each option cut to
+  49 tokens, then all evenly to fit the file's max_head_tokens, the question to what is left; an
+  option's score is the output vector at its [MASK], in the column of the question's type;
+- lfm2-d1-omni (lfm2, not causal): the template's pieces, split at its separator and tokenized one
+  by one, each question and option cut to its budget, the state to the room left; read like laya,
+  at each option's mask token;
+- clef (a joint head on qwen35): every question of the request in one prompt, each token given its
+  decision order (a question's text, an option's text, or neither); row j of the output is the
+  score of option j.
+
+User text is given as llama.cpp gives it (laya's mask text replaced by a space, lfm2-d1-omni's
+special tokens broken, clef's keys sorted), and any control token's text still in it broken with a
+word joiner.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from app.answering import decision_text
+from app.answering.decision import WORD_JOINER, DecisionError, DecisionFormat, options_of
+from app.answering.prompter import Plan, Reading, Suffix, TemplateRefused, Tokenizer, TooManyOptions
+from app.contract import NoulQuestion, Question, SystemOneRequest, label_keys
+
+log = logging.getLogger("onepass.decision")
+
+MAX_OPTIONS = 255
+COLUMN = {"choice": 0, "score": 1, "noul": 2}  # laya's and lfm2-d1-omni's output column per question type
+ORDER = {"noul": 1, "choice": 2, "score": 3}  # clef's decision order of a question's text
+OPTION_ORDER = 4  # clef's decision order of an option's text
+MAX_OPTION_TOKENS = 48  # laya: an option's tokens after its mask, at most
+D1OMNI_MAX_TOKENS = 16384  # lfm2-d1-omni's longest prompt
+PROMPT_MEMO = 128  # recent prompts' tokens kept: a repeated request tokenizes nothing again
+
+
+class EncoderPrompter:
+    """Prompts and readings for a decision model without memory; built at load."""
+
+    layout = "state-first"
+    head_tokens: tuple[int, ...] = ()  # nothing is shared: every prompt is read whole
+
+    def __init__(self, tokenizer: Tokenizer, fmt: DecisionFormat, control_texts: set[str], specials: Specials) -> None:
+        """`control_texts`: the vocabulary's control tokens' texts (Engine.control_texts); `specials`:
+        the mask and separator tokens the format reads."""
+        self.tokenizer = tokenizer
+        self.format = fmt
+        self.decision_type = fmt.kind
+        self._specials = specials
+        if fmt.kind in ("laya", "lfm2-d1-omni") and specials.mask < 0:
+            raise DecisionError(f"a {fmt.kind} decision model needs a mask token")
+        if fmt.kind == "laya" and specials.sep < 0:
+            raise DecisionError("a laya decision model needs a separator token")
+        self._template = decision_text.environment().from_string(fmt.template)
+        self._controls = sorted((t for t in control_texts if len(t) > 1), key=len, reverse=True)
+        self._tokens = functools.lru_cache(maxsize=PROMPT_MEMO)(self._tokenize)
+        log.info("decision model (%s): every prompt is read whole (the model keeps no memory)", fmt.kind)
+
+    max_options = MAX_OPTIONS
+
+    @property
+    def identity(self) -> str:
+        return "\0".join(["systemone", self.format.kind, self.format.template])
+
+    def state_tokens(self, state: str) -> tuple[int, ...]:
+        return ()
+
+    def plan(self, request: SystemOneRequest) -> Plan:
+        """Every question's whole prompt (clef: one for them all), and where its scores are read."""
+        questions = request.questions
+        for qid, question in questions.items():
+            n = 2 if isinstance(question, NoulQuestion) else len(question.criteria)
+            if n > MAX_OPTIONS:
+                message = (
+                    f'"criteria" has {n} options, at most {MAX_OPTIONS} are supported by this {self.format.kind} model'
+                )
+                raise TooManyOptions(qid, "criteria", n, MAX_OPTIONS, message)
+        if self.format.kind == "clef":
+            planned = self._joint(request)
+        else:
+            planned = [(qid, q, self._reading(q, self._one(qid, q, request.state))) for qid, q in questions.items()]
+        return Plan((), ("systemone", self.format.kind), planned)
+
+    def _reading(self, question: Question, suffix: Suffix) -> Reading:
+        n = 2 if isinstance(question, NoulQuestion) else len(question.criteria)
+        temperature = self.format.temperature(question.type, n)
+        if self.format.kind == "clef":
+            return Reading((suffix,), "one", temperature, head="rows")
+        return Reading((suffix,), "one", temperature, head="column", column=COLUMN[question.type])
+
+    # laya and lfm2-d1-omni: a prompt per question ---------------------------------------------------
+
+    def _one(self, qid: str, question: Question, state: Any) -> Suffix:
+        shown = options_of(question, self.format.kind)
+        values: dict[str, Any] = {
+            "id": qid,
+            "type": question.type,
+            "instructions": question.instructions if question.instructions is not None else "",
+            "state": state,
+            "options": [{"key": o.key, "description": o.description} for o in shown],
+        }
+        if self.format.kind == "laya":
+            mask = self.tokenizer_piece(self._specials.mask)
+            values = decision_text.replace_text(values, mask, " ") if mask else values
+            values["images"] = []
+            tokens = self._tokens(self._render(values, ("questions", qid)))
+            tokens, markers = self._laya(tokens, len(shown), qid)
+        else:
+            tokens, markers = self._d1omni(values, len(shown), qid)
+        position = {o.key: i for i, o in enumerate(shown)}
+        marks = tuple(markers[position[key]] for key in label_keys(question))
+        return Suffix("", tokens, (), marks)
+
+    def tokenizer_piece(self, token: int) -> str:
+        """A token's text (the mask's, which user text must not spell)."""
+        return self._specials.texts.get(token, "")
+
+    def _laya(self, tokens: tuple[int, ...], n: int, qid: str) -> tuple[tuple[int, ...], list[int]]:
+        mask, sep = self._specials.mask, self._specials.sep
+        markers = [i for i, token in enumerate(tokens) if token == mask]
+        if len(markers) != n or markers[0] < 2 or tokens[markers[0] - 1] != sep or tokens[-1] != sep:
+            raise TemplateRefused(("questions", qid), "the laya template did not lay out its prompt as expected")
+        head_end = markers[0] - 1
+        opts_end = next((i for i in range(markers[-1], len(tokens)) if tokens[i] == sep), len(tokens))
+        if opts_end + 1 >= len(tokens):
+            raise TemplateRefused(("questions", qid), "the laya template did not lay out its prompt as expected")
+        options = [tokens[markers[i] : markers[i + 1] if i + 1 < n else opts_end] for i in range(n)]
+        options = [option[: MAX_OPTION_TOKENS + 1] for option in options]
+        budget = self.format.max_head_tokens
+        if sum(map(len, options)) + 16 > budget:  # too many or too long options: shrink them evenly
+            options = [option[: max(4, (budget - min(budget, 16)) // n)] for option in options]
+        n_question = max(8, budget - min(budget, sum(map(len, options))))
+        out = [tokens[0], *tokens[1 : min(head_end, 1 + n_question)], sep]
+        found = []
+        for option in options:
+            found.append(len(out))
+            out.extend(option)
+        out.extend(tokens[opts_end:])
+        return tuple(out), found
+
+    def _d1omni(self, values: dict[str, Any], n: int, qid: str) -> tuple[tuple[int, ...], list[int]]:
+        marker, sep = "<<d1omni:", "<<d1omni:sep>>"
+        marks = {"state": "<<d1omni:state>>", "question": "<<d1omni:question>>", "option": "<<d1omni:option>>"}
+        values = decision_text.replace_text(decision_text.escape_specials_deep(values), marker, "<<d1omni ")
+        values.update(audio=False, sep=sep, mark_state=marks["state"], images=[])
+        values.update(mark_question=marks["question"], mark_option=marks["option"])
+        pieces = self._render(values, ("questions", qid)).split(sep)
+        if not pieces or pieces[0] != "":
+            raise TemplateRefused(("questions", qid), "the lfm2-d1-omni template did not lay out its prompt")
+        budget = max(96, min(24 * n + 32, D1OMNI_MAX_TOKENS // 2))
+        limits = {"question": max(16, budget), "option": max(2, (budget - 3 * n) // n)}
+        head: list[int] = []
+        tail: list[int] = []
+        state: list[int] | None = None
+        for piece in pieces[1:]:
+            kind = next((k for k, mark in marks.items() if piece.startswith(mark)), None)
+            tokens = list(self._tokens(piece.removeprefix(marks[kind]) if kind else piece))
+            if kind == "state":
+                if state is not None:
+                    raise TemplateRefused(("questions", qid), "the lfm2-d1-omni template has two states")
+                state = tokens
+                continue
+            if kind is not None:
+                tokens = tokens[: limits[kind]]
+            (tail if state is not None else head).extend(tokens)
+        if state is None:
+            raise TemplateRefused(("questions", qid), "the lfm2-d1-omni template has no state")
+        room = D1OMNI_MAX_TOKENS - min(D1OMNI_MAX_TOKENS, len(head) + len(tail))
+        whole = (head + state[:room] + tail)[:D1OMNI_MAX_TOKENS]
+        found = [i for i, token in enumerate(whole) if token == self._specials.mask]
+        if len(found) != n:
+            raise TemplateRefused(("questions", qid), "the options do not fit in the lfm2-d1-omni prompt")
+        return tuple(whole), found
+
+    # clef: one prompt for every question ------------------------------------------------------------
+
+    def _joint(self, request: SystemOneRequest) -> list[tuple[str, Question, Reading]]:
+        marker, sep, mark_question, mark_option = "<<clef:", "<<clef:sep>>", "<<clef:question>>", "<<clef:option>>"
+        shown = {qid: options_of(q, "clef") for qid, q in request.questions.items()}
+        listed = [
+            {
+                "id": qid,
+                "type": q.type,
+                "instructions": q.instructions if q.instructions is not None else "",
+                "options": [{"key": o.key, "description": o.description} for o in shown[qid]],
+            }
+            for qid, q in request.questions.items()
+        ]
+        values = decision_text.replace_text(
+            decision_text.sort_keys({"state": request.state, "questions": listed}), marker, "<<clef "
+        )
+        values.update(images=[], sep=sep, mark_question=mark_question, mark_option=mark_option)
+        tokens: list[int] = []
+        order: list[int] = []
+        types = [q.type for q in request.questions.values()]
+        asked = n_options = 0
+        for piece in self._render(values, ("state",)).split(sep):
+            level = 0
+            if piece.startswith(mark_question):
+                piece, asked = piece.removeprefix(mark_question), asked + 1
+                if asked > len(types):
+                    raise TemplateRefused(("state",), "the clef template shows more questions than were asked")
+                level = ORDER[types[asked - 1]]
+            elif piece.startswith(mark_option):
+                piece, level, n_options = piece.removeprefix(mark_option), OPTION_ORDER, n_options + 1
+            found = self._tokens(piece)
+            if level and not found:
+                raise TemplateRefused(("state",), "the instructions and the options of a question must not be empty")
+            tokens.extend(found)
+            order.extend([level] * len(found))
+        if asked != len(types) or n_options != sum(len(options) for options in shown.values()):
+            raise TemplateRefused(("state",), "the clef template did not show every question and option")
+        planned, row = [], 0
+        for qid, question in request.questions.items():
+            position = {o.key: row + i for i, o in enumerate(shown[qid])}
+            row += len(shown[qid])
+            marks = tuple(position[key] for key in label_keys(question))
+            planned.append((qid, question, self._reading(question, Suffix("", tuple(tokens), (), marks, tuple(order)))))
+        return planned
+
+    # Rendering ---------------------------------------------------------------------------------------
+
+    def _render(self, values: dict[str, Any], loc: tuple[str, ...]) -> str:
+        try:
+            return str(self._template.render(**self._user(values)))
+        except Exception as error:  # an untrusted template may fail any way on any input
+            raise TemplateRefused(loc, f"the model's systemone template did not render: {error}") from error
+
+    def _user(self, value: Any) -> Any:
+        """Any control token's text left in user values broken, so it stays text when specials are parsed."""
+        if isinstance(value, str):
+            for control in self._controls:
+                if control in value:
+                    value = value.replace(control, control[0] + WORD_JOINER + control[1:])
+            return value
+        if isinstance(value, dict):
+            return {self._user(key): self._user(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [self._user(item) for item in value]
+        return value
+
+    def _tokenize(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.tokenize(text, add_bos=False, special=True))
+
+
+class Specials:
+    """The special tokens a whole-prompt format reads: the mask, the separator (-1: none), and their texts."""
+
+    def __init__(self, mask: int, sep: int, texts: dict[int, str]) -> None:
+        self.mask, self.sep, self.texts = mask, sep, texts
