@@ -274,6 +274,27 @@ class Settings:
     request_timeout: float = _option(
         300.0, "seconds before a request is answered 504 and its pending work dropped", _positive_number
     )
+    max_batch_items: int = _option(
+        1000, "most requests in one batch (a POST /v1/systemone body with 'requests'; 422 beyond)", _integer(1)
+    )
+    max_sync_batch_items: int = _option(
+        16,
+        "most requests a batch may have to be answered in its own response; a larger batch, or one with more "
+        "requests for a model than it admits at once (contexts + max_queue), runs as a job (202)",
+        _integer(0),
+    )
+    batch_timeout: float = _option(
+        300.0,
+        "seconds a batch answered in its response may take from admission; its requests not answered by then "
+        "get a 504 timeout result",
+        _positive_number,
+    )
+    batch_job_timeout: float = _option(
+        3600.0,
+        "seconds a batch job may run; its requests not answered by then get a 504 timeout result",
+        _positive_number,
+    )
+    max_batch_jobs: int = _option(4, "batch jobs running at once; beyond: 503 overloaded", _integer(1))
     shutdown_timeout: float = _option(
         30.0, "seconds SIGTERM waits for in-flight requests before exiting", _positive_number, restart=True
     )

@@ -293,6 +293,44 @@ class ErrorResponse(BaseModel):
     detail: ErrorDetail
 
 
+# A batch (onepass's own, in the shape Ollama passes through): several requests in one body, each
+# validated and answered on its own. The results are built as the single answers and errors are; these
+# classes validate the envelope and describe the results in /openapi.json.
+
+
+class BatchRequest(_Model):
+    """`requests`: each item a whole request, as POST /v1/systemone takes one; an item that is not
+    valid fails alone, so items are validated one by one, not here."""
+
+    requests: Annotated[list[Any], Field(min_length=1)]
+
+
+class ItemError(BaseModel):
+    status: int  # what the item would have been answered alone
+    detail: list[ValidationDetail] | ErrorDetail  # that answer's detail: a 422's list, else the object
+
+
+class BatchItemError(BaseModel):
+    error: ItemError
+
+
+class BatchResponse(BaseModel):
+    results: list[SystemOneResponse | BatchItemError]  # one per request, in the request's order
+
+
+class BatchJob(BaseModel):
+    """A batch answered by a background job: its progress, and its results once it has ended."""
+
+    id: str
+    status: Literal["running", "done", "cancelled", "failed"]
+    done: int  # requests with their result (those that failed validation count from the start)
+    total: int
+    errors: int  # results that are errors, so far
+    eta_s: float | None  # seconds left at the pace so far, while running
+    results: list[SystemOneResponse | BatchItemError | None] | None  # None while running; an item None: not run
+    error: str | None  # why the job failed
+
+
 # The answer for one question, from its probabilities ------------------------------------------------
 
 

@@ -1,4 +1,7 @@
-"""Every exception the edge answers (app/errors.py's and Starlette's HTTPException), mapped to its response."""
+"""Every exception the edge answers (app/errors.py's and Starlette's HTTPException), mapped to its response.
+
+`error_of` is the one mapping: a request's error response and a batch request's error result are both
+made from it."""
 
 from __future__ import annotations
 
@@ -10,44 +13,38 @@ from starlette.responses import JSONResponse
 
 from app.errors import ApiError, Cancelled, InvalidRequest, ModelNotFound, ModelUnavailable
 
+INTERNAL_ERROR = {"error_type": "internal_error", "message": "internal error; see the server log"}
+
 
 def detail_response(status: int, error_type: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"detail": {"error_type": error_type, "message": message}}, status_code=status, headers=headers)
 
 
-async def _api_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ApiError)
-    return detail_response(exc.status, exc.error_type, exc.message, exc.headers)
+def error_of(exc: Exception) -> tuple[int, Any, dict[str, str] | None]:
+    """The status, the `detail` (a 422's list, else {"error_type", "message"}) and the headers `exc` is
+    answered with; anything unforeseen is a 500 whose message says only where to look."""
+    if isinstance(exc, ApiError):
+        return exc.status, {"error_type": exc.error_type, "message": exc.message}, exc.headers
+    if isinstance(exc, InvalidRequest):
+        return 422, exc.details, None
+    if isinstance(exc, ModelNotFound):
+        return 404, {"error_type": "model_not_found", "message": str(exc)}, None
+    if isinstance(exc, ModelUnavailable):
+        return 503, {"error_type": "model_unavailable", "message": str(exc)}, {"Retry-After": "60"}
+    if isinstance(exc, Cancelled):
+        message = f"the request was dropped before it ran: {exc}"
+        return 503, {"error_type": "overloaded", "message": message}, {"Retry-After": "1"}
+    if isinstance(exc, HTTPException):
+        error_type = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return exc.status_code, {"error_type": error_type, "message": str(exc.detail)}, None
+    return 500, dict(INTERNAL_ERROR), None
 
 
-async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, InvalidRequest)
-    return JSONResponse({"detail": exc.details}, status_code=422)
-
-
-async def _not_found(request: Request, exc: Exception) -> JSONResponse:
-    return detail_response(404, "model_not_found", str(exc))
-
-
-async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
-    return detail_response(503, "model_unavailable", str(exc), {"Retry-After": "60"})
-
-
-async def _cancelled(request: Request, exc: Exception) -> JSONResponse:
-    return detail_response(503, "overloaded", f"the request was dropped before it ran: {exc}", {"Retry-After": "1"})
-
-
-async def _http_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, HTTPException)
-    error_type = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return detail_response(exc.status_code, error_type, str(exc.detail))
+async def _answer(request: Request, exc: Exception) -> JSONResponse:
+    status, detail, headers = error_of(exc)
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 
 EXCEPTION_HANDLERS: dict[Any, Any] = {
-    ApiError: _api_error,
-    InvalidRequest: _invalid_request,
-    ModelNotFound: _not_found,
-    ModelUnavailable: _unavailable,
-    Cancelled: _cancelled,
-    HTTPException: _http_error,
+    kind: _answer for kind in (ApiError, InvalidRequest, ModelNotFound, ModelUnavailable, Cancelled, HTTPException)
 }

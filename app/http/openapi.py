@@ -7,7 +7,15 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from app.contract import ErrorResponse, SystemOneRequest, SystemOneResponse, ValidationErrorResponse
+from app.contract import (
+    BatchJob,
+    BatchRequest,
+    BatchResponse,
+    ErrorResponse,
+    SystemOneRequest,
+    SystemOneResponse,
+    ValidationErrorResponse,
+)
 
 REF = "#/components/schemas/{model}"
 
@@ -17,11 +25,22 @@ def _json(ref: str) -> dict[str, Any]:
 
 
 def build_openapi(version: str) -> dict[str, Any]:
-    models: list[type[BaseModel]] = [SystemOneRequest, SystemOneResponse, ValidationErrorResponse, ErrorResponse]
+    models: list[type[BaseModel]] = [
+        SystemOneRequest,
+        SystemOneResponse,
+        ValidationErrorResponse,
+        ErrorResponse,
+        BatchRequest,
+        BatchResponse,
+        BatchJob,
+    ]
+    inputs = (SystemOneRequest, BatchRequest)
     refs, schema = models_json_schema(
-        [(m, "validation" if m is SystemOneRequest else "serialization") for m in models], ref_template=REF
+        [(m, "validation" if m in inputs else "serialization") for m in models], ref_template=REF
     )
-    ref = {m: refs[(m, "validation" if m is SystemOneRequest else "serialization")]["$ref"] for m in models}
+    ref = {m: refs[(m, "validation" if m in inputs else "serialization")]["$ref"] for m in models}
+    # a batch's items are validated one by one (each fails alone), but each is a request
+    schema["$defs"]["BatchRequest"]["properties"]["requests"]["items"] = {"$ref": ref[SystemOneRequest]}
     error = _json(ref[ErrorResponse])
     errors = {
         "401": {"description": "missing or wrong API key", **error},
@@ -40,13 +59,18 @@ def build_openapi(version: str) -> dict[str, Any]:
             "/v1/systemone": {
                 "post": {
                     "operationId": "systemOne",
-                    "requestBody": {"required": True, **_json(ref[SystemOneRequest])},
+                    "requestBody": {"required": True, **_any_of(ref[SystemOneRequest], ref[BatchRequest])},
                     "responses": {
-                        "200": {"description": "one answer per question", **_json(ref[SystemOneResponse])},
+                        "200": {
+                            "description": "one answer per question; for a batch, one result per request",
+                            **_any_of(ref[SystemOneResponse], ref[BatchResponse]),
+                        },
+                        "202": {"description": "a large batch: the job answering it", **_json(ref[BatchJob])},
                         **errors,
                     },
                 }
             },
+            **_batch_job_paths(_json(ref[BatchJob]), error),
             "/v1/models": {
                 "get": {
                     "operationId": "listModels",
@@ -57,6 +81,22 @@ def build_openapi(version: str) -> dict[str, Any]:
             **_calibration_paths(error, errors, json_object),
         },
         "components": {"schemas": schema.get("$defs", {})},
+    }
+
+
+def _any_of(*refs: str) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": {"anyOf": [{"$ref": ref} for ref in refs]}}}}
+
+
+def _batch_job_paths(job: dict[str, Any], error: dict[str, Any]) -> dict[str, Any]:
+    """A large batch's job: its progress and results, and cancelling it."""
+    parameters = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    responses = {"200": {"description": "the job", **job}, "404": {"description": "no such job", **error}}
+    return {
+        "/v1/systemone/jobs/{id}": {
+            "get": {"operationId": "batchJob", "parameters": parameters, "responses": responses},
+            "delete": {"operationId": "cancelBatchJob", "parameters": parameters, "responses": responses},
+        }
     }
 
 

@@ -7,10 +7,12 @@ from starlette.routing import BaseRoute, Route
 from app.http.calibrations import delete_fit, fitting_job, list_fits, start_fitting
 from app.http.models import cache_stats, list_models, load_model_route, unload_model_route
 from app.http.operations import health, health_live, metrics_text, openapi_json, reload_config
-from app.http.systemone import systemone
+from app.http.systemone import batch_job, cancel_batch_job, systemone
 
 API_ROUTES: list[BaseRoute] = [
     Route("/v1/systemone", systemone, methods=["POST"]),
+    Route("/v1/systemone/jobs/{id}", batch_job, methods=["GET"]),
+    Route("/v1/systemone/jobs/{id}", cancel_batch_job, methods=["DELETE"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{name:path}/load", load_model_route, methods=["POST"]),
     Route("/v1/models/{name:path}/unload", unload_model_route, methods=["POST"]),

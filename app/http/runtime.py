@@ -1,4 +1,4 @@
-"""What the routes share (settings, models, admission, API keys, fitting jobs), yielded by the lifespan."""
+"""What the routes share (settings, models, admission, API keys, fitting and batch jobs), yielded by the lifespan."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from starlette.requests import Request
 from app.calibrate.jobs import FitJobs
 from app.config import ConfigError, Settings, SettingsSource, reload_settings
 from app.errors import ApiError
+from app.http.admission import Admission
+from app.http.batch_jobs import BatchJobs
 from app.serving.registry import ModelRegistry
 from app.serving.specs import read_models_config
 
@@ -38,8 +40,9 @@ class Runtime:
     load_error: str | None = None
     loaded: threading.Event = field(default_factory=threading.Event)
     api_keys: tuple[bytes, ...] = ()
-    in_flight: dict[str, int] = field(default_factory=dict)  # per model: requests admitted, not yet answered
+    admission: Admission = field(default_factory=Admission)  # per model: requests admitted, not yet answered
     fit_jobs: FitJobs = field(default_factory=FitJobs)
+    batch_jobs: BatchJobs = field(default_factory=BatchJobs)
 
     def accepts(self, authorization: bytes) -> bool:
         """Whether an Authorization header's value lets a request in (any value while auth is off)."""
@@ -51,22 +54,12 @@ class Runtime:
         matched = [hmac.compare_digest(offered, key) for key in self.api_keys]
         return scheme.lower() == b"bearer" and any(matched)
 
-    @contextlib.contextmanager
-    def admit(self, name: str, contexts: int) -> Any:
+    def admit(self, name: str, contexts: int) -> contextlib.AbstractContextManager[None]:
         """A place among the requests one model is serving (its `contexts`) or queueing; 503 when full.
 
         Per model: each model has its own pool of contexts, so a busy model does not turn
         requests for an idle one away."""
-        in_flight = self.in_flight.get(name, 0)
-        if in_flight >= contexts + self.settings.max_queue:
-            raise ApiError(
-                503, "overloaded", f"{in_flight} requests in flight for {name}; try again shortly", {"Retry-After": "1"}
-            )
-        self.in_flight[name] = in_flight + 1  # the event loop is single-threaded: no lock needed
-        try:
-            yield
-        finally:
-            self.in_flight[name] -= 1
+        return self.admission.request(name, contexts + self.settings.max_queue)
 
     def reload(self) -> dict[str, list[str]]:
         """Read the settings again from the same sources (SIGHUP, POST /v1/config/reload) and apply
@@ -100,7 +93,7 @@ class Runtime:
         models = {}
         if self.registry is not None:
             for name, service in self.registry.loaded().items():
-                in_flight = self.in_flight.get(name, 0)
+                in_flight = self.admission.held(name)
                 models[name] = {
                     "tiers": service.cache_stats(),
                     "prefilled_tokens": service.prefilled_tokens,

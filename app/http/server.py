@@ -58,7 +58,7 @@ def _lifespan(
     loader: Callable[[Settings], ModelRegistry],
 ) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[dict[str, Any]]]:
     """Start: the runtime, and the models loading in the background unless `registry` is given.
-    Stop: fitting jobs cancelled, the models closed."""
+    Stop: fitting and batch jobs cancelled, the models closed."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
@@ -89,6 +89,7 @@ def _lifespan(
             if hangup:
                 loop.remove_signal_handler(signal.SIGHUP)
             runtime.fit_jobs.cancel_all(settings.shutdown_timeout)
+            runtime.batch_jobs.cancel_all(runtime.admission, settings.shutdown_timeout)
             if thread is not None:
                 thread.join()
                 if runtime.registry is not None:

@@ -1,46 +1,38 @@
-"""POST /v1/systemone: parse the request, admit it for its model, answer it in a worker thread."""
+"""POST /v1/systemone: parse the request, admit it for its model, answer it in a worker thread.
+
+A body with `requests` is a batch (app/http/batch.py): answered in its response when it is small
+enough to be admitted whole, else by a job followed at GET /v1/systemone/jobs/{id}."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import anyio
-from pydantic import ValidationError
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
-from app.config import Settings
-from app.contract import SystemOneRequest, SystemOneResponse, errors_for_response, limit_errors
-from app.errors import ApiError, Cancelled, InvalidRequest
+from app.contract import SystemOneRequest, SystemOneResponse
+from app.errors import ApiError, Cancelled
 from app.fleet.routing import PREFIX_KEY_HEADER, affinity_key_of
+from app.http.batch import Run, answer_items, batch_items, is_batch, parse_items, parse_request, per_model
+from app.http.batch_jobs import BatchJob
 from app.http.body import parse_json, read_body
 from app.http.runtime import Runtime, runtime_of
 
 log = logging.getLogger("onepass.server")
 
 
-async def _until_disconnected(request: Request, cancelled: threading.Event, scope: anyio.CancelScope) -> None:
+async def _until_disconnected(request: Request, on_disconnect: Callable[[], None], scope: anyio.CancelScope) -> None:
     """With the body read, the next ASGI message is the client going away."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            cancelled.set()
+            on_disconnect()
             scope.cancel()
             return
-
-
-def _parse_request(payload: Any, settings: Settings) -> SystemOneRequest:
-    """The contract's request, or a 422 listing what is wrong with it."""
-    try:
-        parsed = SystemOneRequest.model_validate(payload)
-    except ValidationError as error:
-        raise InvalidRequest(errors_for_response(error)) from error
-    problems = limit_errors(parsed, settings.max_questions, settings.max_text_chars)
-    if problems:
-        raise InvalidRequest(problems)
-    return parsed
 
 
 async def _answer_in_worker(
@@ -54,7 +46,7 @@ async def _answer_in_worker(
     with runtime.admit(name, registry.contexts_of(name)):
         log.debug("request %s admitted for %s", request.headers.get("x-request-id", "-"), name)
         async with anyio.create_task_group() as group:
-            group.start_soon(_until_disconnected, request, cancelled, group.cancel_scope)
+            group.start_soon(_until_disconnected, request, cancelled.set, group.cancel_scope)
             try:
                 with anyio.fail_after(timeout):
                     outcome["response"] = await anyio.to_thread.run_sync(
@@ -77,7 +69,10 @@ async def _answer_in_worker(
 
 async def systemone(request: Request) -> Response:
     runtime = runtime_of(request)
-    parsed = _parse_request(parse_json(await read_body(request, runtime.settings.max_body_bytes)), runtime.settings)
+    payload = parse_json(await read_body(request, runtime.settings.max_body_bytes))
+    if is_batch(payload):
+        return await _batch(request, runtime, payload)
+    parsed = parse_request(payload, runtime.settings)
     name = runtime.require_registry().canonical(parsed.model)  # 404 before any work
     observed = request.scope["state"].get("observed", {})
     observed.update(model=name, questions=len(parsed.questions))
@@ -88,3 +83,66 @@ async def systemone(request: Request) -> Response:
     # for a proxy in front of several replicas: clients may echo it (deploy/haproxy.cfg hashes it)
     headers = {PREFIX_KEY_HEADER: affinity_key_of(parsed.state_text)}
     return Response(response.to_json(), media_type="application/json", headers=headers)
+
+
+async def _batch(request: Request, runtime: Runtime, payload: Any) -> JSONResponse:
+    """{"results": [...]} in the request's order, or 202 and a job when the batch is too large to be
+    answered in the response (more than max_sync_batch_items, or more for a model than it admits)."""
+    settings = runtime.settings
+    raw = batch_items(payload, settings)
+    registry = runtime.require_registry()
+    items = parse_items(raw, settings, registry)
+    wanted = per_model(items)
+    capacity = {name: registry.contexts_of(name) + settings.max_queue for name in wanted}
+    observed = request.scope["state"].get("observed", {})
+    observed.update(batch=len(items))
+    if len(items) > settings.max_sync_batch_items or any(wanted[name] > capacity[name] for name in wanted):
+        if runtime.batch_jobs.running() >= settings.max_batch_jobs:
+            message = f"{settings.max_batch_jobs} batch jobs are running; try again when one has ended"
+            raise ApiError(503, "overloaded", message, {"Retry-After": "10"})
+        run = Run(items, settings.batch_job_timeout, settings.max_queue)
+        job = runtime.batch_jobs.start(run, registry, runtime.admission)
+        observed.update(job=job.id)
+        return JSONResponse(job.to_json(), status_code=202, headers={"Location": f"/v1/systemone/jobs/{job.id}"})
+    run = Run(items, settings.batch_timeout, None)
+    refused: list[ApiError] = []
+    async with anyio.create_task_group() as group:
+        group.start_soon(_until_disconnected, request, lambda: runtime.admission.stop(run.stop), group.cancel_scope)
+        # abandoned only when the client goes away: at its budget the worker stops itself, settling every result
+        try:
+            await anyio.to_thread.run_sync(
+                answer_items, run, registry, runtime.admission, capacity, abandon_on_cancel=True
+            )
+        except ApiError as error:  # 503: a model lacks the room; raised below, outside the task group
+            refused.append(error)
+        finally:
+            group.cancel_scope.cancel()
+    if refused:
+        raise refused[0]
+    results = run.results()
+    if None in results:  # only a disconnect leaves a request unsettled: nobody reads this
+        raise Cancelled("the client disconnected")
+    observed.update(errors=run.errors())
+    return JSONResponse({"results": results})
+
+
+def _job_of(request: Request) -> BatchJob:
+    job = runtime_of(request).batch_jobs.get(request.path_params["id"])
+    if job is None:
+        raise ApiError(404, "not_found", f"no batch job {request.path_params['id']!r}")
+    return job
+
+
+async def batch_job(request: Request) -> JSONResponse:
+    """GET /v1/systemone/jobs/{id}: the job's progress, and its results once it has ended."""
+    return JSONResponse(_job_of(request).to_json())
+
+
+async def cancel_batch_job(request: Request) -> JSONResponse:
+    """DELETE /v1/systemone/jobs/{id}: stop the job at its next step; answered once it has stopped (or
+    after request_timeout). Its answered results are kept, the others are null."""
+    runtime, job = runtime_of(request), _job_of(request)
+    runtime.admission.stop(job.run.stop)
+    if job.thread is not None:
+        await anyio.to_thread.run_sync(job.thread.join, runtime.settings.request_timeout)
+    return JSONResponse(job.to_json())

@@ -1,0 +1,115 @@
+"""Admission per model: the places a model's requests hold (its `contexts` answering, `max_queue` waiting),
+and the turns a batch's items take so that they never stand between a single request and a context.
+
+A single request takes one place when it comes (503 when there is none) and runs at once. A batch
+answered in its response takes one place per request at the door, all or none; a batch job takes its
+place as each of its requests runs. Either way a batch's next request starts only when one of the
+model's contexts has nothing running: a single request waits for at most the batch requests already
+running when it came, never for a whole batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Mapping
+
+from app.errors import ApiError
+
+
+def overloaded(message: str) -> ApiError:
+    return ApiError(503, "overloaded", message, {"Retry-After": "1"})
+
+
+class Admission:
+    """Counts per model, changed under one lock by the event loop and the batches' worker threads."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()  # notified whenever a count changes
+        self._held: dict[str, int] = {}  # places: requests admitted and not yet answered
+        self._running: dict[str, int] = {}  # single requests admitted, batch requests started
+        self._waiting: dict[str, int] = {}  # batch requests waiting for their turn
+
+    def held(self, name: str) -> int:
+        with self.changed:
+            return self._held.get(name, 0)
+
+    def waiting(self, name: str) -> int:
+        with self.changed:
+            return self._waiting.get(name, 0)
+
+    def _add(self, counts: dict[str, int], name: str, delta: int) -> None:
+        counts[name] = counts.get(name, 0) + delta
+        self.changed.notify_all()
+
+    @contextlib.contextmanager
+    def request(self, name: str, capacity: int) -> Iterator[None]:
+        """A single request's place among the `capacity` its model has, held while it is answered."""
+        with self.changed:
+            held = self._held.get(name, 0)
+            if held >= capacity:
+                raise overloaded(f"{held} requests in flight for {name}; try again shortly")
+            self._add(self._held, name, 1)
+            self._add(self._running, name, 1)
+        try:
+            yield
+        finally:
+            with self.changed:
+                self._add(self._held, name, -1)
+                self._add(self._running, name, -1)
+
+    def reserve(self, wanted: Mapping[str, int], capacity: Mapping[str, int]) -> None:
+        """A place for each of a batch's requests, per model, all or none (503 when a model lacks room)."""
+        with self.changed:
+            for name, count in wanted.items():
+                held = self._held.get(name, 0)
+                if held + count > capacity[name]:
+                    raise overloaded(
+                        f"{held} requests in flight for {name}; a batch of {count} more does not fit; try again shortly"
+                    )
+            for name, count in wanted.items():
+                self._add(self._held, name, count)
+
+    def release(self, name: str, count: int) -> None:
+        """Give back places reserved for requests that will not run."""
+        with self.changed:
+            self._add(self._held, name, -count)
+
+    def turn(self, name: str, contexts: int, capacity: int | None, stop: threading.Event, deadline: float) -> bool:
+        """Wait until fewer than `contexts` requests of the model run, then run: True. False when `stop`
+        is set or `deadline` (time.monotonic()) passes first. With `capacity` (a job's request, which
+        reserved nothing) the place is taken now, once there is one."""
+        with self.changed:
+            self._add(self._waiting, name, 1)
+            try:
+                ready = self.changed.wait_for(
+                    lambda: (
+                        stop.is_set()
+                        or (
+                            self._running.get(name, 0) < contexts
+                            and (capacity is None or self._held.get(name, 0) < capacity)
+                        )
+                    ),
+                    timeout=max(0.0, deadline - time.monotonic()),
+                )
+            finally:
+                self._add(self._waiting, name, -1)
+            if not ready or stop.is_set():
+                return False
+            self._add(self._running, name, 1)
+            if capacity is not None:
+                self._add(self._held, name, 1)
+            return True
+
+    def done(self, name: str) -> None:
+        """A batch's request that had its turn is answered: its place and its run end."""
+        with self.changed:
+            self._add(self._running, name, -1)
+            self._add(self._held, name, -1)
+
+    def stop(self, event: threading.Event) -> None:
+        """Set a batch's stop event and wake its turn if it waits for one."""
+        event.set()
+        with self.changed:
+            self.changed.notify_all()

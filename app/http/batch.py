@@ -1,0 +1,215 @@
+"""A batch of requests in one body: each item validated and answered on its own, in the order that suits
+the prefix cache, its result kept at its place in the request's order.
+
+Each item goes through ModelRegistry.answer alone, exactly as a single request does, so its answer
+does not depend on the rest of the batch; the order only decides which prefixes the cache already
+holds. A result is what the item would have been answered alone: the response object, or
+{"error": {"status", "detail"}} with the error response's status and detail.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from app.config import Settings
+from app.contract import (
+    BatchRequest,
+    SystemOneRequest,
+    canonical_json,
+    errors_for_response,
+    limit_errors,
+    validation_error,
+)
+from app.errors import ApiError, Cancelled, InvalidRequest, ModelNotFound
+from app.http.admission import Admission
+from app.http.errors import error_of
+from app.progress import Progress
+from app.serving.registry import ModelRegistry
+
+log = logging.getLogger("onepass.batch")
+
+
+def is_batch(payload: Any) -> bool:
+    """A body with `requests` and neither `state` nor `questions`: a body with those is one request,
+    answered as ever (the contract ignores fields it does not know, `requests` among them)."""
+    return isinstance(payload, dict) and "requests" in payload and not {"state", "questions"} & payload.keys()
+
+
+def parse_request(payload: Any, settings: Settings) -> SystemOneRequest:
+    """The contract's request, or a 422 listing what is wrong with it."""
+    try:
+        parsed = SystemOneRequest.model_validate(payload)
+    except ValidationError as error:
+        raise InvalidRequest(errors_for_response(error)) from error
+    problems = limit_errors(parsed, settings.max_questions, settings.max_text_chars)
+    if problems:
+        raise InvalidRequest(problems)
+    return parsed
+
+
+def batch_items(payload: Any, settings: Settings) -> list[Any]:
+    """The items of a batch body, or a 422: `requests` not a non-empty list, or longer than max_batch_items."""
+    try:
+        items = BatchRequest.model_validate(payload).requests
+    except ValidationError as error:
+        raise InvalidRequest(errors_for_response(error)) from error
+    if len(items) > settings.max_batch_items:
+        message = f"{len(items)} requests; the limit is {settings.max_batch_items}"
+        raise InvalidRequest(validation_error(("requests",), message, "too_long", len(items)))
+    return items
+
+
+def error_result(error: Exception) -> dict[str, Any]:
+    status, detail, _ = error_of(error)
+    return {"error": {"status": status, "detail": detail}}
+
+
+@dataclass
+class Item:
+    """One request of a batch: parsed and its model found, or its result already an error."""
+
+    index: int
+    request: SystemOneRequest | None = None
+    model: str = ""  # the configured name of the model that answers it
+    result: dict[str, Any] | None = None  # None: not answered (yet)
+    ran: bool = False
+
+
+def parse_items(raw: list[Any], settings: Settings, registry: ModelRegistry) -> list[Item]:
+    """Every item validated on its own: a bad one gets its 422 or 404 as its result and nothing else fails."""
+    items = []
+    for index, body in enumerate(raw):
+        item = Item(index)
+        try:
+            item.request = parse_request(body, settings)
+            item.model = registry.canonical(item.request.model)
+        except (InvalidRequest, ModelNotFound) as error:
+            item.request, item.result = None, error_result(error)
+        items.append(item)
+    return items
+
+
+def per_model(items: list[Item]) -> dict[str, int]:
+    """How many of the batch's requests each model answers (those that failed validation are not counted)."""
+    counts: dict[str, int] = {}
+    for item in items:
+        if item.request is not None:
+            counts[item.model] = counts.get(item.model, 0) + 1
+    return counts
+
+
+def question_set(request: SystemOneRequest) -> str:
+    """A request's questions by content (ids and order aside), as the question-first layout's prefix has them."""
+    return canonical_json(sorted(canonical_json(q.model_dump(mode="json")) for q in request.questions.values()))
+
+
+def schedule(items: list[Item]) -> list[Item]:
+    """The order to answer in: model by model, each model's requests with the same state together and
+    within those the same question set, each group where its first request stood. A prefix is then
+    built once and found in the cache by the requests after it (in either layout)."""
+    first: dict[Hashable, int] = {}  # each model, state and question set: where it first appeared
+
+    def seen(key: Hashable) -> int:
+        return first.setdefault(key, len(first))
+
+    keyed = []
+    for item in items:
+        if item.request is not None:
+            state = seen((item.model, item.request.state_text))
+            questions = seen((item.model, item.request.state_text, question_set(item.request)))
+            keyed.append(((seen(item.model), state, questions, item.index), item))
+    return [item for _, item in sorted(keyed, key=lambda pair: pair[0])]
+
+
+@dataclass
+class Run:
+    """A batch being answered: its items, its time budget, and what stops it."""
+
+    items: list[Item]
+    budget: float  # seconds
+    max_queue: int | None  # a job's: its requests take their places as they run; None: reserved before (places)
+    progress: Progress = field(init=False)
+    stop: threading.Event = field(default_factory=threading.Event)
+    expired: bool = False  # the budget ran out (stop is set then too)
+
+    def __post_init__(self) -> None:
+        self.progress = Progress(len(self.items), show=False)
+        self.progress.skip(sum(item.result is not None for item in self.items))
+
+    def results(self) -> list[dict[str, Any] | None]:
+        return [item.result for item in self.items]
+
+    def errors(self) -> int:
+        return sum(item.result is not None and "error" in item.result for item in self.items)
+
+
+def answer_items(
+    run: Run, registry: ModelRegistry, admission: Admission, places: Mapping[str, int] | None = None
+) -> None:
+    """Answer the run's items one at a time in the scheduled order, each with its turn at its model
+    (Admission.turn), until all are answered, the run is stopped, or its budget runs out. A request not
+    answered for want of time gets a 504 result; one stopped otherwise (cancelled) keeps None.
+
+    With `places` (each model's, for a batch answered in its response) a place for each request is
+    reserved first, all or none (503), here in the worker, which then gives each back: a worker that
+    never starts holds none."""
+    if places is not None:
+        admission.reserve(per_model(run.items), places)
+    deadline = time.monotonic() + run.budget
+
+    def expire() -> None:
+        run.expired = True
+        admission.stop(run.stop)
+
+    timer = threading.Timer(run.budget, expire)
+    timer.daemon = True
+    timer.start()
+    pending = schedule(run.items)
+    try:
+        for item in pending:
+            if not _answer_one(item, run, registry, admission, deadline):
+                break
+    finally:
+        timer.cancel()
+        late = 0
+        for item in pending:
+            if not item.ran and places is not None:
+                admission.release(item.model, 1)  # the place reserved for it
+            if item.result is None and run.expired:
+                timeout = ApiError(504, "timeout", f"not answered within the batch's {run.budget:g} s")
+                item.result, late = error_result(timeout), late + 1
+        run.progress.skip(late)
+
+
+def _answer_one(item: Item, run: Run, registry: ModelRegistry, admission: Admission, deadline: float) -> bool:
+    """The item's result, once it has its turn; False when the run stops first."""
+    assert item.request is not None
+    try:
+        contexts = registry.contexts_of(item.model)
+    except ModelNotFound as error:  # a reload took the model away
+        item.result = error_result(error)
+        run.progress.step()
+        return True
+    capacity = None if run.max_queue is None else contexts + run.max_queue
+    if not admission.turn(item.model, contexts, capacity, run.stop, deadline):
+        return False
+    item.ran = True
+    try:
+        item.result = registry.answer(item.model, item.request, run.stop).wire()
+    except Cancelled:
+        return False  # stopped: its result is settled with the others'
+    except Exception as error:
+        item.result = error_result(error)
+        if item.result["error"]["status"] == 500:  # a bug: its traceback, as ContainInternalErrors logs one
+            log.exception("batch request %d failed", item.index)
+    finally:
+        admission.done(item.model)
+    run.progress.step()
+    return True

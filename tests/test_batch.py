@@ -1,0 +1,347 @@
+"""Batches: POST /v1/systemone with {"requests": [...]} (tiny model, real llama.cpp). Each request is
+answered as it would be alone and fails alone; the results come in the request's order; small batches
+are answered in the response, large ones by a job; a batch counts against admission as its size and
+never stands between a single request and a context."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from app.answering.service import ModelService
+from app.config import Settings
+from app.contract import SystemOneRequest, SystemOneResponse
+from app.http.runtime import Runtime
+from app.http.server import create_app
+from app.serving.registry import ModelRegistry
+from app.serving.specs import ModelsConfig, ModelSpec
+from tests.conftest import tiny_settings
+
+TICKET: dict[str, Any] = json.loads((Path(__file__).parent.parent / "examples" / "ticket.json").read_text())
+SUBJECTS = ["charged twice", "parcel lost", "app crashes", "password reset", "refund late", "rude agent", "wrong size"]
+URGENT = {"type": "noul", "instructions": "Is it urgent?"}
+WAIT = 30  # seconds: every wait in these tests is bounded
+
+
+def ticket(i: int, subject: str | None = None, **changes: Any) -> dict[str, Any]:
+    """A ticket-like request; tickets i and i + 7 share their state (the 50 tickets have 7 states)."""
+    subject = subject or SUBJECTS[i % len(SUBJECTS)]
+    questions = TICKET["questions"] if i % 5 else {**TICKET["questions"], "urgent": URGENT}
+    return {"model": "jev-latest", "state": f"Ticket about {subject}: please help.", "questions": questions, **changes}
+
+
+def comparable(response: dict[str, Any]) -> dict[str, Any]:
+    """What must be the same bit for bit whatever else the server answered: all but the cache and timings."""
+    return {key: value for key, value in response.items() if key not in ("x_cache", "x_timing_ms")}
+
+
+def alone(client: TestClient, body: Any) -> dict[str, Any]:
+    """The item's result as the batch must give it: what the request gets alone."""
+    response = client.post("/v1/systemone", json=body)
+    if response.status_code == 200:
+        return comparable(response.json())
+    return {"error": {"status": response.status_code, "detail": response.json()["detail"]}}
+
+
+def settled(result: dict[str, Any] | None) -> dict[str, Any] | None:
+    return result if result is None or "error" in result else comparable(result)
+
+
+class Doorman(ModelService):
+    """The real service behind a door that records who entered: a request whose state is in `held` waits
+    there until the test opens it; one in `until_cancelled` waits until its request is cancelled."""
+
+    def __init__(self, inner: ModelService) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.door = threading.Condition()
+        self.entered: list[str] = []
+        self.held: set[str] = set()
+        self.until_cancelled: set[str] = set()
+
+    def answer(self, request: SystemOneRequest, cancelled: threading.Event | None = None) -> SystemOneResponse:
+        state = request.state_text
+        with self.door:
+            self.entered.append(state)
+            self.door.notify_all()
+            assert self.door.wait_for(lambda: state not in self.held, WAIT)
+        if state in self.until_cancelled:
+            assert cancelled is not None and cancelled.wait(WAIT)
+        return super().answer(request, cancelled)
+
+    def open(self, state: str) -> None:
+        with self.door:
+            self.held.discard(state)
+            self.door.notify_all()
+
+    def wait_entered(self, count: int) -> list[str]:
+        with self.door:
+            assert self.door.wait_for(lambda: len(self.entered) >= count, WAIT), self.entered
+            return list(self.entered)
+
+
+class Faulty(ModelService):
+    """The real service, but its first plan feeds llama.cpp a token id outside the vocabulary."""
+
+    def __init__(self, inner: ModelService) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.faults = 1
+
+    def plan(self, request: SystemOneRequest) -> Any:
+        plan = super().plan(request)
+        if self.faults:
+            self.faults -= 1
+            rendered = plan.suffixes()[0]
+            object.__setattr__(rendered, "tokens", (*rendered.tokens[:-1], self.engine.n_vocab + 7))
+        return plan
+
+
+def app_with(service: ModelService, path: Path, **settings: Any) -> Any:
+    return create_app(tiny_settings(path, **settings), registry=ModelRegistry.serving(service))
+
+
+def runtime_of(client: TestClient) -> Runtime:
+    runtime: Runtime = client.app.state.runtime  # type: ignore[attr-defined]
+    return runtime
+
+
+def until(runtime: Runtime, condition: Callable[[], bool]) -> None:
+    """Wait (bounded) until the admission counts satisfy `condition`."""
+    with runtime.admission.changed:
+        assert runtime.admission.changed.wait_for(condition, WAIT)
+
+
+def batch(client: TestClient, requests: Any) -> Any:
+    return client.post("/v1/systemone", json={"requests": requests})
+
+
+def test_a_batch_of_50_tickets_answers_each_in_order_as_alone_and_a_bad_one_fails_alone(
+    tiny_service: ModelService, tiny_chat_path: Path
+) -> None:
+    tickets = [ticket(i) for i in range(50)]
+    tickets[17] = ticket(17, questions={"team": {"type": "multiple", "criteria": ["a", "b"]}})
+    with TestClient(app_with(tiny_service, tiny_chat_path, max_sync_batch_items=50, max_queue=64)) as client:
+        response = batch(client, tickets)
+        assert response.status_code == 200
+        results = response.json()["results"]
+        assert [settled(result) for result in results] == [alone(client, body) for body in tickets]
+    assert results[17]["error"]["status"] == 422
+    assert results[17]["error"]["detail"][0]["type"] == "union_tag_invalid"
+    assert results[17]["error"]["detail"][0]["loc"] == ["body", "questions", "team"]
+    assert sum("answers" in result for result in results) == 49
+
+
+def test_each_bad_request_fails_alone_with_the_error_it_gets_alone(
+    tiny_service: ModelService, tiny_chat_path: Path
+) -> None:
+    requests: list[Any] = [
+        ticket(1, "a lost card"),
+        ticket(2, "a lost card", model="gpt-5"),  # 404 model_not_found
+        "not an object",  # 422 model_type
+        ticket(3, "a lost card", questions={f"q{i}": URGENT for i in range(4)}),  # 422: max_questions
+        ticket(4, " ".join(f"word{i}" for i in range(9000))),  # 422: the prompt does not fit the context
+        ticket(6, "a lost card", assets=[{"url": "x"}]),  # 422: no vision
+        ticket(7, "a stolen card"),
+    ]
+    with TestClient(app_with(tiny_service, tiny_chat_path, max_questions=3)) as client:
+        results = batch(client, requests).json()["results"]
+        assert [settled(result) for result in results] == [alone(client, body) for body in requests]
+    statuses = [result["error"]["status"] if "error" in result else 200 for result in results]
+    assert statuses == [200, 404, 422, 422, 422, 422, 200]
+    assert results[1]["error"]["detail"]["error_type"] == "model_not_found"
+    assert results[4]["error"]["detail"][0]["loc"] == ["body", "state"]
+
+
+def test_a_fault_inside_llama_cpp_fails_that_request_only(tiny_service: ModelService, tiny_chat_path: Path) -> None:
+    requests = [ticket(i, f"fault {i}") for i in range(3)]
+    with TestClient(app_with(Faulty(tiny_service), tiny_chat_path)) as client:
+        results = batch(client, requests).json()["results"]
+        internal = {"error_type": "internal_error", "message": "internal error; see the server log"}
+        assert results[0] == {"error": {"status": 500, "detail": internal}}
+        assert [settled(result) for result in results[1:]] == [alone(client, body) for body in requests[1:]]
+
+
+def test_repeated_states_are_answered_together_and_results_come_in_the_request_order(
+    tiny_service: ModelService, tiny_chat_path: Path
+) -> None:
+    doorman = Doorman(tiny_service)
+    order = ["schedule a", "schedule b", "schedule a", "schedule c", "schedule b", "schedule a"]
+    requests = [ticket(1, subject) for subject in order]
+    with TestClient(app_with(doorman, tiny_chat_path)) as client:
+        results = batch(client, requests).json()["results"]
+        entered = doorman.wait_entered(6)
+        assert entered == [f"Ticket about {s}: please help." for s in sorted(order)]
+        assert [result["x_cache"] for result in results] == ["miss", "miss", "hit", "miss", "hit", "hit"]
+        assert [settled(result) for result in results] == [alone(client, body) for body in requests]
+
+
+def test_a_batch_may_name_several_models_and_each_model_answers_its_own_together(
+    tiny_service: ModelService, tiny_chat_path: Path
+) -> None:
+    doorman = Doorman(tiny_service)
+    specs = tuple(ModelSpec(name, tiny_chat_path, settings=Settings(session_cache_disk_bytes=0)) for name in "xy")
+    registry = ModelRegistry(ModelsConfig(specs, "x", 2), loader=lambda spec: doorman)
+    requests = [ticket(1, f"{model} {i}", model=model) for i, model in enumerate("xyxyx")]
+    with TestClient(create_app(tiny_settings(tiny_chat_path), registry=registry)) as client:
+        results = batch(client, requests).json()["results"]
+        assert len(results) == 5 and all("answers" in result for result in results)
+        subjects = [state.split()[2] + state.split()[3] for state in doorman.wait_entered(5)]
+        assert subjects == ["x0:", "x2:", "x4:", "y1:", "y3:"]
+        assert [settled(result) for result in results] == [alone(client, body) for body in requests]
+
+
+def test_the_batch_itself_is_checked_first(tiny_service: ModelService, tiny_chat_path: Path) -> None:
+    with TestClient(app_with(tiny_service, tiny_chat_path, max_batch_items=3, max_body_bytes=4096)) as client:
+        for requests, kind in (({"a": 1}, "list_type"), ([], "too_short"), ([ticket(i) for i in range(4)], "too_long")):
+            response = batch(client, requests)
+            assert response.status_code == 422
+            detail = response.json()["detail"]
+            assert [(d["loc"], d["type"]) for d in detail] == [(["body", "requests"], kind)]
+        long = batch(client, [ticket(1, "x" * 5000)])
+        assert long.status_code == 413 and long.json()["detail"]["error_type"] == "request_too_large"
+        # with `state` or `questions` the body is one request, as ever: `requests` is a field it ignores
+        single = client.post("/v1/systemone", json={**ticket(1), "requests": [ticket(2)]})
+        assert single.status_code == 200 and "answers" in single.json()
+
+
+def test_a_large_batch_runs_as_a_job_with_progress_then_results_in_order(
+    tiny_service: ModelService, tiny_chat_path: Path
+) -> None:
+    doorman = Doorman(tiny_service)
+    requests = [ticket(i, f"job {i}") for i in range(6)]
+    requests[1] = ticket(1, "job 1", model="gpt-5")
+    doorman.held.add("Ticket about job 3: please help.")
+    with TestClient(app_with(doorman, tiny_chat_path, max_sync_batch_items=4, max_batch_jobs=1)) as client:
+        started = batch(client, requests)
+        assert started.status_code == 202
+        location = started.headers["location"]
+        assert location == f"/v1/systemone/jobs/{started.json()['id']}"
+        assert started.json()["total"] == 6 and started.json()["results"] is None
+        assert doorman.wait_entered(3)[-1] == "Ticket about job 3: please help."
+        progress = client.get(location).json()
+        assert (progress["status"], progress["done"], progress["total"], progress["errors"]) == ("running", 3, 6, 1)
+        assert progress["eta_s"] is not None and progress["results"] is None
+        another = batch(client, requests)  # max_batch_jobs: one at a time
+        assert another.status_code == 503 and another.json()["detail"]["error_type"] == "overloaded"
+        doorman.open("Ticket about job 3: please help.")
+        job = runtime_of(client).batch_jobs.get(started.json()["id"])
+        assert job is not None and job.thread is not None
+        job.thread.join(WAIT)
+        finished = client.get(location).json()
+        assert (finished["status"], finished["done"], finished["errors"], finished["eta_s"]) == ("done", 6, 1, None)
+        assert [settled(result) for result in finished["results"]] == [alone(client, body) for body in requests]
+        assert client.get("/v1/systemone/jobs/nope").json()["detail"]["error_type"] == "not_found"
+
+
+def test_cancelling_a_job_stops_it_and_keeps_what_was_answered(
+    tiny_service: ModelService, tiny_chat_path: Path
+) -> None:
+    doorman = Doorman(tiny_service)
+    requests = [ticket(i, f"cancel {i}") for i in range(5)]
+    doorman.until_cancelled.add("Ticket about cancel 1: please help.")
+    with TestClient(app_with(doorman, tiny_chat_path, max_sync_batch_items=2)) as client, ThreadPoolExecutor(1) as pool:
+        started = batch(client, requests).json()
+        doorman.wait_entered(2)
+        decodes = doorman.engine.decode_calls
+        cancelled = pool.submit(client.delete, f"/v1/systemone/jobs/{started['id']}").result(WAIT).json()
+        assert doorman.engine.decode_calls == decodes  # the held request stopped before any llama.cpp work
+        assert cancelled["status"] == "cancelled" and cancelled["done"] == 1
+        assert doorman.entered == ["Ticket about cancel 0: please help.", "Ticket about cancel 1: please help."]
+        assert settled(cancelled["results"][0]) == alone(client, requests[0])
+        assert cancelled["results"][1:] == [None, None, None, None]
+        assert client.get(f"/v1/systemone/jobs/{started['id']}").json() == cancelled
+        assert runtime_of(client).admission.held("tiny-chat") == 0
+
+
+def test_a_batch_counts_as_its_size_against_admission(tiny_service: ModelService, tiny_chat_path: Path) -> None:
+    doorman = Doorman(tiny_service)
+    first = "Ticket about admission 0: please help."
+    doorman.held.add(first)
+    with TestClient(app_with(doorman, tiny_chat_path, max_queue=3)) as client, ThreadPoolExecutor(2) as pool:
+        runtime = runtime_of(client)  # contexts 1 + max_queue 3: four places
+        single = pool.submit(client.post, "/v1/systemone", json=ticket(0, "admission 0"))
+        doorman.wait_entered(1)
+        four = batch(client, [ticket(i, f"admission {i}") for i in range(1, 5)])
+        assert four.status_code == 503 and four.headers["retry-after"] == "1"  # four more do not fit in three
+        assert four.json()["detail"]["error_type"] == "overloaded"
+        three = pool.submit(batch, client, [ticket(i, f"admission {i}") for i in range(1, 4)])
+        until(runtime, lambda: runtime.admission.held("tiny-chat") == 4)
+        assert client.post("/v1/systemone", json=ticket(9, "admission 9")).status_code == 503  # all four taken
+        # five can never fit in four places: a job, whose requests take their places as they run
+        job = batch(client, [ticket(i, f"admission {i}") for i in range(5, 10)])
+        assert job.status_code == 202
+        doorman.open(first)
+        assert single.result(WAIT).status_code == 200
+        assert [len(r["answers"]) for r in three.result(WAIT).json()["results"]] == [3, 3, 3]
+        running = runtime.batch_jobs.get(job.json()["id"])
+        assert running is not None and running.thread is not None
+        running.thread.join(WAIT)
+        assert running.to_json()["status"] == "done" and running.to_json()["errors"] == 0
+        assert runtime.admission.held("tiny-chat") == 0
+
+
+def test_a_single_request_waits_for_the_batch_request_running_not_for_the_batch(
+    tiny_service: ModelService, tiny_chat_path: Path
+) -> None:
+    doorman = Doorman(tiny_service)
+    states = [f"Ticket about starve {i}: please help." for i in range(3)]
+    single = "Ticket about starve single: please help."
+    doorman.held |= {states[0], single}
+    with TestClient(app_with(doorman, tiny_chat_path)) as client, ThreadPoolExecutor(2) as pool:
+        runtime = runtime_of(client)
+        answered = pool.submit(batch, client, [ticket(i, f"starve {i}") for i in range(3)])
+        assert doorman.wait_entered(1) == states[:1]
+        alone_answer = pool.submit(client.post, "/v1/systemone", json=ticket(0, "starve single"))
+        assert doorman.wait_entered(2) == [states[0], single]  # admitted while the batch runs
+        doorman.open(states[0])
+        # the batch's next request waits for its turn: the single request has the context
+        until(runtime, lambda: runtime.admission.waiting("tiny-chat") == 1)
+        assert doorman.entered == [states[0], single]
+        doorman.open(single)
+        assert alone_answer.result(WAIT).status_code == 200
+        assert len(answered.result(WAIT).json()["results"]) == 3
+        assert doorman.entered == [states[0], single, states[1], states[2]]
+
+
+def test_a_batch_out_of_time_answers_what_it_could_and_times_out_the_rest(
+    tiny_service: ModelService, tiny_chat_path: Path
+) -> None:
+    doorman = Doorman(tiny_service)
+    requests = [ticket(i, f"budget {i}") for i in range(3)]
+    doorman.until_cancelled.add("Ticket about budget 1: please help.")
+    with TestClient(app_with(doorman, tiny_chat_path, batch_timeout=2.0)) as client:
+        first = alone(client, requests[0])  # answered again from the cache, well within the budget
+        results = batch(client, requests).json()["results"]
+        assert settled(results[0]) == first
+        timeout = {"error_type": "timeout", "message": "not answered within the batch's 2 s"}
+        assert results[1:] == [{"error": {"status": 504, "detail": timeout}}] * 2
+        assert runtime_of(client).admission.held("tiny-chat") == 0
+
+
+def test_openapi_describes_the_batch(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    operation = spec["paths"]["/v1/systemone"]["post"]
+    bodies = operation["requestBody"]["content"]["application/json"]["schema"]["anyOf"]
+    assert {"$ref": "#/components/schemas/BatchRequest"} in bodies
+    assert {"200", "202", "422", "503"} <= set(operation["responses"])
+    assert set(spec["paths"]["/v1/systemone/jobs/{id}"]) == {"get", "delete"}
+    schemas = spec["components"]["schemas"]
+    items = schemas["BatchRequest"]["properties"]["requests"]["items"]
+    assert items == {"$ref": "#/components/schemas/SystemOneRequest"}
+    assert {"BatchResponse", "BatchItemError", "BatchJob"} <= set(schemas)
+
+
+def test_a_batch_logs_one_line_with_its_size_and_errors(
+    tiny_service: ModelService, tiny_chat_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="onepass.requests")
+    with TestClient(app_with(tiny_service, tiny_chat_path)) as client:
+        batch(client, [ticket(0, "logged"), ticket(1, "logged"), ticket(2, model="gpt-5")])
+    [line] = [json.loads(r.getMessage()) for r in caplog.records if r.name == "onepass.requests"]
+    assert (line["route"], line["status"], line["batch"], line["errors"]) == ("/v1/systemone", 200, 3, 1)
