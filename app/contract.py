@@ -218,6 +218,8 @@ class SystemOneResponse(BaseModel):
     usage: Usage
     x_cache: Literal["hit", "disk", "miss", "off"]
     x_timing_ms: TimingMs
+    # The prompt layout that answered: question-first answers depend on the set of questions asked.
+    x_layout: Literal["state-first", "question-first"] | None = None
 
     def to_json(self) -> bytes:
         return self.model_dump_json(exclude_none=True).encode()

@@ -19,7 +19,10 @@ other, and its total is the wall clock from the first request to the last answer
 
 Equal work: onepass runs with --calibration none (the file's temperatures, as llama.cpp applies
 them; its default contextual calibration would answer differently), and every pair of answers is
-compared (`agreement` in bench/native_decision.py): they should agree within 0.01.
+compared (`agreement` in bench/native_decision.py): the same answer to every question. Their
+probabilities agree to 0.01 with the plain kernels (tests/test_native_server.py); with flash
+attention on, which both run where onepass measured it faster, the two servers' different batch
+layouts round apart by more (docs/exactness.md), so the largest gap is reported, not bounded.
 
 The setup: onepass with its defaults for the model (one context, the snapshot disk tier on, in a
 temporary folder), and the threads, repacked weights and flash attention it chose, given to
@@ -62,12 +65,11 @@ from app.paths import REPO_ROOT
 from app.serving.loading import SpeedSettings, speed_settings_for
 from app.serving.specs import ModelSpec
 from bench.native_decision import DEFAULT_MODEL, Agreement, agreement
-from bench.output import Progress, table, write_atomically
+from bench.output import Progress, git_sha, table, write_atomically
 from bench.peer import wait_ready
 from bench.servers import onepass_server
 from bench.workloads import StateMaker
 
-TOLERANCE = 0.01  # llama.cpp's own bound between two batch layouts (tests/test_native_server.py)
 TARGET = 0.8  # onepass / llama-server, at most, on every workload
 N_CTX = 8192  # onepass's context (bench/servers.py); llama-server gets this per slot
 
@@ -259,11 +261,6 @@ def native_server(
                 process.wait()
 
 
-def git_sha() -> str:
-    result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
-    return result.stdout.strip() or "unknown"
-
-
 def row(workload: Workload, ours: Measured, theirs: Measured) -> dict[str, Any]:
     found = agreements(ours, theirs)
     mine, native = ours.summary(), theirs.summary()
@@ -353,7 +350,9 @@ def markdown(report: dict[str, Any]) -> str:
             f"{r['workload']} {r['onepass']['first_ms']} / {r['llama_server']['first_ms']}" for r in report["workloads"]
         ),
         "",
-        f"Equal work: every answer within {TOLERANCE} of llama-server's: {'yes' if report['equal_work'] else 'NO'}.",
+        f"Equal work: the same answer to every question: {'yes' if report['equal_work'] else 'NO'}; the largest "
+        f"probability gap {max(r['agreement']['largest_gap'] for r in report['workloads']):.1e}"
+        + (" (flash attention on: docs/exactness.md)." if report["settings"]["flash_attn"] else "."),
     ]
     return "\n".join(lines) + "\n"
 
@@ -419,7 +418,7 @@ def main() -> None:
                 in_turn(sides, [states.make(cfg.short_tokens)], lambda note: step(f"warm-up {note}"))
                 report["workloads"] = [measure(workload, sides, step) for workload in chosen]
     engine.close()
-    report["equal_work"] = all(r["agreement"]["largest_gap"] < TOLERANCE for r in report["workloads"])
+    report["equal_work"] = all(r["agreement"]["same_answer"] == r["agreement"]["compared"] for r in report["workloads"])
     report["seconds"] = round(time.perf_counter() - began, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{report['date']}-{report['git']}-native-speed" + ("-quick" if args.quick else "")

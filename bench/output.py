@@ -5,11 +5,21 @@ from __future__ import annotations
 
 import os
 import statistics
+import subprocess
 from pathlib import Path
 
+from app.paths import REPO_ROOT
 from app.progress import Progress
 
-__all__ = ["Progress", "median", "table", "write_atomically"]
+__all__ = ["RESULTS", "Progress", "git_sha", "median", "table", "write_atomically"]
+
+RESULTS = REPO_ROOT / "bench" / "results"
+
+
+def git_sha() -> str:
+    """The commit the bench runs, short: results files are named by it."""
+    result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+    return result.stdout.strip() or "unknown"
 
 
 def write_atomically(path: Path, data: str | bytes) -> None:

@@ -10,6 +10,14 @@ other workloads, so the trade-off is visible: the same ticket again, and a seen 
 new questions.
 
 python -m bench.pipeline [--states N] [--model PATH]
+
+With --fitted, the pipeline mode instead: the support-ticket workload (bench/pipelines.py) fitted
+with `onepass calibrate`'s own code in each layout on N labelled tickets of one seed, scored on
+tickets of another seed (each layout with its own fits), and each layout's cost per new ticket as
+that ticket's latency divided by its own prefill (x_timing_ms: the limit is 1.0 plus the readouts),
+state-first, question-first, and question-first through the batch route.
+
+python -m bench.pipeline --fitted [--train N] [--test M] [--model PATH]
 """
 
 from __future__ import annotations
@@ -17,15 +25,22 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
+import time
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from app.config import DEFAULT_MODEL_PATH, LAYOUTS
+from app.calibrate.runner import answer_all, fit_all, parse_examples, store_all
+from app.config import DEFAULT_MODEL_PATH, LAYOUTS, load_settings
 from app.engine.llama import Engine
+from app.serving.loading import load_spec
+from app.serving.specs import ModelSpec
 from bench.client import ask, sized_text
-from bench.output import Progress, median
+from bench.output import RESULTS, Progress, git_sha, median, write_atomically
+from bench.pipelines import WORKLOADS, Example
 from bench.servers import onepass_server
 
 TRIAGE: dict[str, Any] = {
@@ -148,15 +163,149 @@ def markdown(found: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main() -> None:
+def fit_layout(model: Path, layout: str, train: list[Example], folder: Path) -> dict[str, Any]:
+    """Fit the support questions in `layout` with onepass calibrate's code, fits kept in `folder`."""
+    flags = ["--model", str(model), "--layout", layout, "--calibration-dir", str(folder)]
+    flags += ["--n-ctx", "8192", "--session-cache-disk-bytes", "0"]
+    spec = ModelSpec.from_settings(load_settings(flags, {}))
+    service = load_spec(spec)
+    try:
+        parsed = parse_examples(train)
+        answered = answer_all(service, parsed, Progress(len(parsed), f"fitting ({layout})"))
+        reports, records = fit_all(parsed, answered.evidence, service.calibration, question_set=False)
+        assert service.calibration.store is not None
+        store_all(service.calibration.store, reports, records)
+    finally:
+        service.close()
+    return {
+        "fits": {r.ids[0]: r.to_json()["method"] for r in reports},
+        "training_seconds_per_ticket": round(statistics.median(answered.seconds), 3),
+    }
 
+
+def picked(answer: dict[str, Any]) -> Any:
+    """An answer as a label: true/false, an option name, a level index."""
+    if answer["type"] == "noul":
+        return answer["noul"] >= 0.5
+    if answer["type"] == "choice":
+        return answer["choice"]
+    return max(range(len(answer["probabilities"])), key=lambda i: answer["probabilities"][str(i)])
+
+
+def serve_fitted(client: httpx.Client, url: str, test: list[Example], progress: Progress) -> dict[str, Any]:
+    """Each held-out ticket, new to the server: its answers' accuracy, and its latency over its prefill."""
+    right: dict[str, list[float]] = {}
+    ratios, latencies, prefills = [], [], []
+    for example in test:
+        ms, data = ask(client, url, example["state"], example["questions"])
+        for qid, answer in data["answers"].items():
+            right.setdefault(qid, []).append(float(picked(answer) == example["answers"][qid]))
+        prefill = data["x_timing_ms"]["prefill"]
+        latencies.append(ms)
+        prefills.append(prefill)
+        ratios.append(ms / prefill)
+        progress.step()
+    return {
+        "accuracy": {qid: round(statistics.fmean(found), 4) for qid, found in right.items()},
+        "mean_accuracy": round(statistics.fmean(statistics.fmean(found) for found in right.values()), 4),
+        "median_ms": median(latencies),
+        "median_prefill_ms": median(prefills),
+        "cost_over_prefill": round(statistics.median(ratios), 3),
+        "layout": data["x_layout"],
+    }
+
+
+def batch_route(client: httpx.Client, url: str, test: list[Example]) -> dict[str, Any]:
+    """The held-out tickets in one POST {"requests": [...]}: the cost per ticket over its prefill."""
+    requests = [{"model": "jev-latest", "state": e["state"], "questions": e["questions"]} for e in test]
+    began = time.perf_counter()
+    response = client.post(url + "/v1/systemone", json={"requests": requests}, timeout=3600)
+    response.raise_for_status()
+    if response.status_code == 202:  # a batch larger than the server answers at once runs as a job
+        job, deadline = url + response.headers["Location"], time.monotonic() + 3600
+        while (status := client.get(job).json())["results"] is None:
+            if status["status"] not in ("running", "done") or time.monotonic() > deadline:
+                raise RuntimeError(f"the batch job ended {status['status']}: {status.get('error')}")
+            time.sleep(0.5)  # polling a job the way a client does; the job's own clock is not involved
+        results = status["results"]
+    else:
+        results = response.json()["results"]
+    total_ms = (time.perf_counter() - began) * 1000
+    prefills = [r["x_timing_ms"]["prefill"] for r in results]
+    return {
+        "items": len(results),
+        "total_ms": round(total_ms, 1),
+        "per_ticket_ms": round(total_ms / len(results), 1),
+        "cost_over_prefill": round(total_ms / sum(prefills), 3),
+    }
+
+
+def fitted_pipeline(model: Path, n_train: int, n_test: int, start_server: Any) -> dict[str, Any]:
+    support = next(w for w in WORKLOADS if w.name == "support")
+    train, test = support.examples(n_train, seed=0), support.examples(n_test, seed=1)
+    found: dict[str, Any] = {"workload": "support", "train": n_train, "test": n_test, "layouts": {}}
+    with tempfile.TemporaryDirectory(prefix="onepass-pipeline-fits-") as folder, httpx.Client(timeout=900) as client:
+        for layout in LAYOUTS:
+            found["layouts"][layout] = fit_layout(model, layout, train, Path(folder))
+        progress = Progress(n_test * len(LAYOUTS), "held-out tickets")
+        for layout in LAYOUTS:
+            with start_server(model, "--layout", layout, "--calibration-dir", folder) as (url, _):
+                ask(client, url, "A first ticket: the question set and the priors.", support.questions)
+                found["layouts"][layout] |= serve_fitted(client, url, test, progress)
+                if layout == "question-first":
+                    found["batch"] = batch_route(client, url, support.examples(n_test, seed=2))
+    state_first, question_first = (found["layouts"][name] for name in LAYOUTS)
+    found["accuracy_gap"] = round(state_first["mean_accuracy"] - question_first["mean_accuracy"], 4)
+    return found
+
+
+def fitted_markdown(found: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        f"Pipeline mode, the {found['workload']} workload: fitted on {found['train']} labelled tickets (seed 0) "
+        f"in each layout, {found['test']} held-out tickets (seed 1) new to each server, each layout with its fits:",
+        "",
+        "| layout | held-out accuracy (mean of 3 questions) | median latency (ms) | median prefill (ms) "
+        "| cost per ticket / its prefill | adopted fits |",
+        "|---|---|---|---|---|---|",
+    ]
+    for layout, r in found["layouts"].items():
+        fits = ", ".join(f"{q}: {m}" for q, m in r["fits"].items())
+        lines.append(
+            f"| {layout} | {r['mean_accuracy']} | {r['median_ms']} | {r['median_prefill_ms']} "
+            f"| {r['cost_over_prefill']} | {fits} |"
+        )
+    batch = found["batch"]
+    lines += [
+        "",
+        f"question-first through the batch route ({batch['items']} new tickets in one POST): {batch['per_ticket_ms']} "
+        f"ms a ticket, {batch['cost_over_prefill']} of their prefill.",
+        f"Accuracy, state-first minus question-first: {found['accuracy_gap']}.",
+    ]
+    return lines
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)
     parser.add_argument("--states", type=int, default=40)
+    parser.add_argument("--fitted", action="store_true", help="the pipeline mode: both layouts fitted, held out")
+    parser.add_argument("--train", type=int, default=100, help="--fitted: labelled tickets to fit on")
+    parser.add_argument("--test", type=int, default=40, help="--fitted: held-out tickets")
     args = parser.parse_args()
-    found = pipeline(args.model, args.states, onepass_server)
+    if args.fitted:
+        found = fitted_pipeline(args.model, args.train, args.test, onepass_server)
+        lines = fitted_markdown(found)
+        name = "pipeline-fitted"
+    else:
+        found = pipeline(args.model, args.states, onepass_server)
+        lines = markdown(found)
+        name = "pipeline"
     print(json.dumps(found, indent=2))
-    print("\n".join(markdown(found)))
+    print("\n".join(lines))
+    stem = RESULTS / f"{date.today().isoformat()}-{git_sha()}-{name}"
+    write_atomically(stem.with_suffix(".json"), json.dumps(found, indent=1))
+    write_atomically(stem.with_suffix(".md"), "\n".join(lines).lstrip() + "\n")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from app.serving.specs import ModelSpec
 from bench import peer, pipeline, restart, shared_suffixes
 from bench.client import ask as client_ask
 from bench.figure import figure
-from bench.output import table, write_atomically
+from bench.output import git_sha, table, write_atomically
 from bench.servers import onepass_server, rss_mb
 from bench.workloads import QUESTIONS, SENTENCES, StateMaker
 
@@ -259,11 +258,6 @@ def measure_pair(
     ours(a), ours(b), theirs(a), theirs(b)
     rounds = range(cfg.interleave_rounds)
     return [ours(s) for _ in rounds for s in (a, b)], [theirs(s) for _ in rounds for s in (a, b)]
-
-
-def git_sha() -> str:
-    result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
-    return result.stdout.strip() or "unknown"
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -209,7 +209,9 @@ def read_line(process: subprocess.Popen[str], timeout: float) -> str:
 
 
 def stored_fits(done: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
-    fits: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])["fits"]
+    fits: list[dict[str, Any]] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")][-1][
+        "fits"
+    ]
     return fits
 
 

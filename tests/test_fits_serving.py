@@ -17,6 +17,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
+from app.calibrate.layouts import LayoutRun, recommend
 from app.calibrate.runner import ExampleError, answer_all, fit_all, parse_examples
 from app.calibration import Fit, FitRecord, FitStore, question_key
 from app.calibration.store import SUFFIX
@@ -211,7 +212,7 @@ def test_onepass_calibrate_writes_fits_a_report_and_warns_on_few_examples(tiny_c
     report = (tmp_path / "examples.report.md").read_text()
     assert report.startswith("# Calibration fitted to your examples: tiny-chat") and "reliability" in report
     assert (tmp_path / "examples.report.png").stat().st_size > 1000
-    stored = json.loads(done.stdout.strip().splitlines()[-1])["fits"]
+    stored = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")][-1]["fits"]
     assert stored and all(fit["examples"] == 20 for fit in stored)
     assert len(list((tmp_path / "fits").rglob(f"*{SUFFIX}"))) == len(stored)
 
@@ -347,3 +348,49 @@ def test_a_probe_learns_a_rule_the_label_readout_misses_and_answers_by_it_bit_fo
     finally:
         for s in (service, plain, uncached):
             s.close()
+
+
+def test_onepass_calibrate_compares_both_layouts_stores_both_and_says_which_to_serve(
+    tiny_chat_path: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "examples.jsonl"
+    data.write_text("\n".join(json.dumps(e) for e in examples(20)) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPASS_")}
+    command = [sys.executable, "-m", "app", "calibrate", str(data), "--layout", "both", "-m", str(tiny_chat_path)]
+    command += ["-t", "1", "--repack", "off", "--flash-attn", "off", "--session-cache-disk-bytes", "0"]
+    command += ["--calibration-dir", str(tmp_path / "fits")]
+    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    runs = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [run["layout"] for run in runs] == ["state-first", "question-first"]
+    assert all(run["fits"] for run in runs)
+    assert len(list((tmp_path / "fits").rglob(f"*{SUFFIX}"))) == sum(len(run["fits"]) for run in runs)
+    report = (tmp_path / "examples.report.md").read_text()
+    assert "# Calibration fitted to your examples: tiny-chat, state-first" in report
+    assert "# Calibration fitted to your examples: tiny-chat, question-first" in report
+    table = report[report.index("## The two layouts") :]
+    assert "| state-first |" in table and "| question-first |" in table
+    (recommended,) = [line for line in done.stdout.splitlines() if line.startswith("recommended layout: ")]
+    layout = recommended.split()[2]
+    assert layout in ("state-first", "question-first") and f"serve it with --layout {layout}" in recommended
+    # each layout's server finds its own fits, and only its own
+    for served in ("state-first", "question-first"):
+        service = load_model(
+            tiny_settings(tiny_chat_path, layout=served, calibration="contextual", calibration_dir=tmp_path / "fits")
+        )
+        try:
+            ids = {fit["id"] for run in runs if run["layout"] == served for fit in run["fits"]}
+            assert service.calibration.store is not None
+            assert {record.id for record in service.calibration.store.records()} == ids
+        finally:
+            service.close()
+
+
+def test_the_layout_recommendation_weighs_accuracy_against_cost() -> None:
+    def run(layout: str, accuracy: float, seconds: float) -> LayoutRun:
+        scores = {"accuracy": accuracy, "ece": 0.05, "brier": 0.1, "n": 10, "log_loss": 0.5, "reliability": []}
+        return LayoutRun(layout, [{"before": scores, "after": scores}], seconds)
+
+    assert recommend(run("state-first", 0.90, 3.0), run("question-first", 0.89, 2.0)).layout == "question-first"
+    assert recommend(run("state-first", 0.90, 3.0), run("question-first", 0.85, 2.0)).layout == "state-first"
+    assert recommend(run("state-first", 0.90, 2.0), run("question-first", 0.95, 3.0)).layout == "state-first"

@@ -143,6 +143,7 @@ def test_one_gguf_served_under_two_names_with_two_layouts(tiny_chat_path: Path, 
         pipelined = client.post("/v1/systemone", json=body | {"model": "tickets-pipeline"}).json()
         again = client.post("/v1/systemone", json=body | {"model": "tickets-pipeline"}).json()
         assert pipelined["answers"] == again["answers"] != plain["answers"]  # deterministic per layout
+        assert (plain["x_layout"], pipelined["x_layout"]) == ("state-first", "question-first")  # which answered
         stats = client.get("/v1/cache").json()
         assert stats["tickets-pipeline"]["question_set"]["entries"] == 1
         assert stats["tickets"]["question_set"]["entries"] == 0

@@ -59,7 +59,6 @@ MAX_LABELS = 255
 MAX_OPTIONS = 255  # llama.cpp's limit for the types without a label per option
 BOX_END = "<|box_end|>"  # kev: where an option's output vector is read
 RATING_POINTS = 9  # lev's noul: a rating from 0 (certainly no) to 8 (certainly yes)
-WORD_JOINER = "\u2060"
 PROBE_STATES = ("The first probe text.", "Another text, for the second probe.")
 PREFIX_MEMO = 64  # recent states whose prefix is kept
 # Recent prompts whose tokens are kept: a repeated request (a cache hit) would otherwise tokenize
@@ -399,17 +398,7 @@ class DecisionPrompter:
         return found
 
     def _user(self, value: Any) -> Any:
-        """User text with any control token's text broken, so it stays text when specials are parsed."""
-        if isinstance(value, str):
-            for control in self._controls:
-                if control in value:
-                    value = value.replace(control, control[0] + WORD_JOINER + control[1:])
-            return value
-        if isinstance(value, dict):
-            return {self._user(key): self._user(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [self._user(item) for item in value]
-        return value
+        return decision_text.break_controls(value, self._controls)
 
     def _tokenize(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenizer.tokenize(text, add_bos=False, special=True))

@@ -16,6 +16,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 SPECIAL = re.compile(r"<\|([A-Za-z0-9_]+)\|>")
 BROKEN_BAR = "\u00a6"  # what kev and lfm2-d1-omni write instead of the bars of a special token in user text
+WORD_JOINER = "\u2060"  # what onepass puts inside any other control token's text in user values
 
 
 def environment() -> ImmutableSandboxedEnvironment:
@@ -152,3 +153,18 @@ def d1_labels(
         else:
             raise ValueError(f"no single-token label left for {len(keys)} options")
     return texts, found_groups
+
+
+def break_controls(value: Any, controls: Sequence[str]) -> Any:
+    """User values with any control token's text (`controls`, longest first) broken by a word joiner,
+    so that it stays text when the prompt is tokenized with special tokens parsed."""
+    if isinstance(value, str):
+        for control in controls:
+            if control in value:
+                value = value.replace(control, control[0] + WORD_JOINER + control[1:])
+        return value
+    if isinstance(value, dict):
+        return {break_controls(key, controls): break_controls(item, controls) for key, item in value.items()}
+    if isinstance(value, list):
+        return [break_controls(item, controls) for item in value]
+    return value

@@ -24,7 +24,7 @@ import logging
 from typing import Any
 
 from app.answering import decision_text
-from app.answering.decision import WORD_JOINER, DecisionError, DecisionFormat, options_of
+from app.answering.decision import DecisionError, DecisionFormat, options_of
 from app.answering.prompter import Plan, Reading, Suffix, TemplateRefused, Tokenizer, TooManyOptions
 from app.contract import NoulQuestion, Question, SystemOneRequest, label_keys
 
@@ -232,17 +232,7 @@ class EncoderPrompter:
             raise TemplateRefused(loc, f"the model's systemone template did not render: {error}") from error
 
     def _user(self, value: Any) -> Any:
-        """Any control token's text left in user values broken, so it stays text when specials are parsed."""
-        if isinstance(value, str):
-            for control in self._controls:
-                if control in value:
-                    value = value.replace(control, control[0] + WORD_JOINER + control[1:])
-            return value
-        if isinstance(value, dict):
-            return {self._user(key): self._user(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [self._user(item) for item in value]
-        return value
+        return decision_text.break_controls(value, self._controls)
 
     def _tokenize(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenizer.tokenize(text, add_bos=False, special=True))

@@ -179,6 +179,7 @@ class ModelService:
                 output_tokens=len(plan.questions),
             ),
             x_cache=decoded.prefix.source,
+            x_layout="question-first" if plan.question_set is not None else "state-first",
             x_timing_ms=TimingMs(
                 prefill=round(timing.prefill_ms, 3),
                 restore=round(timing.restore_ms, 3),

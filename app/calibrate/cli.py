@@ -6,14 +6,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
+from app.calibrate.layouts import LayoutRun, recommend
+from app.calibrate.layouts import markdown as compared
 from app.calibrate.report import markdown, reliability_png
 from app.calibrate.runner import (
     ExampleError,
+    Parsed,
     answer_all,
     fit_all,
     journal_for,
@@ -21,11 +26,11 @@ from app.calibrate.runner import (
     read_jsonl,
     store_all,
 )
-from app.config import DEFAULT_CONFIG_PATH, ConfigError, load_settings
+from app.config import DEFAULT_CONFIG_PATH, LAYOUTS, ConfigError, load_settings
 from app.engine.devices import gpu_layers_problem
 from app.progress import Progress
 from app.serving.loading import load_spec
-from app.serving.specs import read_models_config
+from app.serving.specs import ModelSpec, read_models_config
 
 
 def main(argv: Sequence[str]) -> None:
@@ -43,6 +48,12 @@ def main(argv: Sequence[str]) -> None:
         help="also try fits that read every question's answer about the same state (opt-in: such an answer then "
         "depends on the other questions, and the fit applies only when a request asks the whole set)",
     )
+    parser.add_argument(
+        "--layout",
+        choices=(*LAYOUTS, "both"),
+        help="the prompt layout to fit in (default: the model's); both: fit in each, store both sets of fits, "
+        "compare them and say which to serve",
+    )
     parser.add_argument("--serve-model", help="which configured model to fit (default: the default model)")
     ours, server_flags = parser.parse_known_args(argv)
     try:
@@ -58,12 +69,37 @@ def main(argv: Sequence[str]) -> None:
     problem = gpu_layers_problem(spec.settings.n_gpu_layers)
     if problem is not None:
         sys.exit(f"onepass calibrate: model {spec.name}: {problem}")
+    layouts = list(LAYOUTS) if ours.layout == "both" else [ours.layout or spec.settings.layout]
+    report = ours.report or ours.examples.with_suffix(".report.md")
+    runs, text, failed = [], [], 0
+    for layout in layouts:
+        chosen = replace(spec, settings=replace(spec.settings, layout=layout))
+        run, section, errors = fit_layout(chosen, examples, ours.question_set, report, len(layouts) > 1)
+        runs.append(run)
+        text.append(section)
+        failed += errors
+    if len(runs) == 2:
+        verdict = recommend(*runs)
+        text.append("\n".join(compared(runs, verdict)) + "\n")
+        print(f"recommended layout: {verdict.layout} ({verdict.why}); serve it with {verdict.flag}")
+    report.write_text("\n".join(text), encoding="utf-8")
+    print(f"report: {report}")
+    if failed:
+        sys.exit(f"onepass calibrate: {failed} question(s) could not be fitted (above); the other fits are stored")
+
+
+def fit_layout(
+    spec: ModelSpec, examples: list[Parsed], question_set: bool, report: Path, several: bool
+) -> tuple[LayoutRun, str, int]:
+    """Answer the examples with the model in `spec`'s layout, fit and store each question's calibration;
+    (the run, its section of the report, how many questions failed). Prints what it did."""
+    layout = spec.settings.layout
     began = time.monotonic()
     service = load_spec(spec)
     try:
         fits, journal = service.calibration.store, journal_for(service)
         assert fits is not None and journal is not None
-        progress = Progress(len(examples), "answering")
+        progress = Progress(len(examples), f"answering ({layout})" if several else "answering")
         try:
             answered = answer_all(service, examples, progress, journal=journal)
         except ExampleError as error:
@@ -78,16 +114,14 @@ def main(argv: Sequence[str]) -> None:
                 f"reused the evidence of {answered.reused} of {len(examples)} examples answered before "
                 f"({journal.folder})"
             )
-        reports, records = fit_all(examples, answered.evidence, service.calibration, ours.question_set)
+        reports, records = fit_all(examples, answered.evidence, service.calibration, question_set)
         stored, reports = store_all(fits, reports, records)
     finally:
         service.close()
     shown = [r.to_json() for r in reports]
-    report = ours.report or ours.examples.with_suffix(".report.md")
-    report.write_text(
-        markdown(shown, spec.name, len(examples), time.monotonic() - began, answered.reused), encoding="utf-8"
-    )
-    picture = report.with_suffix(".png")
+    title = f"{spec.name}, {layout}" if several else spec.name
+    section = markdown(shown, title, len(examples), time.monotonic() - began, answered.reused)
+    picture = report.with_suffix(f".{layout}.png" if several else ".png")
     drawn = reliability_png(shown, picture)
     for r in shown:
         if r["error"]:
@@ -99,11 +133,18 @@ def main(argv: Sequence[str]) -> None:
         print(f"{r['name']}: {r['labelled']} labelled, {verdict}{accuracy}")
         if r["warning"]:
             print(f"  warning: {r['warning']}", file=sys.stderr)
-    print(f"{len(stored)} fits stored in {fits.folder}")
-    print(f"report: {report}" + (f", diagram: {picture}" if drawn else " (no diagram: matplotlib is not installed)"))
+    print(f"{len(stored)} fits stored in {fits.folder} ({layout})")
+    if drawn:
+        print(f"diagram: {picture}")
+    else:
+        print("(no diagram: matplotlib is not installed)")
     print(
-        json.dumps({"fits": [{"id": s.id, "key": s.key, "method": s.method, "examples": s.examples} for s in stored]})
+        json.dumps(
+            {
+                "layout": layout,
+                "fits": [{"id": s.id, "key": s.key, "method": s.method, "examples": s.examples} for s in stored],
+            }
+        )
     )
-    errors = [r for r in shown if r["error"]]
-    if errors:
-        sys.exit(f"onepass calibrate: {len(errors)} question(s) could not be fitted (above); the other fits are stored")
+    per_state = statistics.median(answered.seconds) if answered.seconds else None
+    return LayoutRun(layout, shown, per_state), section, sum(1 for r in shown if r["error"])

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.answering.service import ModelService
@@ -134,6 +135,7 @@ class QuestionReport:
 class Answered:
     evidence: list[dict[str, Evidence]]  # per example, by question id
     reused: int  # how many examples' evidence came from the journal rather than the model
+    seconds: list[float] = field(default_factory=list)  # each example answered now: how long it took
 
 
 def journal_for(service: ModelService) -> EvidenceJournal | None:
@@ -159,17 +161,19 @@ def answer_all(
     kept = [journal.load(e.request, hidden=True) if journal else None for e in examples]
     reused = sum(found is not None for found in kept)
     progress.skip(reused)
-    found = []
+    found, seconds = [], []
     for example, known in zip(examples, kept, strict=True):
         if known is not None:
             found.append(known)
             continue
         if stop():
             raise InterruptedError("the fitting run was cancelled")
+        began = time.perf_counter()
         try:
             evidence = service.evidence(example.request, hidden=True)  # hidden: for the probe candidate
         except ValueError as error:  # a decision head's answers: nothing a fit reads
             raise ExampleError(f"{service.name}: {error}") from error
+        seconds.append(time.perf_counter() - began)
         if journal is not None:
             try:
                 journal.save(example.request, True, evidence)
@@ -177,7 +181,7 @@ def answer_all(
                 log.warning("could not keep the answered evidence in %s: %s", journal.folder, error)
         found.append(evidence)
         progress.step()
-    return Answered(found, reused)
+    return Answered(found, reused, seconds)
 
 
 def fit_all(

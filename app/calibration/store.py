@@ -89,8 +89,11 @@ class FitStore:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             fields = {k: v for k, v in data.items() if k != "digest"}
-            if data["digest"] != _digest(fields) or fields["identity"] != self.identity:
-                raise ValueError("digest or identity")
+            if data["digest"] != _digest(fields):
+                raise ValueError("its digest does not match")
+            if fields["identity"] != self.identity:  # another prompt of this model file (the other layout)
+                log.debug("fit file %s is for another prompt", path)
+                return None
             return FitRecord.from_json(fields)
         except (OSError, ValueError, KeyError, TypeError) as error:
             log.warning("skipping fit file %s: %s", path, error)
