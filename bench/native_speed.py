@@ -40,8 +40,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import shlex
 import socket
 import statistics
@@ -65,8 +63,8 @@ from app.paths import REPO_ROOT
 from app.serving.loading import SpeedSettings, speed_settings_for
 from app.serving.specs import ModelSpec
 from bench.native_decision import DEFAULT_MODEL, Agreement, agreement
-from bench.output import Progress, git_sha, table, write_atomically
-from bench.peer import wait_ready
+from bench.output import Progress, git_sha, machine, table, write_atomically
+from bench.peer import stop, wait_ready
 from bench.servers import onepass_server
 from bench.workloads import StateMaker
 
@@ -253,12 +251,7 @@ def native_server(
             props: dict[str, Any] = httpx.get(url + "/props", timeout=30).json()
             yield {**props, "url": url}
         finally:
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop(process)
 
 
 def row(workload: Workload, ours: Measured, theirs: Measured) -> dict[str, Any]:
@@ -382,7 +375,7 @@ def main() -> None:
         "model": args.model.name.removesuffix(".gguf"),
         "date": datetime.date.today().isoformat(),
         "git": git_sha(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "machine": machine(),
         "quick": args.quick,
         "server": str(args.server),
         "questions": QUESTIONS,

@@ -4,6 +4,7 @@ never half), and a progress line for runs that take minutes."""
 from __future__ import annotations
 
 import os
+import platform
 import statistics
 import subprocess
 from pathlib import Path
@@ -20,6 +21,11 @@ def git_sha() -> str:
     """The commit the bench runs, short: results files are named by it."""
     result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
     return result.stdout.strip() or "unknown"
+
+
+def machine() -> str:
+    """What a report says of the machine it ran on: architecture, cores, Python."""
+    return f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}"
 
 
 def write_atomically(path: Path, data: str | bytes) -> None:

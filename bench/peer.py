@@ -40,6 +40,16 @@ class Peer:
     system_info: str = "?"  # the build's llama_print_system_info, read from its log once it has exited
 
 
+def stop(process: subprocess.Popen[str]) -> None:
+    """Ask a server to stop; kill it if it has not within 30 s."""
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 @contextmanager
 def llama_server(
     binary: Path, model: Path, n_ctx: int, threads: int, repack: bool, flash_attn: bool, batch: int = 512
@@ -65,12 +75,7 @@ def llama_server(
             wait_ready(url + "/health", process)
             yield server
         finally:
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop(process)
             log.seek(0)  # written in full only now: the server's stdio buffers a file
             found = [line.split("system_info:", 1)[1].strip() for line in log if "system_info:" in line]
             server.system_info = found[0] if found else "?"

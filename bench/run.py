@@ -16,7 +16,6 @@ import dataclasses
 import datetime
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -36,7 +35,7 @@ from app.serving.specs import ModelSpec
 from bench import peer, pipeline, restart, shared_suffixes
 from bench.client import ask as client_ask
 from bench.figure import figure
-from bench.output import git_sha, table, write_atomically
+from bench.output import git_sha, machine, table, write_atomically
 from bench.servers import onepass_server, rss_mb
 from bench.workloads import QUESTIONS, SENTENCES, StateMaker
 
@@ -391,7 +390,7 @@ def main() -> None:
         "model": args.model.name.removesuffix(".gguf"),
         "date": datetime.date.today().isoformat(),
         "git": git_sha(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "machine": machine(),
         "quick": args.quick,
     }
     with httpx.Client() as client:

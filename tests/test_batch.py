@@ -23,6 +23,7 @@ from app.http.server import create_app
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
 from tests.conftest import tiny_settings
+from tests.test_hardening import FaultyService
 
 TICKET: dict[str, Any] = json.loads((Path(__file__).parent.parent / "examples" / "ticket.json").read_text())
 SUBJECTS = ["charged twice", "parcel lost", "app crashes", "password reset", "refund late", "rude agent", "wrong size"]
@@ -86,22 +87,6 @@ class Doorman(ModelService):
             return list(self.entered)
 
 
-class Faulty(ModelService):
-    """The real service, but its first plan feeds llama.cpp a token id outside the vocabulary."""
-
-    def __init__(self, inner: ModelService) -> None:
-        self.__dict__.update(inner.__dict__)
-        self.faults = 1
-
-    def plan(self, request: SystemOneRequest) -> Any:
-        plan = super().plan(request)
-        if self.faults:
-            self.faults -= 1
-            rendered = plan.suffixes()[0]
-            object.__setattr__(rendered, "tokens", (*rendered.tokens[:-1], self.engine.n_vocab + 7))
-        return plan
-
-
 def app_with(service: ModelService, path: Path, **settings: Any) -> Any:
     return create_app(tiny_settings(path, **settings), registry=ModelRegistry.serving(service))
 
@@ -160,7 +145,7 @@ def test_each_bad_request_fails_alone_with_the_error_it_gets_alone(
 
 def test_a_fault_inside_llama_cpp_fails_that_request_only(tiny_service: ModelService, tiny_chat_path: Path) -> None:
     requests = [ticket(i, f"fault {i}") for i in range(3)]
-    with TestClient(app_with(Faulty(tiny_service), tiny_chat_path)) as client:
+    with TestClient(app_with(FaultyService(tiny_service), tiny_chat_path)) as client:
         results = batch(client, requests).json()["results"]
         internal = {"error_type": "internal_error", "message": "internal error; see the server log"}
         assert results[0] == {"error": {"status": 500, "detail": internal}}

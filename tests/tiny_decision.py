@@ -19,6 +19,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from app.platform.tiny_gguf import spm_vocabulary
+
 E, FF, NH, NKV, HD = 64, 128, 4, 2, 16  # n_embd, n_ff, n_head, n_head_kv, head dim (E // NH)
 
 
@@ -28,25 +30,13 @@ def str_or_json(name: str) -> str:
 
 
 def vocabulary(controls: list[str]) -> tuple[list[str], list[int]]:
-    tokens = ["<unk>", "<s>", "</s>"]
-    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-    tokens += [f"<0x{b:02X}>" for b in range(256)]
-    types += [gguf.TokenType.BYTE] * 256
-    tokens += controls
-    types += [gguf.TokenType.CONTROL] * len(controls)
     letters = string.ascii_uppercase
     pieces = [c for c in string.printable[:95] if c != " "] + ["▁", "\n"]
     pieces += ["Yes", "No", "YES", "NO", "yes", "no", "▁yes", "▁no", "▁Yes", "▁No"]
     pieces += [f"▁{c}" for c in letters + string.ascii_lowercase + string.digits]
     pieces += ["".join(p) for p in product(letters, repeat=2)]
     pieces += [f"{i:02d}" for i in range(100)]
-    seen = set(tokens)
-    for piece in pieces:
-        if piece not in seen:
-            seen.add(piece)
-            tokens.append(piece)
-            types.append(gguf.TokenType.NORMAL)
-    return tokens, [int(t) for t in types]
+    return spm_vocabulary(controls, pieces)
 
 
 class Tiny:
@@ -276,6 +266,22 @@ def clef(path: Path) -> Path:
     return path
 
 
+def head_blocks(m: Tiny, layers: range, ff: int) -> None:
+    """The decision head's blocks that laya and lfm2-d1-omni share: every weight with its bias."""
+    for i in layers:
+        for n in ("attn_norm", "ffn_norm"):
+            m.t(f"blk.{i}.{n}.weight", E, ones=True)
+            m.t(f"blk.{i}.{n}.bias", E, scale=0.0)
+        m.t(f"blk.{i}.attn_qkv.weight", E, 3 * E)
+        m.t(f"blk.{i}.attn_qkv.bias", 3 * E)
+        m.t(f"blk.{i}.attn_output.weight", E, E)
+        m.t(f"blk.{i}.attn_output.bias", E)
+        m.t(f"blk.{i}.ffn_up.weight", E, ff)
+        m.t(f"blk.{i}.ffn_up.bias", ff)
+        m.t(f"blk.{i}.ffn_down.weight", ff, E)
+        m.t(f"blk.{i}.ffn_down.bias", E)
+
+
 # --- laya: modern-bert encoder + decision blocks, NEW src/models/modern-bert.cpp:6-132 ---------------------
 def laya(path: Path) -> Path:
     cls_, sep, mask = "[CLS]", "[SEP]", "[MASK]"
@@ -327,18 +333,7 @@ def laya(path: Path) -> Path:
         m.t(f"blk.{i}.ffn_up.weight", E, 2 * FF)
         m.t(f"blk.{i}.ffn_down.weight", FF, E)
         m.t(f"blk.{i}.ffn_norm.weight", E, ones=True)
-    for i in range(n_enc, n_enc + n_dec):  # modern-bert.cpp:100-118, all with biases
-        for n in ("attn_norm", "ffn_norm"):
-            m.t(f"blk.{i}.{n}.weight", E, ones=True)
-            m.t(f"blk.{i}.{n}.bias", E, scale=0.0)
-        m.t(f"blk.{i}.attn_qkv.weight", E, 3 * E)
-        m.t(f"blk.{i}.attn_qkv.bias", 3 * E)
-        m.t(f"blk.{i}.attn_output.weight", E, E)
-        m.t(f"blk.{i}.attn_output.bias", E)
-        m.t(f"blk.{i}.ffn_up.weight", E, ff_head)
-        m.t(f"blk.{i}.ffn_up.bias", ff_head)
-        m.t(f"blk.{i}.ffn_down.weight", ff_head, E)
-        m.t(f"blk.{i}.ffn_down.bias", E)
+    head_blocks(m, range(n_enc, n_enc + n_dec), ff_head)  # modern-bert.cpp:100-118
     m.t("token_types.weight", E, 3)
     m.t("cls.weight", E, E)
     m.t("cls.bias", E)
@@ -484,18 +479,7 @@ def lfm2_d1_omni(path: Path) -> Path:
     m.t("token_embd_norm.weight", E, ones=True)
     # no output.weight: the decision branch does not create it (lfm2.cpp:53-92)
     lfm2_trunk(m, n_trunk)
-    for i in range(n_trunk, n_trunk + n_dec):  # lfm2.cpp:55-73
-        for n in ("attn_norm", "ffn_norm"):
-            m.t(f"blk.{i}.{n}.weight", E, ones=True)
-            m.t(f"blk.{i}.{n}.bias", E, scale=0.0)
-        m.t(f"blk.{i}.attn_qkv.weight", E, 3 * E)
-        m.t(f"blk.{i}.attn_qkv.bias", 3 * E)
-        m.t(f"blk.{i}.attn_output.weight", E, E)
-        m.t(f"blk.{i}.attn_output.bias", E)
-        m.t(f"blk.{i}.ffn_up.weight", E, ff_head)
-        m.t(f"blk.{i}.ffn_up.bias", ff_head)
-        m.t(f"blk.{i}.ffn_down.weight", ff_head, E)
-        m.t(f"blk.{i}.ffn_down.bias", E)
+    head_blocks(m, range(n_trunk, n_trunk + n_dec), ff_head)  # lfm2.cpp:55-73
     m.t("token_types.weight", E, 3)
     m.t("cls.norm.weight", E, ones=True)
     m.t("cls.norm.bias", E, scale=0.0)

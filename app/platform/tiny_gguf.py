@@ -23,20 +23,12 @@ CHATML_TEMPLATE = (
 N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF, N_CTX_TRAIN = 64, 2, 4, 2, 128, 4096
 
 
-def vocabulary(extra_words: tuple[str, ...] = ()) -> tuple[list[str], list[int]]:
-    tokens = ["<unk>", "<s>", "</s>"]
+def spm_vocabulary(controls: list[str], pieces: list[str]) -> tuple[list[str], list[int]]:
+    """A tiny SentencePiece vocabulary: <unk> <s> </s>, the 256 byte tokens, `controls`, then each
+    of `pieces` once, in order. Returns the tokens and their types."""
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *controls]
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-    tokens += [f"<0x{b:02X}>" for b in range(256)]
-    types += [gguf.TokenType.BYTE] * 256
-    tokens += ["<|im_start|>", "<|im_end|>"]
-    types += [gguf.TokenType.CONTROL] * 2
-    letters = string.ascii_uppercase
-    pieces = [c for c in string.printable[:95] if c != " "] + ["▁", "\n"]
-    pieces += ["Ye", "Yes", "No", "▁Ye", "▁Yes", "▁No", "ye", "yes", "no"]
-    pieces += [f"▁{c}" for c in letters + string.digits]
-    pieces += ["".join(p) for p in product(letters, repeat=2)]
-    pieces += ["▁" + "".join(p) for p in product(letters, repeat=2)]
-    pieces += [w for w in extra_words if w not in pieces]
+    types += [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.CONTROL] * len(controls)
     seen = set(tokens)
     for piece in pieces:
         if piece not in seen:
@@ -44,6 +36,17 @@ def vocabulary(extra_words: tuple[str, ...] = ()) -> tuple[list[str], list[int]]
             tokens.append(piece)
             types.append(gguf.TokenType.NORMAL)
     return tokens, [int(t) for t in types]
+
+
+def vocabulary(extra_words: tuple[str, ...] = ()) -> tuple[list[str], list[int]]:
+    letters = string.ascii_uppercase
+    pieces = [c for c in string.printable[:95] if c != " "] + ["▁", "\n"]
+    pieces += ["Ye", "Yes", "No", "▁Ye", "▁Yes", "▁No", "ye", "yes", "no"]
+    pieces += [f"▁{c}" for c in letters + string.digits]
+    pieces += ["".join(p) for p in product(letters, repeat=2)]
+    pieces += ["▁" + "".join(p) for p in product(letters, repeat=2)]
+    pieces += [w for w in extra_words if w not in pieces]
+    return spm_vocabulary(["<|im_start|>", "<|im_end|>"], pieces)
 
 
 def write_tiny_gguf(
