@@ -54,6 +54,10 @@ endif
 endif
 BUILD_ARGS := $(strip $(CPU_CMAKE_ARGS) $(GPU_CMAKE_ARGS_$(GPU)) $(CMAKE_ARGS) $(VULKAN_ARGS))
 
+# What `make setup` records: the build's every input a user chooses (CUDA_ARCHS too, or a later target
+# would build for the default architectures).
+RECORD_CHOICE := printf 'GPU := %s\nCMAKE_ARGS := %s\nCUDA_ARCHS := %s\n' '$(GPU)' '$(CMAKE_ARGS)' '$(CUDA_ARCHS)' > $(BUILD_CHOICE)
+
 # pip's own wheel cache ignores CMAKE_ARGS, so we keep our wheel in a folder named by the
 # version, the flags and this CPU's features: a shared or copied cache never hands a wheel
 # to a CPU it was not built for.
@@ -74,7 +78,7 @@ PORT ?=
 
 # `make setup` records the choice even when that build is installed already (choosing it again).
 setup: $(INSTALL_STAMP)
-	@printf 'GPU := %s\nCMAKE_ARGS := %s\n' '$(GPU)' '$(CMAKE_ARGS)' > $(BUILD_CHOICE)
+	@$(RECORD_CHOICE)
 	@echo "llama-cpp-python $(LLAMA_CPP_VERSION), GPU=$(GPU): installed in $(VENV) and recorded in $(BUILD_CHOICE)"
 
 $(BIN)/python:
@@ -107,7 +111,7 @@ $(INSTALL_STAMP): $(WHEEL_STAMP) pyproject.toml | $(BIN)/python
 	fi
 	cp $(WHEEL_DIR)/built-for.json $(VENV)/llama-build.json
 	rm -f $(VENV)/.installed-* $(DEV_STAMP)
-	@printf 'GPU := %s\nCMAKE_ARGS := %s\n' '$(GPU)' '$(CMAKE_ARGS)' > $(BUILD_CHOICE)
+	@$(RECORD_CHOICE)
 	touch $@
 
 # The dev extras (pytest, ruff, mypy, the SDK, ...): for make test and lint, not for make run.

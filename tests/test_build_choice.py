@@ -51,6 +51,16 @@ def test_a_recorded_choice_is_what_later_targets_build(tmp_path: Path) -> None:
     assert again["wheel"] not in (plain["wheel"], chosen["wheel"])
 
 
+def test_setup_records_the_cuda_architectures_with_the_choice(tmp_path: Path) -> None:
+    planned = make("-n", "setup", f"VENV={tmp_path}", "GPU=cuda", "CUDA_ARCHS=90")  # -n: prints, builds nothing
+    assert planned.returncode == 0, planned.stderr
+    assert "CUDA_ARCHS := %s" in planned.stdout and "'90'" in planned.stdout
+    (tmp_path / "build-choice.mk").write_text("GPU := cuda\nCMAKE_ARGS := \nCUDA_ARCHS := 90\n")
+    later = info(f"VENV={tmp_path}")  # a later target, no arguments: the recorded architectures
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90" in later["CMAKE_ARGS"]
+    assert later["wheel"] == info(f"VENV={tmp_path}", "GPU=cuda", "CUDA_ARCHS=90")["wheel"]
+
+
 def test_an_unknown_choice_and_an_old_python_are_refused_before_anything_is_built(tmp_path: Path) -> None:
     refused = make("-s", "build-info", f"VENV={tmp_path}", "GPU=rocm")
     assert refused.returncode != 0 and "GPU=rocm: choose cpu, cuda, metal or vulkan" in refused.stderr

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from app.engine import devices
 from app.engine.devices import backends, gpus
 from app.engine.llama import Engine
 from app.paths import REPO_ROOT
@@ -82,3 +83,16 @@ def test_asking_for_gpu_layers_without_a_gpu_stops_the_server_at_start_with_the_
     assert "n_gpu_layers=-1 asks for GPU layers, but this llama.cpp is a CPU build (backends: CPU)" in done.stderr
     assert "make setup GPU=cuda" in done.stderr and "or set n_gpu_layers = 0" in done.stderr
     assert "listening on" not in done.stderr
+
+
+def test_a_gpu_backend_without_a_device_is_named_a_driver_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A CUDA build on a machine without the NVIDIA driver loads the CUDA backend and finds no device.
+    monkeypatch.setattr(devices, "backends", lambda: ["CUDA", "CPU"])
+    monkeypatch.setattr(devices, "gpus", lambda: [])
+    monkeypatch.setattr(Engine, "gpu_offload_supported", staticmethod(lambda: False))
+    problem = devices.gpu_layers_problem(-1)
+    assert problem is not None and "has a GPU backend (backends: CUDA, CPU), but it finds no GPU device" in problem
+    monkeypatch.setattr(devices, "backends", lambda: ["CPU"])
+    problem = devices.gpu_layers_problem(-1)
+    assert problem is not None and "is a CPU build (backends: CPU)" in problem
+    assert devices.gpu_layers_problem(0) is None
