@@ -96,8 +96,9 @@ def gpu_layers_problem(n_gpu_layers: int) -> str | None:
     """Why asking for `n_gpu_layers` cannot be met here, or None when it can (or asks for none)."""
     if n_gpu_layers == 0 or gpus():
         return None
-    loaded = ", ".join(backends()) or "none"
-    if Engine.gpu_offload_supported() or set(backends()) & GPU_BACKENDS:
+    found = backends()
+    loaded = ", ".join(found) or "none"
+    if Engine.gpu_offload_supported() or set(found) & GPU_BACKENDS:
         return (
             f"n_gpu_layers={n_gpu_layers} asks for GPU layers and this llama.cpp has a GPU backend (backends: "
             f"{loaded}), but it finds no GPU device: check the driver (make doctor lists the devices; a Vulkan "

@@ -45,7 +45,7 @@ def vocabulary(extra_words: tuple[str, ...] = ()) -> tuple[list[str], list[int]]
     pieces += [f"▁{c}" for c in letters + string.digits]
     pieces += ["".join(p) for p in product(letters, repeat=2)]
     pieces += ["▁" + "".join(p) for p in product(letters, repeat=2)]
-    pieces += [w for w in extra_words if w not in pieces]
+    pieces += extra_words  # spm_vocabulary keeps each piece's first place
     return spm_vocabulary(["<|im_start|>", "<|im_end|>"], pieces)
 
 
