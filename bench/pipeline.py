@@ -195,14 +195,27 @@ def picked(answer: dict[str, Any]) -> Any:
     return max(range(len(answer["probabilities"])), key=lambda i: answer["probabilities"][str(i)])
 
 
+def mark(right: dict[str, list[float]], answers: dict[str, Any], example: Example) -> None:
+    """Add each answer's correctness (1.0 or 0.0) against the example's label to `right`, by question."""
+    for qid, answer in answers.items():
+        right.setdefault(qid, []).append(float(picked(answer) == example["answers"][qid]))
+
+
+def accuracies(right: dict[str, list[float]]) -> dict[str, Any]:
+    """Each question's accuracy and their mean, from `mark`'s record."""
+    return {
+        "accuracy": {qid: round(statistics.fmean(found), 4) for qid, found in right.items()},
+        "mean_accuracy": round(statistics.fmean(statistics.fmean(found) for found in right.values()), 4),
+    }
+
+
 def serve_fitted(client: httpx.Client, url: str, test: list[Example], progress: Progress) -> dict[str, Any]:
     """Each held-out ticket, new to the server: its answers' accuracy, and its latency over its prefill."""
     right: dict[str, list[float]] = {}
     ratios, latencies, prefills, seen = [], [], [], 0
     for example in test:
         ms, data = ask(client, url, example["state"], example["questions"])
-        for qid, answer in data["answers"].items():
-            right.setdefault(qid, []).append(float(picked(answer) == example["answers"][qid]))
+        mark(right, data["answers"], example)
         progress.step()
         if data["x_cache"] != "miss":  # a ticket whose state came before: no prefill, not a new ticket's cost
             seen += 1
@@ -212,8 +225,7 @@ def serve_fitted(client: httpx.Client, url: str, test: list[Example], progress: 
         prefills.append(prefill)
         ratios.append(ms / prefill)
     return {
-        "accuracy": {qid: round(statistics.fmean(found), 4) for qid, found in right.items()},
-        "mean_accuracy": round(statistics.fmean(statistics.fmean(found) for found in right.values()), 4),
+        **accuracies(right),
         "median_ms": median(latencies),
         "median_prefill_ms": median(prefills),
         "cost_over_prefill": round(statistics.median(ratios), 3),

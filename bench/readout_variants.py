@@ -37,7 +37,7 @@ from app.contract import Question, SystemOneRequest
 from app.serving.loading import load_spec
 from app.serving.specs import ModelSpec
 from bench.output import Progress
-from bench.pipeline import fit_layout, picked
+from bench.pipeline import accuracies, fit_layout, mark
 from bench.pipelines import WORKLOADS
 
 VARIANTS = ("shipped", "named", "last-sentence")
@@ -80,29 +80,26 @@ def measure(variant: str, model: Path, train: int, test: int) -> dict[str, Any]:
         flags = ["--model", str(model), "--layout", "question-first", "--calibration-dir", folder]
         service = load_spec(ModelSpec.from_settings(load_settings([*flags, "--session-cache-disk-bytes", "0"], {})))
         right: dict[str, list[float]] = {}
-        costs, rows = [], []
+        costs = []
         progress = Progress(test, f"held-out tickets ({variant})")
         try:
             for example in support.examples(test, seed=1):
                 body = {"model": "m", "state": example["state"], "questions": example["questions"]}
-                request = SystemOneRequest.model_validate(body)
-                answered = service.answer(request).model_dump()
-                for qid, answer in answered["answers"].items():
-                    right.setdefault(qid, []).append(float(picked(answer) == example["answers"][qid]))
+                answered = service.answer(SystemOneRequest.model_validate(body)).model_dump()
+                mark(right, answered["answers"], example)
                 timing = answered["x_timing_ms"]
                 if answered["x_cache"] == "miss":
                     costs.append(timing["total"] / timing["prefill"])
-                rows.append(sum(len(s.tokens) for s in service.plan(request).suffixes()))
                 progress.step()
+            # the readouts follow the question set, not the ticket: the same tokens for every ticket
+            readout_tokens = sum(len(s.tokens) for s in service.plan(SystemOneRequest.model_validate(body)).suffixes())
         finally:
             service.close()
-    accuracy = {qid: round(statistics.fmean(found), 4) for qid, found in right.items()}
     return {
         "variant": variant,
         "fits": fitted["fits"],
-        "accuracy": accuracy,
-        "mean_accuracy": round(statistics.fmean(accuracy.values()), 4),
-        "readout_tokens": statistics.median(rows),
+        **accuracies(right),
+        "readout_tokens": readout_tokens,
         "cost_over_prefill": round(statistics.median(costs), 3),
         "new_tickets": len(costs),
     }
