@@ -1,6 +1,7 @@
 """onepass against llama.cpp's own /v1/systemone on speed: the same requests to both, on one decision GGUF.
 
     python -m bench.native_speed --server PATH/llama-server [--model GGUF] [--quick] [--threads N] [--slots N]
+        [--onepass-checkout DIR]
 
 Both servers run at once, each in its own process on a loopback port; this process is only the
 client (it loads the model's tokenizer to build states of a given token length). Every request
@@ -32,7 +33,12 @@ memory cache, --cache-ram, at its default). With several slots /v1/systemone dec
 questions side by side, sharing the state's prefill; with one slot it would decode them one after
 another.
 
-Writes bench/results/<date>-<sha>-native-speed.{json,md} (--quick: -native-speed-quick).
+With --onepass-checkout, onepass is served from another checkout (its own .venv: an older engine,
+say) at the threads, repacked weights and flash attention this checkout chose, so one llama-server
+can be compared with two engines.
+
+Writes bench/results/<date>-<sha>-native-speed.{json,md} (--quick: -native-speed-quick; with
+--onepass-checkout, <sha>-onepass-<its sha>).
 """
 
 from __future__ import annotations
@@ -65,7 +71,7 @@ from app.serving.specs import ModelSpec
 from bench.native_decision import DEFAULT_MODEL, Agreement, agreement
 from bench.output import Progress, git_sha, machine, table, write_atomically
 from bench.peer import stop, wait_ready
-from bench.servers import onepass_server
+from bench.servers import engine_of, onepass_server
 from bench.workloads import StateMaker
 
 TARGET = 0.8  # onepass / llama-server, at most, on every workload
@@ -254,6 +260,10 @@ def native_server(
             stop(process)
 
 
+def on_off(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
 def row(workload: Workload, ours: Measured, theirs: Measured) -> dict[str, Any]:
     found = agreements(ours, theirs)
     mine, native = ours.summary(), theirs.summary()
@@ -305,6 +315,11 @@ def markdown(report: dict[str, Any]) -> str:
         f"llama-server: {s['llama_server']}.",
         "",
         f"Builds: onepass `{report['builds']['onepass']}`; llama-server `{report['builds']['llama_server']}`",
+        *(
+            ["", f"onepass served from the checkout at {c['path']} (commit {c['git']}), with its own venv."]
+            if (c := report.get("onepass_checkout"))
+            else []
+        ),
         "",
         *table(
             [
@@ -364,6 +379,12 @@ def main() -> None:
         help="llama-server's slots share one KV cache (its default layout for its default 4 slots)",
     )
     parser.add_argument("--onepass-args", default="", help="more onepass server flags, e.g. '--contexts 4'")
+    parser.add_argument(
+        "--onepass-checkout",
+        type=Path,
+        help="serve onepass from another checkout with its own .venv (an older engine, say), at this checkout's "
+        "speed settings",
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results", help="folder of the results")
     args = parser.parse_args()
     cfg = QUICK if args.quick else FULL
@@ -380,14 +401,20 @@ def main() -> None:
         "server": str(args.server),
         "questions": QUESTIONS,
     }
+    checkout = args.onepass_checkout
+    if checkout is not None:
+        report["onepass_checkout"] = {"path": str(checkout), "git": git_sha(checkout)}
     with tempfile.TemporaryDirectory(prefix="onepass-native-speed-") as snapshots:
         own_flags = ["--threads", str(args.threads), "--calibration", "none"]
         own_flags += ["--session-cache-disk-bytes", "4G", "--session-cache-dir", snapshots]
+        spec = ModelSpec.from_settings(Settings(model=args.model, threads=args.threads))
+        if checkout is not None:  # its own engine might tune otherwise: both get this checkout's settings
+            speed = speed_settings_for(spec)
+            own_flags += ["--repack", on_off(speed.repack), "--flash-attn", on_off(speed.flash_attn)]
         own_flags += shlex.split(args.onepass_args)
         shown = shlex.join(["--n-ctx", str(N_CTX), *own_flags]).replace(snapshots, "TMP")
-        with onepass_server(args.model, *own_flags) as (url, _):
+        with onepass_server(args.model, *own_flags, checkout=checkout) as (url, _):
             # what the server chose: the same tuning cache, filled at its start
-            spec = ModelSpec.from_settings(Settings(model=args.model, threads=args.threads))
             speed = speed_settings_for(spec)
             with native_server(args.server, args.model, args.slots, args.kv_unified, speed) as props:
                 report["settings"] = {
@@ -398,7 +425,8 @@ def main() -> None:
                     "llama_server": f"{props['total_slots']} slots, {args.slots * N_CTX} tokens of context, "
                     f"{'unified' if args.kv_unified else 'per-slot'} KV, prompt cache on",
                 }
-                report["builds"] = {"onepass": engine.system_info(), "llama_server": props.get("build_info", "?")}
+                own_build = engine.system_info() if checkout is None else engine_of(checkout)
+                report["builds"] = {"onepass": own_build, "llama_server": props.get("build_info", "?")}
                 sides = [Side("onepass", url, {"model": "jev-latest"}), Side("llama-server", props["url"], {})]
                 progress = Progress(2 * (1 + sum(w.requests for w in chosen)), f"both servers on {args.model.name}")
                 lock = threading.Lock()  # the clients at once step from their threads
@@ -414,7 +442,8 @@ def main() -> None:
     report["equal_work"] = all(r["agreement"]["same_answer"] == r["agreement"]["compared"] for r in report["workloads"])
     report["seconds"] = round(time.perf_counter() - began, 1)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"{report['date']}-{report['git']}-native-speed" + ("-quick" if args.quick else "")
+    served = report["git"] if checkout is None else f"{report['git']}-onepass-{report['onepass_checkout']['git']}"
+    stem = f"{report['date']}-{served}-native-speed" + ("-quick" if args.quick else "")
     write_atomically(args.out / f"{stem}.json", json.dumps(report, indent=2) + "\n")
     write_atomically(args.out / f"{stem}.md", markdown(report))
     print(markdown(report))

@@ -17,9 +17,9 @@ __all__ = ["RESULTS", "Progress", "git_sha", "median", "table", "write_atomicall
 RESULTS = REPO_ROOT / "bench" / "results"
 
 
-def git_sha() -> str:
-    """The commit the bench runs, short: results files are named by it."""
-    result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+def git_sha(checkout: Path = REPO_ROOT) -> str:
+    """The commit the bench runs (or another checkout holds), short: results files are named by it."""
+    result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True)
     return result.stdout.strip() or "unknown"
 
 
