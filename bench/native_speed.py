@@ -1,7 +1,7 @@
 """onepass against llama.cpp's own /v1/systemone on speed: the same requests to both, on one decision GGUF.
 
     python -m bench.native_speed --server PATH/llama-server [--model GGUF] [--quick] [--threads N] [--slots N]
-        [--onepass-checkout DIR]
+        [--onepass-checkout DIR] [--repack auto|on|off]
 
 Both servers run at once, each in its own process on a loopback port; this process is only the
 client (it loads the model's tokenizer to build states of a given token length). Every request
@@ -35,10 +35,11 @@ another.
 
 With --onepass-checkout, onepass is served from another checkout (its own .venv: an older engine,
 say) at the threads, repacked weights and flash attention this checkout chose, so one llama-server
-can be compared with two engines.
+can be compared with two engines. With --repack on or off, both servers run with repacked weights
+so, whatever the first start chose (flash attention is still onepass's choice for that setting).
 
 Writes bench/results/<date>-<sha>-native-speed.{json,md} (--quick: -native-speed-quick; with
---onepass-checkout, <sha>-onepass-<its sha>).
+--onepass-checkout, <sha>-onepass-<its sha>; with --repack on or off, -native-speed-repack-on or -off).
 """
 
 from __future__ import annotations
@@ -385,6 +386,12 @@ def main() -> None:
         help="serve onepass from another checkout with its own .venv (an older engine, say), at this checkout's "
         "speed settings",
     )
+    parser.add_argument(
+        "--repack",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="repacked weights for both servers (auto: onepass's first-start choice)",
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results", help="folder of the results")
     args = parser.parse_args()
     cfg = QUICK if args.quick else FULL
@@ -407,7 +414,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="onepass-native-speed-") as snapshots:
         own_flags = ["--threads", str(args.threads), "--calibration", "none"]
         own_flags += ["--session-cache-disk-bytes", "4G", "--session-cache-dir", snapshots]
-        spec = ModelSpec.from_settings(Settings(model=args.model, threads=args.threads))
+        spec = ModelSpec.from_settings(Settings(model=args.model, threads=args.threads, repack=args.repack))
+        if args.repack != "auto":
+            own_flags += ["--repack", args.repack]
         if checkout is not None:  # its own engine might tune otherwise: both get this checkout's settings
             speed = speed_settings_for(spec)
             own_flags += ["--repack", on_off(speed.repack), "--flash-attn", on_off(speed.flash_attn)]
@@ -443,7 +452,8 @@ def main() -> None:
     report["seconds"] = round(time.perf_counter() - began, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     served = report["git"] if checkout is None else f"{report['git']}-onepass-{report['onepass_checkout']['git']}"
-    stem = f"{report['date']}-{served}-native-speed" + ("-quick" if args.quick else "")
+    forced = "" if args.repack == "auto" else f"-repack-{args.repack}"
+    stem = f"{report['date']}-{served}-native-speed{forced}" + ("-quick" if args.quick else "")
     write_atomically(args.out / f"{stem}.json", json.dumps(report, indent=2) + "\n")
     write_atomically(args.out / f"{stem}.md", markdown(report))
     print(markdown(report))
