@@ -232,6 +232,10 @@ def agreements(ours: Measured, theirs: Measured) -> list[Agreement]:
     ]
 
 
+def on_off(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
 @contextmanager
 def native_server(
     binary: Path, model: Path, slots: int, kv_unified: bool, speed: SpeedSettings
@@ -244,7 +248,7 @@ def native_server(
     command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
     command += ["-c", str(slots * N_CTX), "-np", str(slots), "--kv-unified" if kv_unified else "--no-kv-unified"]
     command += ["-b", "512", "-ub", "512", "-ngl", "0", "-t", str(speed.threads)]
-    command += ["-fa", "on" if speed.flash_attn else "off", "--repack" if speed.repack else "--no-repack"]
+    command += ["-fa", on_off(speed.flash_attn), "--repack" if speed.repack else "--no-repack"]
     command += ["--swa-full", "--no-warmup", "--cache-prompt"]
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile(mode="w+") as log:
@@ -259,10 +263,6 @@ def native_server(
             yield {**props, "url": url}
         finally:
             stop(process)
-
-
-def on_off(flag: bool) -> str:
-    return "on" if flag else "off"
 
 
 def row(workload: Workload, ours: Measured, theirs: Measured) -> dict[str, Any]:
@@ -311,8 +311,8 @@ def markdown(report: dict[str, Any]) -> str:
         "Each request asks 3 questions (a noul, a choice of 4, a score of 4 levels); latency in ms from the client.",
         "Total: the latencies' sum, or with clients at once the wall clock of the whole workload.",
         "",
-        f"Both with {s['threads']} threads, repacked weights {'on' if s['repack'] else 'off'}, flash attention "
-        f"{'on' if s['flash_attn'] else 'off'} (onepass's choice on this machine). onepass: {s['onepass']}. "
+        f"Both with {s['threads']} threads, repacked weights {on_off(s['repack'])}, flash attention "
+        f"{on_off(s['flash_attn'])} (onepass's choice on this machine). onepass: {s['onepass']}. "
         f"llama-server: {s['llama_server']}.",
         "",
         f"Builds: onepass `{report['builds']['onepass']}`; llama-server `{report['builds']['llama_server']}`",
@@ -415,16 +415,17 @@ def main() -> None:
         own_flags = ["--threads", str(args.threads), "--calibration", "none"]
         own_flags += ["--session-cache-disk-bytes", "4G", "--session-cache-dir", snapshots]
         spec = ModelSpec.from_settings(Settings(model=args.model, threads=args.threads, repack=args.repack))
-        if args.repack != "auto":
+        # another checkout's engine might tune otherwise: both servers get this checkout's settings
+        given = None if checkout is None else speed_settings_for(spec)
+        if given is not None:
+            own_flags += ["--repack", on_off(given.repack), "--flash-attn", on_off(given.flash_attn)]
+        elif args.repack != "auto":
             own_flags += ["--repack", args.repack]
-        if checkout is not None:  # its own engine might tune otherwise: both get this checkout's settings
-            speed = speed_settings_for(spec)
-            own_flags += ["--repack", on_off(speed.repack), "--flash-attn", on_off(speed.flash_attn)]
         own_flags += shlex.split(args.onepass_args)
         shown = shlex.join(["--n-ctx", str(N_CTX), *own_flags]).replace(snapshots, "TMP")
         with onepass_server(args.model, *own_flags, checkout=checkout) as (url, _):
-            # what the server chose: the same tuning cache, filled at its start
-            speed = speed_settings_for(spec)
+            # what the server chose: the same tuning cache, filled at its start (or what it was given)
+            speed = speed_settings_for(spec) if given is None else given
             with native_server(args.server, args.model, args.slots, args.kv_unified, speed) as props:
                 report["settings"] = {
                     "threads": speed.threads,

@@ -19,7 +19,7 @@ def onepass_server(model: Path, *extra: str, checkout: Path | None = None) -> It
     if checkout is None:
         server = ServerProcess(args)
     else:
-        server = ServerProcess(args, command=(str(checkout / ".venv" / "bin" / "python"), "-m", "app"), cwd=checkout)
+        server = ServerProcess(args, command=(str(venv_python(checkout)), "-m", "app"), cwd=checkout)
     try:
         server.wait_for(READY)
         yield server.url, server.pid
@@ -27,11 +27,16 @@ def onepass_server(model: Path, *extra: str, checkout: Path | None = None) -> It
         server.stop()
 
 
+def venv_python(checkout: Path) -> Path:
+    """The Python of a checkout's own venv (make setup's .venv)."""
+    return checkout / ".venv" / "bin" / "python"
+
+
 def engine_of(checkout: Path) -> str:
     """The llama.cpp build in another checkout's venv: its version and system info."""
     code = "import llama_cpp; print(llama_cpp.__version__, llama_cpp.llama_print_system_info().decode())"
-    python = checkout / ".venv" / "bin" / "python"
-    return subprocess.run([str(python), "-c", code], check=True, capture_output=True, text=True).stdout.strip()
+    run = subprocess.run([str(venv_python(checkout)), "-c", code], check=True, capture_output=True, text=True)
+    return run.stdout.strip()
 
 
 def rss_mb(pid: int) -> float:
