@@ -9,17 +9,16 @@ just run) leave the Vulkan wheel installed, build nothing and reinstall nothing.
 from __future__ import annotations
 
 import os
-import selectors
 import signal
 import socket
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from app.paths import REPO_ROOT
+from tests.pipes import read_until
 
 CHOICE_VENV = os.environ.get("ONEPASS_BUILD_CHOICE_VENV")
 
@@ -77,24 +76,6 @@ needs_vulkan_venv = pytest.mark.skipif(
 )
 
 
-def lines_until(process: subprocess.Popen[str], marker: str, timeout: float) -> list[str]:
-    """The process's output lines up to the first holding `marker`; fails the test after `timeout` seconds."""
-    assert process.stdout is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        while not lines or marker not in lines[-1]:
-            left = deadline - time.monotonic()
-            if left <= 0 or not selector.select(left):
-                pytest.fail(f"no {marker!r} within {timeout} s: {''.join(lines)}")
-            line = process.stdout.readline()
-            if not line:
-                pytest.fail(f"the process ended before {marker!r}: {''.join(lines)}")
-            lines.append(line)
-    return lines
-
-
 def loaded(output: str, marker: str) -> set[str]:
     """The backends a line of `output` lists after `marker` (up to its end or a semicolon)."""
     (line,) = [line for line in output.splitlines() if marker in line][:1]
@@ -133,14 +114,15 @@ def test_make_run_and_check_gpu_keep_the_vulkan_build() -> None:
         text=True,
         start_new_session=True,
     )
-    lines = []
+    assert server.stdout is not None
+    output = ""
     try:
-        lines = lines_until(server, "ready: serving", timeout=600)  # the model is loaded
+        output = read_until(server.stdout, "ready: serving", timeout=600)  # the model is loaded
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as response:
             assert response.status == 200
     finally:
         os.killpg(server.pid, signal.SIGINT)
-        output = "".join(lines) + server.communicate(timeout=60)[0]
+        output += server.communicate(timeout=60)[0]
     assert loaded(output, "llama.cpp backends: ") == {"CPU", "Vulkan"}, output
     assert "pip install" not in output and "building llama-cpp-python" not in output
 

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from app.paths import REPO_ROOT
 from app.serving.registry import ModelRegistry
 from tests.conftest import tiny_settings
 from tests.loading import load_model
+from tests.pipes import read_until
 
 URGENT = {"type": "noul", "instructions": "Does this need a reply today?"}
 # Each policy brings its own clauses, so "which clause was violated" is a different question per policy.
@@ -191,23 +190,6 @@ def calibrate(
     return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300, check=check)
 
 
-def read_line(process: subprocess.Popen[str], timeout: float) -> str:
-    """The process's next stdout line, failing the test if none comes within `timeout` seconds."""
-    assert process.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not selector.select(left):
-                pytest.fail(f"no line from the calibrate run within {timeout} s")
-            line = process.stdout.readline()
-            if line:
-                return line.strip()
-            if process.poll() is not None:
-                pytest.fail(f"the calibrate run ended early: {process.stderr.read() if process.stderr else ''}")
-
-
 def stored_fits(done: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
     fits: list[dict[str, Any]] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")][-1][
         "fits"
@@ -222,7 +204,8 @@ def test_a_killed_run_resumes_from_its_evidence_and_answers_only_the_rest(tiny_c
     killed = calibrate(data, tiny_chat_path, tmp_path / "fits", "--block-after", "12")
     assert isinstance(killed, subprocess.Popen)
     try:
-        assert read_line(killed, timeout=120) == "BLOCKED"
+        assert killed.stdout is not None
+        read_until(killed.stdout, "BLOCKED\n", timeout=120)
     finally:
         killed.send_signal(signal.SIGKILL)
         killed.wait(30)
