@@ -14,7 +14,14 @@ question's accuracy and the median cost of a new state over its prefill (x_timin
 - named: the turn's end first (one copy, shared by the three readouts' decode), then the
   assistant naming the question, "Question 2";
 - last-sentence: the turn's end, then "Question 2: " and the instructions' last sentence (the
-  question itself, without a policy before it).
+  question itself, without a policy before it);
+- named-tail: named, its probe also reading the hidden vector at the turn's end (the last row
+  the three readouts share);
+- named-joint: named, each question's probe reading the hidden vectors of every readout of the
+  set (a question-first answer depends on the set anyway).
+
+The last two change what the engine hands the probe, for this run only: experiments, not
+something the server can serve.
 
 python -m bench.readout_variants [--variants state-first,shipped,named] [--workloads support,logs]
     [--seeds 0:1,2:3] [--train N] [--test M]
@@ -29,26 +36,29 @@ import json
 import re
 import statistics
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import date
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from app.answering.prompter import QuestionSet, Suffix
 from app.answering.prompting import OwnPrompter
 from app.config import DEFAULT_MODEL_PATH, load_settings
 from app.contract import Question, SystemOneRequest
+from app.engine.llama import Answered, Engine, Job, Readout, Snapshot
 from app.serving.loading import load_spec
 from app.serving.specs import ModelSpec
 from bench.output import RESULTS, Progress, git_sha, machine, table, write_atomically
 from bench.pipeline import accuracies, fit_layout, mark
 from bench.pipelines import WORKLOADS
 
-VARIANTS = ("state-first", "shipped", "named", "last-sentence")
+VARIANTS = ("state-first", "shipped", "named", "last-sentence", "named-tail", "named-joint")
 
 
 def readout_text(variant: str, number: int, instructions: str) -> str:
-    if variant == "named":
+    if variant.startswith("named"):
         return f"Question {number}\n"
     last = re.split(r"(?<=[.?!])\s+", instructions.strip())[-1]
     return f"Question {number}: {last}\n"
@@ -56,8 +66,11 @@ def readout_text(variant: str, number: int, instructions: str) -> str:
 
 @contextlib.contextmanager
 def readouts(variant: str) -> Iterator[None]:
-    """OwnPrompter's question-first readouts replaced by `variant`'s while the block runs."""
+    """OwnPrompter's question-first readouts replaced by `variant`'s while the block runs (and for
+    the named-tail and named-joint probes, what the engine reads as a readout's hidden vector)."""
     shipped = OwnPrompter.question_set
+    shipped_read, shipped_decode = Engine._read, Engine.decode_suffixes
+    tail = [0]  # the chat turn's end, in tokens: the shared rows every named readout starts with
 
     def question_set(self: OwnPrompter, questions: dict[str, Question]) -> QuestionSet:
         found = shipped(self, questions)
@@ -67,14 +80,34 @@ def readouts(variant: str) -> Iterator[None]:
             text = readout_text(variant, found.number[qid], lines[0].split(": ", 1)[1])
             tokens = self.tokenizer.tokenize(text, add_bos=False, special=False)
             suffixes[qid] = Suffix(text, (*self._tail_tokens, *tokens), label_ids)
+        tail[0] = len(self._tail_tokens)
         return dataclasses.replace(found, suffixes=suffixes)
+
+    def read_with_tail(self: Engine, ctx: Any, rows: Sequence[int], job: Job, hidden: bool) -> Readout:
+        found = shipped_read(self, ctx, rows, job, hidden)
+        if found.hidden is None:
+            return found
+        return dataclasses.replace(found, hidden=np.concatenate([found.hidden, self._vector(ctx, rows[tail[0] - 1])]))
+
+    def decode_joint(self: Engine, prefix: Snapshot, jobs: Sequence[Job], *, hidden: bool = False) -> Answered:
+        answered = shipped_decode(self, prefix, jobs, hidden=hidden)
+        vectors = [r.hidden for r in answered.readouts]
+        if hidden and all(v is not None for v in vectors):  # every readout's vector, in the set's order
+            joint = np.concatenate([v for v in vectors if v is not None])
+            answered.readouts = [dataclasses.replace(r, hidden=joint) for r in answered.readouts]
+        return answered
 
     if variant not in ("state-first", "shipped"):
         OwnPrompter.question_set = question_set  # type: ignore[method-assign]
+    if variant == "named-tail":
+        Engine._read = read_with_tail  # type: ignore[method-assign]
+    if variant == "named-joint":
+        Engine.decode_suffixes = decode_joint  # type: ignore[method-assign]
     try:
         yield
     finally:
         OwnPrompter.question_set = shipped  # type: ignore[method-assign]
+        Engine._read, Engine.decode_suffixes = shipped_read, shipped_decode  # type: ignore[method-assign]
 
 
 def measure(variant: str, workload: str, seeds: tuple[int, int], model: Path, train: int, test: int) -> dict[str, Any]:
