@@ -205,7 +205,7 @@ def test_a_killed_run_resumes_from_its_evidence_and_answers_only_the_rest(tiny_c
     assert isinstance(killed, subprocess.Popen)
     try:
         assert killed.stdout is not None
-        read_until(killed.stdout, "BLOCKED\n", timeout=120)
+        assert read_until(killed.stdout, "\n", timeout=120).splitlines()[0] == "BLOCKED"
     finally:
         killed.send_signal(signal.SIGKILL)
         killed.wait(30)
