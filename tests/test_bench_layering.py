@@ -28,6 +28,7 @@ LAYERS: list[set[str]] = [
     {"run", "compare_evals", "native_template", "native_decision", "readout_variants"},
     {"native_speed"},  # onepass and llama.cpp's /v1/systemone on speed: reads native_decision's agreement
     {"new_state_cost"},  # where native_speed's new states go in onepass: its questions, in-process
+    {"probe_layers"},  # other vectors for the probe: readout_variants' named readouts, fitted
 ]
 
 
