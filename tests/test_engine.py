@@ -12,7 +12,7 @@ import pytest
 from app.answering.service import ModelService
 from app.calibration import Priors
 from app.contract import SystemOneRequest
-from app.engine.llama import MAX_SEQUENCES, Engine, Job, Readout, RestoreError, suffix_rows
+from app.engine.llama import MAX_SEQUENCES, N_UBATCH, Engine, EngineError, Job, Readout, RestoreError, suffix_rows
 from app.engine.ram_tier import RamTier, cache_key
 from app.engine.snapshot import Snapshot
 from app.serving.loading import assemble
@@ -396,3 +396,32 @@ def test_a_hidden_state_is_what_the_output_layer_reads_and_asking_for_it_moves_n
         assert np.all(np.abs(rows @ with_state.hidden - with_state.label_logits) <= bound)
     assert alone[0].hidden is not None and probed[0].hidden is not None
     assert np.array_equal(alone[0].hidden, probed[0].hidden)  # whatever else the batch holds
+
+
+def test_a_prefill_from_a_base_keeps_its_states_mean_and_leaves_the_kv_alone(tiny_plain_path: Path) -> None:
+    tapped = Engine(tiny_plain_path, n_ctx=1024, threads=1, probe_layer="middle")
+    plain = Engine(tiny_plain_path, n_ctx=1024, threads=1)
+    try:
+        assert tapped.probe_layer == (tapped.n_layer - 1) // 2
+        tokens = tapped.tokenize("The order arrived broken and I want my money back today.")
+        other = tapped.tokenize("Hello. Something else entirely comes first here.")
+        base = tapped.prefill(tokens[:3])[0]
+        state = tapped.prefill(tokens, base)[0]
+        mean = state.state_mean
+        assert mean is not None and mean.shape == (tapped.n_embd,) and np.isfinite(mean).all()
+        assert state.data == plain.prefill(tokens, plain.prefill(tokens[:3])[0])[0].data  # reading a layer moves no KV
+        assert plain.prefill(tokens)[0].state_mean is None  # an engine without a probe layer reads none
+        again = tapped.prefill(tokens, base)[0].state_mean
+        assert again is not None and again.tobytes() == mean.tobytes()
+        # the mean is over the rows after the base, which saw the base: another base, another mean
+        moved = tapped.prefill([*other, *tokens[3:]], tapped.prefill(other)[0])[0].state_mean
+        assert moved is not None and not np.array_equal(moved, mean)
+        # a state longer than a micro-batch is read whole, every micro-batch's rows
+        long = (tokens * (N_UBATCH // len(tokens) + 2))[: N_UBATCH + 50]
+        assert len(long) - 3 > N_UBATCH
+        assert tapped.prefill(long, tapped.prefill(long[:3])[0])[0].state_mean is not None
+    finally:
+        tapped.close()
+        plain.close()
+    with pytest.raises(EngineError, match="the last excluded"):
+        Engine(tiny_plain_path, n_ctx=512, probe_layer=tapped.n_layer - 1)

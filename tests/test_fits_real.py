@@ -41,7 +41,7 @@ def test_fits_from_36_examples_answer_new_log_lines_far_better_than_zero_shot(
         parsed = parse_examples(train)
         evidence = answer_all(fitted, parsed, Progress(len(parsed), "examples", show=False)).evidence
         reports, records = fit_all(parsed, evidence, fitted.calibration, question_set=False)
-        assert any(r.to_json()["method"].startswith("probe/") for r in reports)
+        assert any(r.to_json()["method"].startswith(("probe/", "state_probe/")) for r in reports)
         assert fitted.calibration.store is not None
         for record in records:
             fitted.calibration.store.put(record)

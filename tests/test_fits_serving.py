@@ -19,7 +19,8 @@ from starlette.testclient import TestClient
 from app.answering.service import ModelService
 from app.calibrate.layouts import LayoutRun, recommend
 from app.calibrate.runner import ExampleError, answer_all, fit_all, parse_examples
-from app.calibration import Fit, FitRecord, FitStore, question_key
+from app.calibration import Fit, FitRecord, FitStore, example_of, question_key
+from app.calibration.candidates import Probe
 from app.calibration.store import SUFFIX
 from app.contract import SystemOneRequest
 from app.http.server import create_app
@@ -329,8 +330,9 @@ def test_a_probe_learns_a_rule_the_label_readout_misses_and_answers_by_it_bit_fo
         evidence = answer_all(service, parsed, Progress(len(parsed), "examples", show=False)).evidence
         reports, records = fit_all(parsed, evidence, service.calibration, question_set=False)
         (report,) = (r.to_json() for r in reports)
-        assert report["method"].startswith("probe/") and report["adopted"]
-        readout_only = min(v for k, v in report["candidates"].items() if not k.startswith("probe/"))
+        probes = ("probe/", "state_probe/")  # the colour is in the question's hidden vector and the state's mean
+        assert report["method"].startswith(probes) and report["adopted"]
+        readout_only = min(v for k, v in report["candidates"].items() if not k.startswith(probes))
         assert report["after"]["log_loss"] < readout_only and report["after"]["accuracy"] > 0.9
         assert service.calibration.store is not None
         service.calibration.store.put(records[0])
@@ -348,6 +350,49 @@ def test_a_probe_learns_a_rule_the_label_readout_misses_and_answers_by_it_bit_fo
     finally:
         for s in (service, plain, uncached):
             s.close()
+
+
+def test_a_state_probe_answers_bit_for_bit_hit_miss_off_and_after_a_restart_from_the_disk_tier(
+    tiny_chat_path: Path, tmp_path: Path
+) -> None:
+    """A state probe reads the state's mean vector, which the disk tier does not keep: a snapshot
+    restored from disk is prefilled again for it, and answers as the first server did."""
+    disk = {"session_cache_dir": tmp_path / "snapshots", "session_cache_disk_bytes": 1 << 30}
+    service = served(tiny_chat_path, tmp_path, **disk)
+    uncached = served(tiny_chat_path, tmp_path, session_cache_entries=0)
+    try:
+        parsed = parse_examples(coloured(60, seed=0))
+        evidence = answer_all(service, parsed, Progress(len(parsed), "examples", show=False)).evidence
+        assert all(e["team"].state_mean is not None for e in evidence)
+        examples = [
+            example_of(e["team"], p.answers["team"], sorted(e["team"].labels))
+            for e, p in zip(evidence, parsed, strict=True)
+        ]
+        fit = Probe(service.calibration.temperature, 0.001, "state_mean").fit(examples)
+        assert service.calibration.store is not None
+        requests = [SystemOneRequest.model_validate(body(e["state"], {"queue": TEAM})) for e in coloured(6, seed=1)]
+        team = requests[0].questions["queue"]
+        record = FitRecord(question_key(team), team.model_dump(mode="json"), "state_probe/0.001", fit, 60)
+        service.calibration.store.put(record)
+        first = []
+        for request in requests:
+            miss, hit, off = service.answer(request), service.answer(request), uncached.answer(request)
+            assert (miss.x_cache, hit.x_cache, off.x_cache) == ("miss", "hit", "off")
+            assert miss.wire()["answers"]["queue"]["x_calibration"]["method"] == "state_probe/0.001"
+            assert len({json.dumps(r.wire()["answers"], sort_keys=True) for r in (miss, hit, off)}) == 1
+            first.append(json.dumps(miss.wire()["answers"], sort_keys=True))
+    finally:
+        service.close()
+        uncached.close()
+    restarted = served(tiny_chat_path, tmp_path, **disk)
+    try:
+        for request, answered in zip(requests, first, strict=True):
+            again = restarted.answer(request)
+            assert again.x_cache == "miss"  # on disk, but without its mean: prefilled again
+            assert json.dumps(again.wire()["answers"], sort_keys=True) == answered
+            assert restarted.answer(request).x_cache == "hit"
+    finally:
+        restarted.close()
 
 
 def test_onepass_calibrate_compares_both_layouts_stores_both_and_says_which_to_serve(

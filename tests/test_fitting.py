@@ -236,3 +236,25 @@ def test_labels_no_example_picks_get_no_per_label_fit() -> None:
     assert choice.not_tried is not None and "no example's answer is C (2 of 3 labels seen)" in choice.not_tried
     every = choose(biased(150, 8, (2.0, 0.0, -1.0), 0.3), 1.0)
     assert every.not_tried is None and any(name.startswith("vector/") for name in every.candidates)
+
+
+def test_a_state_probe_learns_what_the_states_mean_says_and_is_told_apart_from_the_probe() -> None:
+    """The same rule in the state's mean vector, with a hidden vector that carries nothing: the
+    state probe is chosen, keeps its own method, and needs the state's mean to apply."""
+    rng = np.random.default_rng(7)
+
+    def moved(examples: list[Example]) -> list[Example]:
+        noise = [rng.normal(0, 1, e.hidden.shape).astype(np.float32) for e in examples if e.hidden is not None]
+        return [replace(e, hidden=h, state_mean=e.hidden) for e, h in zip(examples, noise, strict=True)]
+
+    train, test = moved(hidden_rule(120, 1)), moved(hidden_rule(400, 2))
+    choice = choose(train, temperature=1.0)
+    assert choice.adopted and choice.method.startswith("state_probe/") and choice.fit is not None
+    assert choice.fit.method == "state_probe" and choice.fit.reads_state_mean and not choice.fit.reads_hidden
+    fit = Fit.from_json(choice.fit.to_json())
+    predicted = np.asarray([fit.apply(e.labels, e.raw, e.prior, None, None, e.state_mean) for e in test])
+    assert scores(predicted, np.asarray([e.right for e in test])).accuracy > 0.8
+    with pytest.raises(ValueError, match="the state's mean vector"):
+        fit.apply(test[0].labels, test[0].raw, test[0].prior, test[0].hidden)
+    without = [replace(e, state_mean=None) for e in train]
+    assert not any(name.startswith("state_probe/") for name in choose(without, temperature=1.0).candidates)

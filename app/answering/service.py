@@ -10,6 +10,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
 from app.answering.prompter import Plan, Prompter, Suffix, TemplateRefused, TooManyOptions
 from app.calibration import Asked, Calibrated, Calibration, Evidence
 from app.contract import CalibrationUsed, SystemOneRequest, SystemOneResponse, TimingMs, Usage, answer_of
@@ -31,6 +34,11 @@ class Decoded:
     jobs: list[Job]
     timing: Timing
     n_decodes: int
+
+    @property
+    def state_mean(self) -> NDArray[np.float32] | None:
+        """The state's mean vector (Snapshot.state_mean), where the prefix's snapshot has it."""
+        return self.prefix.snapshot.state_mean
 
 
 class ModelService:
@@ -81,17 +89,17 @@ class ModelService:
         started = time.perf_counter()
         plan = self.plan(request)
         fits = self.calibration.fits_for(request.questions)
-        decoded = self.decode(plan, cancelled, hidden=fits.reads_hidden)
+        decoded = self.decode(plan, cancelled, hidden=fits.reads_hidden, state_mean=fits.reads_state_mean)
         decoded_at = time.perf_counter()
         # a question seen for the first time has its content-free prior measured here
-        calibrated = self.calibration.calibrate(decoded.base, decoded.asked, fits)
+        calibrated = self.calibration.calibrate(decoded.base, decoded.asked, fits, decoded.state_mean)
         return self.render(decoded, calibrated, started, decoded_at)
 
     def evidence(self, request: SystemOneRequest, *, hidden: bool = False) -> dict[str, Evidence]:
         """What fitting reads of each question, through the same path as `answer` (and its cache); with
-        `hidden` the hidden vector a probe fit reads too."""
-        decoded = self.decode(self.plan(request), None, hidden=hidden)
-        return self.calibration.evidence(decoded.base, decoded.asked)
+        `hidden` the vectors the probe fits read too (the question's hidden vector, the state's mean)."""
+        decoded = self.decode(self.plan(request), None, hidden=hidden, state_mean=hidden)
+        return self.calibration.evidence(decoded.base, decoded.asked, decoded.state_mean)
 
     def plan(self, request: SystemOneRequest) -> Plan:
         """Render and tokenize everything, and check it fits the context, before any inference."""
@@ -115,9 +123,12 @@ class ModelService:
             raise InvalidRequest.at(("state",), message, "too_long", len(plan.prefix) + longest)
         return plan
 
-    def decode(self, plan: Plan, cancelled: threading.Event | None, *, hidden: bool = False) -> Decoded:
+    def decode(
+        self, plan: Plan, cancelled: threading.Event | None, *, hidden: bool = False, state_mean: bool = False
+    ) -> Decoded:
         """Resolve the prefix through the caches and decode every question's suffixes in one batch (with
-        `hidden`, reading each one's hidden vector too); a model without memory reads each prompt whole."""
+        `hidden`, reading each one's hidden vector too; with `state_mean`, a prefix snapshot that has
+        its state's mean vector where the engine reads one); a model without memory reads each prompt whole."""
         check = cancelled.is_set if cancelled is not None else (lambda: False)
         if self.engine.memoryless:
             return self._encode(plan, check)
@@ -126,7 +137,7 @@ class ModelService:
         key = self.states.key(*plan.key)
         # A decision template's state can merge with the end of its head: then prefill from the start.
         start = base if plan.prefix[: base.n_tokens] == base.tokens else None
-        prefix = self.states.resolve(key, plan.prefix, start, built, check)
+        prefix = self.states.resolve(key, plan.prefix, start, built, check, state_mean)
         jobs = batch_jobs(plan.suffixes())
         if check():
             raise Cancelled("cancelled before the decode")
@@ -135,7 +146,7 @@ class ModelService:
         except RestoreError as error:
             log.warning("%s: dropping a snapshot that failed to restore (%s); prefilling again", self.name, error)
             self.states.drop(key)
-            prefix = self.states.resolve(key, plan.prefix, start, built, check)
+            prefix = self.states.resolve(key, plan.prefix, start, built, check, state_mean)
             answered = self.engine.decode_suffixes(prefix.snapshot, jobs, hidden=hidden)
         readout_of = {(job.tokens, job.labels, job.marks): r for job, r in zip(jobs, answered.readouts, strict=True)}
         asked = {

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 import numpy as np
 from numpy.typing import NDArray
 
 from app.calibration.evidence import Array, Example, log_ratio
-from app.calibration.fit import Fit, feature_matrix, softmax
+from app.calibration.fit import Fit, Method, feature_matrix, softmax
 
 VECTOR_PENALTIES = (0.0003, 0.003, 0.03, 0.3)
 SET_PENALTIES = (0.001, 0.01, 0.1, 1.0)
@@ -84,21 +84,27 @@ class Vector:
 
 @dataclass(frozen=True)
 class Probe:
-    """A readout of the question's own last hidden vector, learned from the examples, beside the
-    vector fit's terms. Fitted in the directions the examples' standardised hidden vectors span (at
-    most PROBE_MAX_DIRECTIONS, the largest): an L2 penalty leaves any other direction's weight at
-    zero, so this is the same fit in far fewer parameters."""
+    """A readout of a vector, learned from the examples, beside the vector fit's terms: the question's
+    own last hidden vector (`reads` "hidden": a probe fit) or the state's mean vector ("state_mean": a
+    state probe fit). Fitted in the directions the examples' standardised vectors span (at most
+    PROBE_MAX_DIRECTIONS, the largest): an L2 penalty leaves any other direction's weight at zero, so
+    this is the same fit in far fewer parameters."""
 
     temperature: float
     penalty: float
+    reads: Reads = "hidden"
+
+    @property
+    def method(self) -> Method:
+        return "probe" if self.reads == "hidden" else "state_probe"
 
     @property
     def name(self) -> str:
-        return f"probe/{self.penalty:g}"
+        return f"{self.method}/{self.penalty:g}"
 
     def fit(self, examples: Sequence[Example]) -> Fit:
         r = _ratios(examples)
-        h = np.asarray([e.hidden for e in examples], dtype=np.float64)
+        h = np.asarray([_vector(e, self.reads) for e in examples], dtype=np.float64)
         centre, spread = h.mean(0), h.std(0) + 1e-6
         z = (h - centre) / spread / np.sqrt(h.shape[1])  # unit length on average, whatever the model's width
         # The directions from the examples' Gram matrix (examples x examples): far smaller than the
@@ -123,7 +129,7 @@ class Probe:
         theta = newton(design, _rights(examples), target, penalties, target)
         weights = theta[1 + k :].reshape(k, m) @ basis.T / np.sqrt(h.shape[1])  # on (h - centre) / spread
         return Fit(
-            "probe",
+            self.method,
             examples[0].labels,
             scale=float(theta[0]),
             bias=tuple(float(b) for b in theta[1 : 1 + k]),
@@ -183,15 +189,22 @@ class QuestionSet:
         )
 
 
+Reads = Literal["hidden", "state_mean"]  # the vector a probe reads
+
+
+def _vector(example: Example, reads: Reads) -> NDArray[np.float32] | None:
+    return example.hidden if reads == "hidden" else example.state_mean
+
+
 def fit_batch(sample: Sequence[Example], temperature: float) -> Fit:
     """The label prior as the mean of the raw probabilities over real states (no labels needed)."""
     raw = np.asarray([e.raw for e in sample])
     return Fit("batch", sample[0].labels, scale=1.0 / temperature, prior=tuple(float(q) for q in raw.mean(0)))
 
 
-def probe_ready(examples: Sequence[Example]) -> bool:
-    """Whether a probe can be fitted: every example has its hidden vector, and few enough labels."""
-    return len(examples[0].labels) <= PROBE_MAX_LABELS and all(e.hidden is not None for e in examples)
+def probe_ready(examples: Sequence[Example], reads: Reads = "hidden") -> bool:
+    """Whether a probe can be fitted: every example has the vector it reads, and few enough labels."""
+    return len(examples[0].labels) <= PROBE_MAX_LABELS and all(_vector(e, reads) is not None for e in examples)
 
 
 def table(
@@ -211,8 +224,9 @@ def table(
     if not per_label:
         return found
     found += [Vector(temperature, p) for p in VECTOR_PENALTIES]
-    if probe_ready(examples):
-        found += [Probe(temperature, p) for p in PROBE_PENALTIES]
+    for reads in get_args(Reads):
+        if probe_ready(examples, reads):
+            found += [Probe(temperature, p, reads) for p in PROBE_PENALTIES]
     if all(e.row is not None for e in examples):
         for ordinal in (False, True) if ordered else (False,):
             found += [QuestionSet(key, p, ordinal) for p in SET_PENALTIES]

@@ -121,4 +121,4 @@ def choose(
 
 def _applied(fit: Fit, example: Example) -> list[float]:
     ratios = example.row.ratios if example.row is not None else None
-    return fit.apply(example.labels, example.raw, example.prior, example.hidden, ratios)
+    return fit.apply(example.labels, example.raw, example.prior, example.hidden, ratios, example.state_mean)

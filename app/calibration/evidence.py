@@ -22,6 +22,8 @@ class Evidence:
     prior: list[float]  # the same question's about content-free states (contextual calibration)
     # the last hidden vector at its decision position, when asked (float32: thousands of them fit in memory)
     hidden: NDArray[np.float32] | None = field(default=None, compare=False)
+    # a middle layer's output averaged over the state's rows (Snapshot.state_mean), where the engine reads it
+    state_mean: NDArray[np.float32] | None = field(default=None, compare=False)
 
 
 Ratio = tuple[tuple[str, ...], Array]  # a question's labels sorted by name, and their contextual log-ratios
@@ -45,6 +47,7 @@ class Example:
     right: int | None  # index into labels
     hidden: NDArray[np.float32] | None = field(default=None, compare=False)  # for the probe
     row: SetRow | None = field(default=None, compare=False)  # every question's ratios, for a question-set fit
+    state_mean: NDArray[np.float32] | None = field(default=None, compare=False)  # for the state probe
 
 
 def log_ratio(raw: Sequence[float] | Array, prior: Sequence[float] | Array) -> Array:
@@ -71,4 +74,5 @@ def example_of(evidence: Evidence, right: int | None, labels: Sequence[str], row
         None if right is None else order.index(right),
         evidence.hidden,
         row,
+        evidence.state_mean,
     )

@@ -9,6 +9,8 @@ r = log p_raw - log q (q a label prior to divide out, as in contextual calibrati
 - temperature: scale * r, q the content-free prior;
 - vector: scale * r + bias, a bias per label;
 - probe: scale * r + bias + W h, h the question's own last hidden vector, standardised by centre and spread;
+- state_probe: the same with h the state's mean vector (a middle layer's output averaged over the
+  state's rows: Snapshot.state_mean), which in question-first has read the questions before it;
 - question_set: W x + c, x every asked question's r about the same state (opt-in: such an answer
   depends on the other questions, which the System One contract forbids by default).
 
@@ -27,7 +29,7 @@ from numpy.typing import NDArray
 
 from app.calibration.evidence import TINY, Array, Ratio, log_ratio
 
-Method = Literal["batch", "temperature", "vector", "probe", "question_set"]
+Method = Literal["batch", "temperature", "vector", "probe", "state_probe", "question_set"]
 METHODS: tuple[Method, ...] = get_args(Method)
 
 
@@ -56,6 +58,10 @@ class Fit:
     @property
     def reads_hidden(self) -> bool:
         return self.method == "probe"
+
+    @property
+    def reads_state_mean(self) -> bool:
+        return self.method == "state_probe"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -98,19 +104,23 @@ class Fit:
         prior: Sequence[float],
         hidden: NDArray[np.float32] | None = None,
         ratios: Mapping[str, Ratio] | None = None,
+        state_mean: NDArray[np.float32] | None = None,
     ) -> list[float]:
         """The probabilities in `labels` order (the request's), from a question's evidence. Only a
-        question-set fit reads `ratios` (every asked question's, by question key), only a probe `hidden`."""
+        question-set fit reads `ratios` (every asked question's, by question key), only a probe `hidden`,
+        only a state probe `state_mean`."""
         if self.method == "question_set":
             if ratios is None:
                 raise ValueError("a question-set fit reads every question's ratios")
             return self._set(labels, ratios)
         order = self._order(labels)
         logits = self.scale * log_ratio(raw, prior if self.prior is None else [self.prior[i] for i in order])
-        if self.method == "probe":
-            if hidden is None:
-                raise ValueError("a probe fit needs the question's hidden vector")
-            x = (np.asarray(hidden, dtype=np.float64) - np.asarray(self.centre)) / np.asarray(self.spread)
+        if self.method in ("probe", "state_probe"):
+            vector = hidden if self.method == "probe" else state_mean
+            if vector is None:
+                wanted = "the question's hidden vector" if self.method == "probe" else "the state's mean vector"
+                raise ValueError(f"a {self.method} fit needs {wanted}")
+            x = (np.asarray(vector, dtype=np.float64) - np.asarray(self.centre)) / np.asarray(self.spread)
             logits = logits + (np.asarray(self.bias) + np.asarray(self.weights) @ x)[order]
         elif self.bias:
             logits = logits + np.asarray([self.bias[i] for i in order])

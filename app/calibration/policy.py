@@ -26,6 +26,8 @@ from app.contract import Question, label_keys
 from app.engine.llama import Readout
 from app.engine.snapshot import Snapshot
 
+Vector = NDArray[np.float32]
+
 Mode = Literal["none", "contextual"]
 
 
@@ -103,6 +105,11 @@ class FitsFound:
         """Whether a fit reads its question's hidden vector, which only a decode that asks for it gives."""
         return any(record.fit.reads_hidden for record in self.by_id.values())
 
+    @property
+    def reads_state_mean(self) -> bool:
+        """Whether a fit reads the state's mean vector, which only a snapshot prefilled here has."""
+        return any(record.fit.reads_state_mean for record in self.by_id.values())
+
 
 class Calibration:
     """One model's calibration: its mode, its temperature, the content-free priors, the user's fits."""
@@ -127,10 +134,12 @@ class Calibration:
         found = {qid: set_fits.get(key) or self.store.single(key) for qid, key in keys.items()}
         return FitsFound({qid: record for qid, record in found.items() if record is not None})
 
-    def calibrate(self, base: Snapshot, asked: Mapping[str, Asked], fits: FitsFound) -> dict[str, Calibrated]:
+    def calibrate(
+        self, base: Snapshot, asked: Mapping[str, Asked], fits: FitsFound, state_mean: Vector | None = None
+    ) -> dict[str, Calibrated]:
         """Each question's probabilities. `base`: the snapshot the suffixes followed (the priors are
-        measured after it, the first time a question is seen)."""
-        fitted = self._fitted(base, asked, fits)
+        measured after it, the first time a question is seen); `state_mean`: the state's, where read."""
+        fitted = self._fitted(base, asked, fits, state_mean)
         found = {}
         for qid, question in asked.items():
             record = fits.by_id.get(qid)
@@ -140,17 +149,20 @@ class Calibration:
                 found[qid] = self._unfitted(base, question)
         return found
 
-    def evidence(self, base: Snapshot, asked: Mapping[str, Asked]) -> dict[str, Evidence]:
+    def evidence(
+        self, base: Snapshot, asked: Mapping[str, Asked], state_mean: Vector | None = None
+    ) -> dict[str, Evidence]:
         """What fitting reads of each question: its raw probabilities and content-free prior, in label
-        order, and the hidden vector where the decode read it. Raises ValueError for a question not
-        read from one token's logit per label (a decision head: no prior, no fit)."""
+        order, the hidden vector where the decode read it, and the state's mean vector where read.
+        Raises ValueError for a question not read from one token's logit per label (a decision head:
+        no prior, no fit)."""
         found = {}
         for qid, question in asked.items():
             reading = question.reading
             if not reading.plain:
                 raise ValueError("this model's answers are not one token's logit per label: it takes no fit")
             prior = reading.read([self.priors.prior(base, v.tokens, v.label_ids) for v in reading.variants])
-            found[qid] = Evidence(label_keys(question.question), question.raw(), prior, question.hidden())
+            found[qid] = Evidence(label_keys(question.question), question.raw(), prior, question.hidden(), state_mean)
         return found
 
     def choose(
@@ -178,17 +190,19 @@ class Calibration:
             ]
         return Calibrated(reading.read(per_variant), raw)
 
-    def _fitted(self, base: Snapshot, asked: Mapping[str, Asked], fits: FitsFound) -> dict[str, list[float]]:
+    def _fitted(
+        self, base: Snapshot, asked: Mapping[str, Asked], fits: FitsFound, state_mean: Vector | None
+    ) -> dict[str, list[float]]:
         if not fits.by_id:
             return {}
         # a question-set fit reads every question's evidence, other fits their own
         reads_all = any(record.fit.reads_every_question for record in fits.by_id.values())
         wanted = {qid: q for qid, q in asked.items() if reads_all or qid in fits.by_id}
-        evidence = self.evidence(base, wanted)
+        evidence = self.evidence(base, wanted, state_mean)
         ratios = {question_key(wanted[qid].question): ratio_of(e) for qid, e in evidence.items()}
         return {
             qid: record.fit.apply(
-                evidence[qid].labels, evidence[qid].raw, evidence[qid].prior, evidence[qid].hidden, ratios
+                evidence[qid].labels, evidence[qid].raw, evidence[qid].prior, evidence[qid].hidden, ratios, state_mean
             )
             for qid, record in fits.by_id.items()
         }

@@ -25,12 +25,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import llama_cpp as llama
 import numpy as np
 from numpy.typing import NDArray
 
 from app.engine.fingerprint import file_digest
+from app.engine.layer_tap import LayerTap
 from app.engine.snapshot import Snapshot as Snapshot  # the engine takes and gives snapshots: its callers' type too
 
 log = logging.getLogger("onepass.engine")
@@ -183,8 +185,13 @@ class _Context:
     embeddings on, no pooling, and a micro-batch as large as the context, since such a model takes
     a whole prompt in one piece (llama.cpp aborts the process on a longer one)."""
 
-    def __init__(self, model: ctypes.c_void_p, kv: KvSettings, threads: int, encoder: bool = False) -> None:
+    def __init__(
+        self, model: ctypes.c_void_p, kv: KvSettings, threads: int, encoder: bool = False, tap: int | None = None
+    ) -> None:
         params = llama.llama_context_default_params()
+        self.tap = None if tap is None else LayerTap(tap)  # the context's own: one decode at a time
+        if self.tap is not None:
+            params.cb_eval = self.tap.callback
         kv.apply(params)
         params.n_seq_max = MAX_SEQUENCES
         params.n_threads = params.n_threads_batch = threads
@@ -233,6 +240,7 @@ class Engine:
         contexts: int = 1,
         repack: bool = False,
         flash_attn: bool = False,
+        probe_layer: int | Literal["middle"] | None = None,
     ) -> None:
         if not model_path.is_file():
             raise EngineError(f"model file not found: {model_path}")
@@ -251,10 +259,22 @@ class Engine:
         self.n_vocab = llama.llama_vocab_n_tokens(self.vocab)
         self.n_embd = llama.llama_model_n_embd_out(self.model)  # the width of a hidden vector it outputs
         self.n_ctx = n_ctx
+        self.n_layer = llama.llama_model_n_layer(self.model)
+        # The layer whose output, averaged over a prefill's rows, becomes the snapshot's state_mean. Not
+        # the last: llama.cpp computes the last layer for output rows only. The middle one read best in
+        # docs/calibration.md's measurements.
+        layer = (self.n_layer - 1) // 2 if probe_layer == "middle" else probe_layer
+        if layer is not None and not 0 <= layer < self.n_layer - 1:
+            raise EngineError(
+                f"probe layer {probe_layer}: this model's layers are 0 to {self.n_layer - 1}, the last excluded"
+            )
+        self.probe_layer = layer
         self.add_bos = bool(llama.llama_vocab_get_add_bos(self.vocab))
         self.fingerprint = file_digest(model_path)  # every byte: the disk tier trusts snapshots by it
         kv = KvSettings(n_ctx, repack=repack, flash_attn=flash_attn)
-        self.kv_settings = kv.describe()  # besides the tokens, what shapes a snapshot's bytes: in every cache key
+        # besides the tokens, what shapes a snapshot's bytes: in every cache key (reading a layer splits
+        # the graph's computation there, which a GPU backend may round differently)
+        self.kv_settings = kv.describe() + ("" if layer is None else f";probe_layer={layer}")
         # What else shapes them across processes (the disk tier): the kernels built in and where
         # the layers run. The thread count does not (measured: bit-identical KV with 1, 2 and 3).
         self.build = (
@@ -294,7 +314,8 @@ class Engine:
         """Add `count` contexts to the pool (the constructor opens its `contexts`; make check-gpu opens them
         as a step of its own)."""
         for _ in range(count):
-            ctx = _Context(self.model, self._kv, self._threads, encoder=self.memoryless)
+            tap = None if self.memoryless else self.probe_layer
+            ctx = _Context(self.model, self._kv, self._threads, encoder=self.memoryless, tap=tap)
             with self._idle_changed:
                 self._contexts.append(ctx)
                 self._idle.append(ctx)
@@ -435,10 +456,14 @@ class Engine:
                 ctx.clear()
             began = time.perf_counter()
             self._fill(ctx, [(tok, start + i, (0,), False) for i, tok in enumerate(tokens[start:])])
+            state_mean = None
             if len(tokens) > start:
                 self._decode(ctx)
+                if ctx.tap is not None:
+                    state_mean = ctx.tap.rows(len(tokens) - start).mean(axis=0)
+                    state_mean.flags.writeable = False
             timing.prefill_ms = _ms_since(began)
-            snapshot = Snapshot(self._save(ctx), tuple(tokens))
+            snapshot = Snapshot(self._save(ctx), tuple(tokens), state_mean)
             ctx.held = (*ctx.held, snapshot)
             return snapshot, timing
 
@@ -624,6 +649,8 @@ class Engine:
         batch.n_tokens = len(entries)
 
     def _decode(self, ctx: _Context) -> None:
+        if ctx.tap is not None:
+            ctx.tap.clear()
         status = llama.llama_decode(ctx.ctx, ctx.batch)
         with self._counter_lock:
             self.decode_calls += 1

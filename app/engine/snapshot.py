@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
 
 
 @dataclass(frozen=True)
@@ -11,6 +14,9 @@ class Snapshot:
 
     data: bytes
     tokens: tuple[int, ...]
+    # The engine's probe layer's output averaged over the rows this prefill decoded (the state, after
+    # the base), where the engine reads that layer: what a state probe fit reads. Kept in RAM only.
+    state_mean: NDArray[np.float32] | None = field(default=None, compare=False)
 
     @property
     def n_tokens(self) -> int:

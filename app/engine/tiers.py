@@ -53,20 +53,16 @@ class PrefixCache:
         base: Snapshot | None,
         timing: Timing,
         cancelled: Callable[[], bool] = lambda: False,
+        state_mean: bool = False,
     ) -> Resolved:
         """The snapshot after `tokens`; a prefill starts from `base` (a prefix of them) or from nothing.
-        Reading a disk file counts as restoring in `timing`, a prefill as prefilling."""
+        Reading a disk file counts as restoring in `timing`, a prefill as prefilling. `state_mean`: one
+        with its state mean where the engine reads one (a prefill from `base` gives it, the disk tier
+        does not keep it: such a snapshot is prefilled again, and replaces the kept one in RAM)."""
         from_disk = False
+        state_mean = state_mean and base is not None and self.engine.probe_layer is not None
 
-        def build() -> Snapshot:
-            nonlocal from_disk
-            if self.disk is not None:
-                began = time.perf_counter()
-                loaded = self.disk.load(key, tokens)
-                timing.restore_ms += (time.perf_counter() - began) * 1000
-                if loaded is not None:
-                    from_disk = True
-                    return loaded
+        def prefilled() -> Snapshot:
             if cancelled():
                 raise Cancelled("cancelled before the prefill")
             snapshot, spent = self.engine.prefill(tokens, base=base)
@@ -74,11 +70,26 @@ class PrefixCache:
                 self.prefilled_tokens += len(tokens) - (base.n_tokens if base is not None else 0)
             timing.restore_ms += spent.restore_ms
             timing.prefill_ms += spent.prefill_ms
+            return snapshot
+
+        def build() -> Snapshot:
+            nonlocal from_disk
+            if self.disk is not None and not state_mean:
+                began = time.perf_counter()
+                loaded = self.disk.load(key, tokens)
+                timing.restore_ms += (time.perf_counter() - began) * 1000
+                if loaded is not None:
+                    from_disk = True
+                    return loaded
+            snapshot = prefilled()
             if self.disk is not None:
                 self.disk.save(key, snapshot)  # in the background
             return snapshot
 
         snapshot, hit = self.ram.get_or_build(key, tokens, build)
+        if state_mean and snapshot.state_mean is None:  # kept from the disk tier, or built by a request without
+            snapshot, hit, from_disk = prefilled(), False, False
+            self.ram.put(key, snapshot)
         source: Source = "off" if not self.ram.enabled else "hit" if hit else "disk" if from_disk else "miss"
         return Resolved(snapshot, source)
 

@@ -156,6 +156,7 @@ def load_spec(spec: ModelSpec) -> ModelService:
         contexts=spec.settings.contexts,
         repack=speed.repack,
         flash_attn=speed.flash_attn,
+        probe_layer="middle",  # the state probe fit's vector: Snapshot.state_mean
     )
     try:
         prompter = prompter_for(
