@@ -3,10 +3,10 @@ interrupted resumes without answering again.
 
 One file per example, in an `evidence/` folder beside the fits it is for (one folder per model file
 and prompt), named by a digest of everything that shaped the answer: the fits' identity (model file
-and prompt), the llama.cpp build and KV settings, whether hidden vectors were read, and the example's
-state and questions in their order. A file is written whole (a temporary file renamed over) and carries a digest
-of its content; one that does not verify is answered again. The answers are not part of the key:
-relabelling an example reuses its evidence.
+and prompt), the llama.cpp build and KV settings, whether hidden vectors (and the state's mean)
+were read, and the example's state and questions in their order. A file is written whole (a
+temporary file renamed over) and carries a digest of its content; one that does not verify is
+answered again. The answers are not part of the key: relabelling an example reuses its evidence.
 """
 
 from __future__ import annotations
@@ -34,19 +34,33 @@ def _digest(fields: dict[str, Any]) -> str:
     return blake3.blake3(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
+def _vector(vector: np.ndarray[Any, Any] | None) -> str | None:
+    return None if vector is None else base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+
+
+def _unvector(text: str | None) -> np.ndarray[Any, np.dtype[np.float32]] | None:
+    return (
+        None if text is None else np.frombuffer(base64.b64decode(text, validate=True), dtype="<f4").astype(np.float32)
+    )
+
+
 def _encode(evidence: Evidence) -> dict[str, Any]:
-    hidden = None
-    if evidence.hidden is not None:
-        hidden = base64.b64encode(np.asarray(evidence.hidden, dtype="<f4").tobytes()).decode("ascii")
-    return {"labels": evidence.labels, "raw": evidence.raw, "prior": evidence.prior, "hidden": hidden}
+    return {
+        "labels": evidence.labels,
+        "raw": evidence.raw,
+        "prior": evidence.prior,
+        "hidden": _vector(evidence.hidden),
+        "state_mean": _vector(evidence.state_mean),
+    }
 
 
 def _decode(data: dict[str, Any]) -> Evidence:
-    hidden = None
-    if data["hidden"] is not None:
-        hidden = np.frombuffer(base64.b64decode(data["hidden"], validate=True), dtype="<f4").astype(np.float32)
     return Evidence(
-        [str(x) for x in data["labels"]], [float(x) for x in data["raw"]], [float(x) for x in data["prior"]], hidden
+        [str(x) for x in data["labels"]],
+        [float(x) for x in data["raw"]],
+        [float(x) for x in data["prior"]],
+        _unvector(data["hidden"]),
+        _unvector(data["state_mean"]),
     )
 
 
