@@ -11,7 +11,7 @@ with each named tensor of the graph ("l_out-13": layer 13's output) as it is com
 For each workload of bench/pipelines.py and each layout (state-first as served, question-first
 with the named readouts of bench.readout_variants) it answers N examples of seed 0 and M of seed 1
 once, keeping every vector, then fits each question on the first with `onepass calibrate`'s code
-(app/calibrate/runner.fit_question) once per feature set, and scores the fits' answers on the second.
+(`fit_question` in app/calibrate/runner.py) once per feature set, and scores the fits' answers on the second.
 An experiment: the engine is patched for the run, and nothing here is served.
 
 python -m bench.probe_layers [--workloads support,logs] [--layers 13,19,25] [--train N] [--test M]
