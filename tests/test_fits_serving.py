@@ -105,8 +105,14 @@ def test_a_fit_answers_its_question_by_content_and_says_so(
         assert with_fit["queue"]["choice"] == "Alpha" and with_fit["queue"]["probabilities"]["Alpha"] > 0.6
         used = with_fit["queue"]["x_calibration"]
         assert used["examples"] == 60 and used["method"] != "contextual" and len(used["id"]) == 16
-        assert with_fit["queue"]["x_raw"] == without["queue"]["x_raw"]  # the model's own answer, unchanged
-        assert with_fit["other"] == without["other"]  # no fit for it: exactly as without fits
+        if used["method"].startswith("state_probe/"):  # read from the state alone: the queue is not read out
+            assert "x_raw" not in with_fit["queue"]
+            # no fit for it: as without fits, in a batch without the queue's readout
+            assert with_fit["other"]["x_raw"] == pytest.approx(without["other"]["x_raw"], abs=1e-5)
+            assert with_fit["other"]["probabilities"] == pytest.approx(without["other"]["probabilities"], abs=1e-5)
+        else:
+            assert with_fit["queue"]["x_raw"] == without["queue"]["x_raw"]  # the model's own answer, unchanged
+            assert with_fit["other"] == without["other"]  # no fit for it: exactly as without fits
         assert "x_calibration" not in without["queue"]
     finally:
         service.close()
@@ -342,7 +348,11 @@ def test_a_probe_learns_a_rule_the_label_readout_misses_and_answers_by_it_bit_fo
             miss, hit, off = service.answer(request), service.answer(request), uncached.answer(request)
             answer = miss.wire()["answers"]["queue"]
             assert answer["x_calibration"]["method"] == report["method"]
-            assert answer["x_raw"] == pytest.approx(plain.answer(request).wire()["answers"]["queue"]["x_raw"], abs=1e-5)
+            if report["method"].startswith("state_probe/"):
+                assert "x_raw" not in answer  # read from the state alone: no readout decoded
+            else:
+                unfitted = plain.answer(request).wire()["answers"]["queue"]["x_raw"]
+                assert answer["x_raw"] == pytest.approx(unfitted, abs=1e-5)
             assert (miss.x_cache, hit.x_cache, off.x_cache) == ("miss", "hit", "off")
             assert len({json.dumps(r.wire()["answers"], sort_keys=True) for r in (miss, hit, off)}) == 1
             right += answer["choice"] == example["answers"]["team"]
@@ -355,8 +365,10 @@ def test_a_probe_learns_a_rule_the_label_readout_misses_and_answers_by_it_bit_fo
 def test_a_state_probe_answers_bit_for_bit_hit_miss_off_and_after_a_restart_from_the_disk_tier(
     tiny_chat_path: Path, tmp_path: Path
 ) -> None:
-    """A state probe reads the state's mean vector, which the disk tier does not keep: a snapshot
-    restored from disk is prefilled again for it, and answers as the first server did."""
+    """A state probe reads the state's mean vector alone: its question is not read out (no suffix
+    decoded, no raw answer or label mass), while a question beside it is, as without the fit. The disk
+    tier does not keep the mean: a snapshot restored from disk is prefilled again for it, and answers
+    as the first server did."""
     disk = {"session_cache_dir": tmp_path / "snapshots", "session_cache_disk_bytes": 1 << 30}
     service = served(tiny_chat_path, tmp_path, **disk)
     uncached = served(tiny_chat_path, tmp_path, session_cache_entries=0)
@@ -378,9 +390,19 @@ def test_a_state_probe_answers_bit_for_bit_hit_miss_off_and_after_a_restart_from
         for request in requests:
             miss, hit, off = service.answer(request), service.answer(request), uncached.answer(request)
             assert (miss.x_cache, hit.x_cache, off.x_cache) == ("miss", "hit", "off")
-            assert miss.wire()["answers"]["queue"]["x_calibration"]["method"] == "state_probe/0.001"
+            answer = miss.wire()["answers"]["queue"]
+            assert answer["x_calibration"]["method"] == "state_probe/0.001"
+            assert "x_raw" not in answer and "x_label_mass" not in answer
+            assert miss.usage.input_tokens == len(service.plan(request).prefix)  # no suffix decoded
             assert len({json.dumps(r.wire()["answers"], sort_keys=True) for r in (miss, hit, off)}) == 1
             first.append(json.dumps(miss.wire()["answers"], sort_keys=True))
+        state = coloured(6, seed=1)[0]["state"]
+        both = SystemOneRequest.model_validate(body(state, {"queue": TEAM, "urgent": URGENT}))
+        alone = SystemOneRequest.model_validate(body(state, {"urgent": URGENT}))
+        beside, unfitted = service.answer(both).wire()["answers"], service.answer(alone).wire()["answers"]
+        assert json.dumps({"queue": beside["queue"]}, sort_keys=True) == first[0]
+        assert beside["urgent"]["x_label_mass"] > 0 and "x_calibration" not in beside["urgent"]
+        assert beside["urgent"]["noul"] == pytest.approx(unfitted["urgent"]["noul"], abs=1e-5)
     finally:
         service.close()
         uncached.close()

@@ -240,7 +240,8 @@ def test_labels_no_example_picks_get_no_per_label_fit() -> None:
 
 def test_a_state_probe_learns_what_the_states_mean_says_and_is_told_apart_from_the_probe() -> None:
     """The same rule in the state's mean vector, with a hidden vector that carries nothing: the
-    state probe is chosen, keeps its own method, and needs the state's mean to apply."""
+    state probe is chosen, keeps its own method, reads nothing of the readout (so a server need not
+    decode one) and needs the state's mean to apply."""
     rng = np.random.default_rng(7)
 
     def moved(examples: list[Example]) -> list[Example]:
@@ -254,6 +255,14 @@ def test_a_state_probe_learns_what_the_states_mean_says_and_is_told_apart_from_t
     fit = Fit.from_json(choice.fit.to_json())
     predicted = np.asarray([fit.apply(e.labels, e.raw, e.prior, None, None, e.state_mean) for e in test])
     assert scores(predicted, np.asarray([e.right for e in test])).accuracy > 0.8
+    assert not fit.reads_readout and fit.scale == 0.0
+    for e in test[:20]:  # the readout's raw probabilities change nothing: the answer is the state's
+        flipped = tuple(reversed(e.raw))
+        assert fit.apply(e.labels, flipped, e.prior, None, None, e.state_mean) == fit.apply_to_state(
+            e.labels, e.state_mean
+        )
+    with pytest.raises(ValueError, match="reads its question's readout"):
+        replace(fit, method="probe").apply_to_state(test[0].labels, test[0].state_mean)
     with pytest.raises(ValueError, match="the state's mean vector"):
         fit.apply(test[0].labels, test[0].raw, test[0].prior, test[0].hidden)
     without = [replace(e, state_mean=None) for e in train]

@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 from app.answering.prompter import Plan, Prompter, Suffix, TemplateRefused, TooManyOptions
 from app.calibration import Asked, Calibrated, Calibration, Evidence
 from app.contract import CalibrationUsed, SystemOneRequest, SystemOneResponse, TimingMs, Usage, answer_of
-from app.engine.llama import Engine, Job, Readout, RestoreError, Snapshot, Timing
+from app.engine.llama import Answered, Engine, Job, Readout, RestoreError, Snapshot, Timing
 from app.engine.tiers import PrefixCache, Resolved
 from app.errors import ApiError, Cancelled, InvalidRequest
 
@@ -89,7 +89,9 @@ class ModelService:
         started = time.perf_counter()
         plan = self.plan(request)
         fits = self.calibration.fits_for(request.questions)
-        decoded = self.decode(plan, cancelled, hidden=fits.reads_hidden, state_mean=fits.reads_state_mean)
+        decoded = self.decode(
+            plan, cancelled, hidden=fits.reads_hidden, state_mean=fits.reads_state_mean, unread=fits.state_only
+        )
         decoded_at = time.perf_counter()
         # a question seen for the first time has its content-free prior measured here
         calibrated = self.calibration.calibrate(decoded.base, decoded.asked, fits, decoded.state_mean)
@@ -124,11 +126,19 @@ class ModelService:
         return plan
 
     def decode(
-        self, plan: Plan, cancelled: threading.Event | None, *, hidden: bool = False, state_mean: bool = False
+        self,
+        plan: Plan,
+        cancelled: threading.Event | None,
+        *,
+        hidden: bool = False,
+        state_mean: bool = False,
+        unread: frozenset[str] = frozenset(),
     ) -> Decoded:
         """Resolve the prefix through the caches and decode every question's suffixes in one batch (with
         `hidden`, reading each one's hidden vector too; with `state_mean`, a prefix snapshot that has
-        its state's mean vector where the engine reads one); a model without memory reads each prompt whole."""
+        its state's mean vector where the engine reads one), but for the questions in `unread`, whose
+        answers read the state's mean alone: they get no readout. A model without memory reads each
+        prompt whole."""
         check = cancelled.is_set if cancelled is not None else (lambda: False)
         if self.engine.memoryless:
             return self._encode(plan, check)
@@ -138,21 +148,24 @@ class ModelService:
         # A decision template's state can merge with the end of its head: then prefill from the start.
         start = base if plan.prefix[: base.n_tokens] == base.tokens else None
         prefix = self.states.resolve(key, plan.prefix, start, built, check, state_mean)
-        jobs = batch_jobs(plan.suffixes())
+        read = [(qid, question, reading) for qid, question, reading in plan.questions if qid not in unread]
+        jobs = batch_jobs(variant for _, _, reading in read for variant in reading.variants)
         if check():
             raise Cancelled("cancelled before the decode")
         try:
-            answered = self.engine.decode_suffixes(prefix.snapshot, jobs, hidden=hidden)
+            answered = self._decode_jobs(prefix.snapshot, jobs, hidden)
         except RestoreError as error:
             log.warning("%s: dropping a snapshot that failed to restore (%s); prefilling again", self.name, error)
             self.states.drop(key)
             prefix = self.states.resolve(key, plan.prefix, start, built, check, state_mean)
-            answered = self.engine.decode_suffixes(prefix.snapshot, jobs, hidden=hidden)
+            answered = self._decode_jobs(prefix.snapshot, jobs, hidden)
         readout_of = {(job.tokens, job.labels, job.marks): r for job, r in zip(jobs, answered.readouts, strict=True)}
         asked = {
             qid: Asked(question, reading, [readout_of[(v.tokens, v.label_ids, v.marks)] for v in reading.variants])
-            for qid, question, reading in plan.questions
+            for qid, question, reading in read
         }
+        asked.update({qid: Asked(question, reading, []) for qid, question, reading in plan.questions if qid in unread})
+        asked = {qid: asked[qid] for qid, _, _ in plan.questions}  # the request's order
         timing = Timing(
             prefill_ms=built.prefill_ms,
             restore_ms=built.restore_ms + answered.timing.restore_ms,
@@ -169,7 +182,7 @@ class ModelService:
             found = calibrated[qid]
             fit = found.fit
             used = None if fit is None else CalibrationUsed(id=fit.id, method=fit.method, examples=fit.examples)
-            mass = asked.reading.mass(asked.readouts)
+            mass = asked.reading.mass(asked.readouts) if asked.readouts else None
             answers[qid] = answer_of(asked.question, found.probabilities, mass, found.raw, used)
         finished = time.perf_counter()
         plan, timing = decoded.plan, decoded.timing
@@ -199,6 +212,13 @@ class ModelService:
                 total=round((finished - started) * 1000, 3),
             ),
         )
+
+    def _decode_jobs(self, prefix: Snapshot, jobs: list[Job], hidden: bool) -> Answered:
+        """The engine's readouts of `jobs` after `prefix`; none to read (every answer reads the state
+        alone) restores nothing."""
+        if not jobs:
+            return Answered([], 0, Timing())
+        return self.engine.decode_suffixes(prefix, jobs, hidden=hidden)
 
     def _encode(self, plan: Plan, check: Callable[[], bool]) -> Decoded:
         """Each distinct whole prompt through a model without memory, once, read at every row a

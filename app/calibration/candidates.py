@@ -84,9 +84,10 @@ class Vector:
 
 @dataclass(frozen=True)
 class Probe:
-    """A readout of a vector, learned from the examples, beside the vector fit's terms: the question's
-    own last hidden vector (`reads` "hidden": a probe fit) or the state's mean vector ("state_mean": a
-    state probe fit). Fitted in the directions the examples' standardised vectors span (at most
+    """A readout of a vector, learned from the examples: the question's own last hidden vector beside
+    the vector fit's terms (`reads` "hidden": a probe fit), or the state's mean vector with biases
+    alone ("state_mean": a state probe fit, which reads no readout, so that serving it skips the
+    question's readout). Fitted in the directions the examples' standardised vectors span (at most
     PROBE_MAX_DIRECTIONS, the largest): an L2 penalty leaves any other direction's weight at zero, so
     this is the same fit in far fewer parameters."""
 
@@ -115,24 +116,22 @@ class Probe:
         f = vectors[:, keep] * np.sqrt(power[keep])  # z's coordinates in those directions
         basis = z.T @ vectors[:, keep] / np.sqrt(power[keep])
         (n, k), m = r.shape, f.shape[1]
-        design = np.concatenate(
-            [
-                r[:, :, None],
-                np.broadcast_to(np.eye(k), (n, k, k)),
-                np.einsum("kl,nm->nklm", np.eye(k), f).reshape(n, k, k * m),
-            ],
-            axis=2,
-        )
+        reads_r = self.reads == "hidden"
+        columns = [r[:, :, None]] if reads_r else []
+        columns += [np.broadcast_to(np.eye(k), (n, k, k)), np.einsum("kl,nm->nklm", np.eye(k), f).reshape(n, k, k * m)]
+        design = np.concatenate(columns, axis=2)
+        first = 1 + k if reads_r else k  # where the weights start
         target = np.zeros(design.shape[2])
-        target[0] = 1.0 / self.temperature
-        penalties = np.concatenate([np.full(1 + k, PROBE_ANCHOR), np.full(k * m, self.penalty)])
+        if reads_r:
+            target[0] = 1.0 / self.temperature
+        penalties = np.concatenate([np.full(first, PROBE_ANCHOR), np.full(k * m, self.penalty)])
         theta = newton(design, _rights(examples), target, penalties, target)
-        weights = theta[1 + k :].reshape(k, m) @ basis.T / np.sqrt(h.shape[1])  # on (h - centre) / spread
+        weights = theta[first:].reshape(k, m) @ basis.T / np.sqrt(h.shape[1])  # on (h - centre) / spread
         return Fit(
             self.method,
             examples[0].labels,
-            scale=float(theta[0]),
-            bias=tuple(float(b) for b in theta[1 : 1 + k]),
+            scale=float(theta[0]) if reads_r else 0.0,
+            bias=tuple(float(b) for b in theta[first - k : first]),
             centre=tuple(float(c) for c in centre),
             spread=tuple(float(s) for s in spread),
             weights=tuple(tuple(float(w) for w in row) for row in weights),

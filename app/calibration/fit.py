@@ -9,8 +9,9 @@ r = log p_raw - log q (q a label prior to divide out, as in contextual calibrati
 - temperature: scale * r, q the content-free prior;
 - vector: scale * r + bias, a bias per label;
 - probe: scale * r + bias + W h, h the question's own last hidden vector, standardised by centre and spread;
-- state_probe: the same with h the state's mean vector (a middle layer's output averaged over the
-  state's rows: Snapshot.state_mean), which in question-first has read the questions before it;
+- state_probe: bias + W h, h the state's mean vector (a middle layer's output averaged over the
+  state's rows: Snapshot.state_mean), which in question-first has read the questions before it. It
+  reads no readout, so a question it answers is not read out at all;
 - question_set: W x + c, x every asked question's r about the same state (opt-in: such an answer
   depends on the other questions, which the System One contract forbids by default).
 
@@ -63,6 +64,11 @@ class Fit:
     def reads_state_mean(self) -> bool:
         return self.method == "state_probe"
 
+    @property
+    def reads_readout(self) -> bool:
+        """Whether the fit reads its question's readout (its raw probabilities, its hidden vector)."""
+        return self.method != "state_probe"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "method": self.method,
@@ -108,23 +114,36 @@ class Fit:
     ) -> list[float]:
         """The probabilities in `labels` order (the request's), from a question's evidence. Only a
         question-set fit reads `ratios` (every asked question's, by question key), only a probe `hidden`,
-        only a state probe `state_mean`."""
+        only a state probe `state_mean` (and nothing else: `apply_to_state`)."""
         if self.method == "question_set":
             if ratios is None:
                 raise ValueError("a question-set fit reads every question's ratios")
             return self._set(labels, ratios)
+        if self.method == "state_probe":
+            return self.apply_to_state(labels, state_mean)
         order = self._order(labels)
         logits = self.scale * log_ratio(raw, prior if self.prior is None else [self.prior[i] for i in order])
-        if self.method in ("probe", "state_probe"):
-            vector = hidden if self.method == "probe" else state_mean
-            if vector is None:
-                wanted = "the question's hidden vector" if self.method == "probe" else "the state's mean vector"
-                raise ValueError(f"a {self.method} fit needs {wanted}")
-            x = (np.asarray(vector, dtype=np.float64) - np.asarray(self.centre)) / np.asarray(self.spread)
-            logits = logits + (np.asarray(self.bias) + np.asarray(self.weights) @ x)[order]
+        if self.method == "probe":
+            if hidden is None:
+                raise ValueError("a probe fit needs the question's hidden vector")
+            logits = logits + self._read(hidden)[order]
         elif self.bias:
             logits = logits + np.asarray([self.bias[i] for i in order])
         return [float(p) for p in sharpened(softmax(logits), self.sharpen)]
+
+    def apply_to_state(self, labels: Sequence[str], state_mean: NDArray[np.float32] | None) -> list[float]:
+        """A state probe's probabilities in `labels` order, from the state's mean vector alone."""
+        if self.method != "state_probe":
+            raise ValueError(f"a {self.method} fit reads its question's readout")
+        if state_mean is None:
+            raise ValueError("a state_probe fit needs the state's mean vector")
+        return [float(p) for p in sharpened(softmax(self._read(state_mean)[self._order(labels)]), self.sharpen)]
+
+    def _read(self, vector: NDArray[np.float32]) -> NDArray[np.float64]:
+        """A probe's logits from its vector, in the fit's label order."""
+        x = (np.asarray(vector, dtype=np.float64) - np.asarray(self.centre)) / np.asarray(self.spread)
+        logits: NDArray[np.float64] = np.asarray(self.bias) + np.asarray(self.weights) @ x
+        return logits
 
     def _order(self, labels: Sequence[str]) -> list[int]:
         return [self.labels.index(label) for label in labels]

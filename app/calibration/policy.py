@@ -110,6 +110,14 @@ class FitsFound:
         """Whether a fit reads the state's mean vector, which only a snapshot prefilled here has."""
         return any(record.fit.reads_state_mean for record in self.by_id.values())
 
+    @property
+    def state_only(self) -> frozenset[str]:
+        """The questions whose answers read the state's mean vector alone: they need no readout (unless
+        a question-set fit reads every question's)."""
+        if any(record.fit.reads_every_question for record in self.by_id.values()):
+            return frozenset()
+        return frozenset(qid for qid, record in self.by_id.items() if not record.fit.reads_readout)
+
 
 class Calibration:
     """One model's calibration: its mode, its temperature, the content-free priors, the user's fits."""
@@ -144,7 +152,8 @@ class Calibration:
         for qid, question in asked.items():
             record = fits.by_id.get(qid)
             if record is not None:
-                found[qid] = Calibrated(fitted[qid], question.raw(), record)
+                raw = question.raw() if question.readouts else None  # None: read from the state alone
+                found[qid] = Calibrated(fitted[qid], raw, record)
             else:
                 found[qid] = self._unfitted(base, question)
         return found
@@ -195,14 +204,20 @@ class Calibration:
     ) -> dict[str, list[float]]:
         if not fits.by_id:
             return {}
-        # a question-set fit reads every question's evidence, other fits their own
+        # a question-set fit reads every question's evidence, other fits their own; a state probe's
+        # question was not read out (FitsFound.state_only)
         reads_all = any(record.fit.reads_every_question for record in fits.by_id.values())
-        wanted = {qid: q for qid, q in asked.items() if reads_all or qid in fits.by_id}
+        state_only = fits.state_only
+        wanted = {qid: q for qid, q in asked.items() if reads_all or (qid in fits.by_id and qid not in state_only)}
         evidence = self.evidence(base, wanted, state_mean)
         ratios = {question_key(wanted[qid].question): ratio_of(e) for qid, e in evidence.items()}
-        return {
+        found = {
             qid: record.fit.apply(
                 evidence[qid].labels, evidence[qid].raw, evidence[qid].prior, evidence[qid].hidden, ratios, state_mean
             )
             for qid, record in fits.by_id.items()
+            if qid not in state_only
         }
+        for qid in state_only:
+            found[qid] = fits.by_id[qid].fit.apply_to_state(label_keys(asked[qid].question), state_mean)
+        return found

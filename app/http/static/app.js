@@ -239,10 +239,13 @@ function answerCard(id, answer) {
     chosen = argmax(probabilities);
   }
   card.append(bars(probabilities, labelOf, chosen));
-  card.append(el("p", "mass-line", "share of the model's next token on the answer labels: ", num(answer.x_label_mass, "mass")));
-  if (answer.x_label_mass < LOW_MASS) {
-    const share = `${Math.round(answer.x_label_mass * 100)}%`;
-    card.append(el("p", "warning", `Only ${share} of the model's next-token probability fell on the answer labels: it was off format, so these numbers mean less.`));
+  // absent where no next token was read: a decision model's head, a fit that reads the state alone
+  if (answer.x_label_mass !== undefined) {
+    card.append(el("p", "mass-line", "share of the model's next token on the answer labels: ", num(answer.x_label_mass, "mass")));
+    if (answer.x_label_mass < LOW_MASS) {
+      const share = `${Math.round(answer.x_label_mass * 100)}%`;
+      card.append(el("p", "warning", `Only ${share} of the model's next-token probability fell on the answer labels: it was off format, so these numbers mean less.`));
+    }
   }
   if (raw !== undefined) {
     card.append(el("details", "raw", el("summary", null, "uncalibrated (x_raw)"), bars(raw, labelOf, argmax(raw))));
