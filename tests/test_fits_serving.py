@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
 from app.calibrate.layouts import LayoutRun, recommend
-from app.calibrate.runner import ExampleError, answer_all, fit_all, parse_examples
+from app.calibrate.runner import ExampleError, answer_all, fit_all, parse_examples, served_seconds
 from app.calibration import Fit, FitRecord, FitStore, example_of, question_key
 from app.calibration.candidates import Probe
 from app.calibration.store import SUFFIX
@@ -437,6 +437,9 @@ def test_onepass_calibrate_compares_both_layouts_stores_both_and_says_which_to_s
     assert "# Calibration fitted to your examples: tiny-chat, question-first" in report
     table = report[report.index("## The two layouts") :]
     assert "| state-first |" in table and "| question-first |" in table
+    for row in [line for line in table.splitlines() if line.startswith(("| state-first", "| question-first"))]:
+        new_state, fitting = (float(cell) for cell in row.strip("|").split("|")[3:5])  # both measured, in seconds
+        assert new_state > 0 and fitting > 0
     (recommended,) = [line for line in done.stdout.splitlines() if line.startswith("recommended layout: ")]
     layout = recommended.split()[2]
     assert layout in ("state-first", "question-first") and f"serve it with --layout {layout}" in recommended
@@ -454,10 +457,101 @@ def test_onepass_calibrate_compares_both_layouts_stores_both_and_says_which_to_s
 
 
 def test_the_layout_recommendation_weighs_accuracy_against_cost() -> None:
-    def run(layout: str, accuracy: float, seconds: float) -> LayoutRun:
+    def run(layout: str, accuracy: float, seconds: float, served: float | None = None) -> LayoutRun:
         scores = {"accuracy": accuracy, "ece": 0.05, "brier": 0.1, "n": 10, "log_loss": 0.5, "reliability": []}
-        return LayoutRun(layout, [{"before": scores, "after": scores}], seconds)
+        return LayoutRun(layout, [{"before": scores, "after": scores}], seconds, served)
 
     assert recommend(run("state-first", 0.90, 3.0), run("question-first", 0.89, 2.0)).layout == "question-first"
     assert recommend(run("state-first", 0.90, 3.0), run("question-first", 0.85, 2.0)).layout == "state-first"
     assert recommend(run("state-first", 0.90, 2.0), run("question-first", 0.95, 3.0)).layout == "state-first"
+    # a saving within COST_MARGIN does not pay for answers that depend on the question set
+    close = recommend(run("state-first", 0.90, 3.0), run("question-first", 0.90, 2.8))
+    assert close.layout == "state-first" and "0.93 of state-first's" in close.why
+    # the cost as served with the fits decides, where it was measured: here fits made state-first cheap
+    served = recommend(run("state-first", 0.90, 3.0, 1.0), run("question-first", 0.90, 2.0, 1.0))
+    assert served.layout == "state-first"
+    # at the same cost, a clear gain in accuracy pays for the dependence on the set; a small one does not
+    gain = recommend(run("state-first", 0.90, 3.0, 1.0), run("question-first", 0.93, 2.0, 1.05))
+    assert gain.layout == "question-first" and "more accurately" in gain.why
+    assert recommend(run("state-first", 0.90, 3.0, 1.0), run("question-first", 0.91, 2.0, 1.0)).layout == "state-first"
+    assert recommend(run("state-first", 0.90, 1.0, 1.0), run("question-first", 0.99, 2.0, 2.0)).layout == "state-first"
+    assert recommend(run("state-first", 0.90, 3.0, 2.0), run("question-first", 0.90, 2.0, 1.0)).layout == (
+        "question-first"
+    )
+
+
+def test_a_new_state_s_served_cost_is_measured_on_new_states_with_the_fits_on(
+    fitted: tuple[Path, list[Any]], tiny_chat_path: Path
+) -> None:
+    folder, _ = fitted
+    service = served(tiny_chat_path, folder)
+    try:
+        parsed = parse_examples([*examples(3), *examples(3)])  # three states, each twice
+        for example in parsed:
+            service.answer(example.request)  # every state now in the cache
+        before = service.prefilled_tokens
+        seconds = served_seconds(service, parsed, 5)
+        assert len(seconds) == 3 and all(s > 0 for s in seconds)  # each distinct state once
+        # each prefilled again from the base, as a new state is
+        states = [len(service.plan(e.request).prefix) - service.base.n_tokens for e in parsed[:3]]
+        assert service.prefilled_tokens - before == sum(states)
+        # each was answered as new (a miss), and is in the cache again after
+        assert all(service.answer(e.request).x_cache == "hit" for e in parsed)
+        service.forget_state(parsed[0].request)
+        assert service.answer(parsed[0].request).x_cache == "miss"
+    finally:
+        service.close()
+
+
+def test_in_question_first_a_fit_answers_only_the_question_set_it_was_fitted_in(
+    tiny_chat_path: Path, tmp_path: Path
+) -> None:
+    """A question-first prompt holds every question of the request, so what a fit read about one set
+    is not what it would read in another: there the fit applies to its own set only. State-first
+    prompts do not depend on the set, and a fit applies whatever else is asked."""
+    parsed = parse_examples(examples(40))  # every example asks the team and urgent questions
+    team, urgent = (parsed[0].request.questions[q] for q in ("team", "urgent"))
+    for layout in ("state-first", "question-first"):
+        service = served(tiny_chat_path, tmp_path / layout, layout=layout)
+        try:
+            evidence = answer_all(service, parsed, Progress(len(parsed), "examples", show=False)).evidence
+            _, records = fit_all(parsed, evidence, service.calibration, question_set=False)
+            keys = tuple(sorted({question_key(team), question_key(urgent)}))
+            assert any(r is not None and r.key == question_key(team) for r in records)
+            assert all(r.asked_with == keys for r in records if r is not None)
+            assert service.calibration.store is not None
+            for record in records:
+                if record is not None:
+                    service.calibration.store.put(record)
+            state = "A ticket nobody has seen."
+            asked: dict[str, dict[str, Any]] = {
+                "its set": {"queue": TEAM, "urgent": URGENT},
+                "its set, renamed": {"u": URGENT, "q": TEAM},
+                "alone": {"queue": TEAM},
+                "another set": {"queue": TEAM, "other": OTHER},
+            }
+            fitted = {
+                name: "x_calibration" in answer
+                for name, questions in asked.items()
+                for qid, answer in service.answer(SystemOneRequest.model_validate(body(state, questions)))
+                .wire()["answers"]
+                .items()
+                if qid in ("queue", "q")
+            }
+            if layout == "state-first":
+                assert all(fitted.values()), fitted
+            else:
+                assert fitted == {"its set": True, "its set, renamed": True, "alone": False, "another set": False}
+        finally:
+            service.close()
+    alone = [{**e, "questions": {"team": TEAM}, "answers": {"team": e["answers"]["team"]}} for e in examples(20)]
+    mixed = parse_examples([*examples(20), *alone])
+    service = served(tiny_chat_path, tmp_path / "mixed", layout="question-first")
+    try:
+        evidence = answer_all(service, mixed, Progress(len(mixed), "examples", show=False)).evidence
+        _, records = fit_all(mixed, evidence, service.calibration, question_set=False)
+        queue = next(r for r in records if r is not None and r.key == question_key(team))
+        assert queue.asked_with is None  # fitted across sets: bound to none of them
+        assert FitRecord.from_json(queue.to_json()) == queue
+    finally:
+        service.close()

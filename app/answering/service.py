@@ -88,7 +88,7 @@ class ModelService:
         """The response. `cancelled` (a timeout, a client gone) stops it before the next llama.cpp step."""
         started = time.perf_counter()
         plan = self.plan(request)
-        fits = self.calibration.fits_for(request.questions)
+        fits = self.calibration.fits_for(request.questions, same_set=plan.question_set is not None)
         decoded = self.decode(
             plan, cancelled, hidden=fits.reads_hidden, state_mean=fits.reads_state_mean, unread=fits.state_only
         )
@@ -96,6 +96,11 @@ class ModelService:
         # a question seen for the first time has its content-free prior measured here
         calibrated = self.calibration.calibrate(decoded.base, decoded.asked, fits, decoded.state_mean)
         return self.render(decoded, calibrated, started, decoded_at)
+
+    def forget_state(self, request: SystemOneRequest) -> None:
+        """Drop the request's state snapshot from both tiers, so that it is answered next as a new state
+        (what `onepass calibrate` measures a new state's cost by)."""
+        self.states.drop(self.states.key(*self.plan(request).key))
 
     def evidence(self, request: SystemOneRequest, *, hidden: bool = False) -> dict[str, Evidence]:
         """What fitting reads of each question, through the same path as `answer` (and its cache); with
@@ -148,8 +153,7 @@ class ModelService:
         # A decision template's state can merge with the end of its head: then prefill from the start.
         start = base if plan.prefix[: base.n_tokens] == base.tokens else None
         prefix = self.states.resolve(key, plan.prefix, start, built, check, state_mean)
-        read = [(qid, question, reading) for qid, question, reading in plan.questions if qid not in unread]
-        jobs = batch_jobs(variant for _, _, reading in read for variant in reading.variants)
+        jobs = batch_jobs(v for qid, _, reading in plan.questions if qid not in unread for v in reading.variants)
         if check():
             raise Cancelled("cancelled before the decode")
         try:
@@ -159,13 +163,7 @@ class ModelService:
             self.states.drop(key)
             prefix = self.states.resolve(key, plan.prefix, start, built, check, state_mean)
             answered = self._decode_jobs(prefix.snapshot, jobs, hidden)
-        readout_of = {(job.tokens, job.labels, job.marks): r for job, r in zip(jobs, answered.readouts, strict=True)}
-        asked = {
-            qid: Asked(question, reading, [readout_of[(v.tokens, v.label_ids, v.marks)] for v in reading.variants])
-            for qid, question, reading in read
-        }
-        asked.update({qid: Asked(question, reading, []) for qid, question, reading in plan.questions if qid in unread})
-        asked = {qid: asked[qid] for qid, _, _ in plan.questions}  # the request's order
+        asked = asked_of(plan, jobs, answered.readouts, unread)
         timing = Timing(
             prefill_ms=built.prefill_ms,
             restore_ms=built.restore_ms + answered.timing.restore_ms,
@@ -255,6 +253,20 @@ class ModelService:
         tokens = (*self.base.tokens, *plan.question_set.tokens)
         key = self.question_sets.key(*plan.question_set.key)
         return self.question_sets.resolve(key, tokens, self.base, built, check).snapshot
+
+
+def asked_of(plan: Plan, jobs: list[Job], readouts: list[Readout], unread: frozenset[str]) -> dict[str, Asked]:
+    """Each question of `plan`, in the request's order, with its variants' readouts among the decoded
+    jobs' (none for a question in `unread`)."""
+    readout_of = {(job.tokens, job.labels, job.marks): r for job, r in zip(jobs, readouts, strict=True)}
+    return {
+        qid: Asked(
+            question,
+            reading,
+            [] if qid in unread else [readout_of[(v.tokens, v.label_ids, v.marks)] for v in reading.variants],
+        )
+        for qid, question, reading in plan.questions
+    }
 
 
 def batch_jobs(suffixes: Iterable[Suffix]) -> list[Job]:

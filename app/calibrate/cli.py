@@ -24,6 +24,7 @@ from app.calibrate.runner import (
     journal_for,
     parse_examples,
     read_jsonl,
+    served_seconds,
     store_all,
 )
 from app.config import DEFAULT_CONFIG_PATH, LAYOUTS, ConfigError, load_settings
@@ -31,6 +32,9 @@ from app.engine.devices import gpu_layers_problem
 from app.progress import Progress
 from app.serving.loading import load_spec
 from app.serving.specs import ModelSpec, read_models_config
+
+# Examples answered again as new states, with the fits stored, to measure what a new state costs as served.
+SERVED_SAMPLE = 5
 
 
 def main(argv: Sequence[str]) -> None:
@@ -116,6 +120,7 @@ def fit_layout(
             )
         reports, records = fit_all(examples, answered.evidence, service.calibration, question_set)
         stored, reports = store_all(fits, reports, records)
+        served = served_seconds(service, examples, SERVED_SAMPLE)
     finally:
         service.close()
     shown = [r.to_json() for r in reports]
@@ -147,4 +152,5 @@ def fit_layout(
         )
     )
     per_state = statistics.median(answered.seconds) if answered.seconds else None
-    return LayoutRun(layout, shown, per_state), section, sum(1 for r in shown if r["error"])
+    served_per_state = statistics.median(served) if served else None
+    return LayoutRun(layout, shown, per_state, served_per_state), section, sum(1 for r in shown if r["error"])

@@ -184,6 +184,26 @@ def answer_all(
     return Answered(found, reused, seconds)
 
 
+def served_seconds(service: ModelService, examples: Sequence[Parsed], count: int) -> list[float]:
+    """How long the first `count` examples with distinct states take as served with the fits stored
+    now, each answered as a new state (its snapshot dropped first). Fits change what a new state costs:
+    a question a state probe answers is not read out at all."""
+    seconds: list[float] = []
+    seen: set[str] = set()
+    for example in examples:
+        if len(seconds) == count:
+            break
+        state = canonical_json(example.request.state)
+        if state in seen:
+            continue
+        seen.add(state)
+        service.forget_state(example.request)
+        began = time.perf_counter()
+        service.answer(example.request)
+        seconds.append(time.perf_counter() - began)
+    return seconds
+
+
 def fit_all(
     examples: Sequence[Parsed], evidence: Sequence[dict[str, Evidence]], calibration: Calibration, question_set: bool
 ) -> tuple[list[QuestionReport], list[FitRecord]]:
@@ -246,6 +266,8 @@ def fit_question(
     question id) pairs that ask it."""
     first_i, first_q = members[0]
     question = examples[first_i].request.questions[first_q]
+    asked_in = {frozenset(map(question_key, examples[i].request.questions.values())) for i, _ in members}
+    asked_with = tuple(sorted(next(iter(asked_in)))) if len(asked_in) == 1 else None
     rows = [(i, qid, evidence[i][qid]) for i, qid in members]
     labelled = [(i, e, examples[i].answers[qid]) for i, qid, e in rows if qid in examples[i].answers]
     shown = json.loads(canonical_json(question.model_dump(mode="json")))
@@ -256,7 +278,7 @@ def fit_question(
         if question.type in LABEL_FREE_TYPES and len(rows) >= FEW_STATES:
             canonical = sorted(rows[0][2].labels)
             fit = calibration.label_free([example_of(e, None, canonical) for _, _, e in rows])
-            record = FitRecord(key, shown, LABEL_FREE, fit, examples=0, states=len(rows))
+            record = FitRecord(key, shown, LABEL_FREE, fit, examples=0, states=len(rows), asked_with=asked_with)
         warning = _too_few(len(labelled), record is not None)
         label_free = LABEL_FREE if record is not None else None
         report = QuestionReport(key, ids, shown, len(labelled), unlabelled, None, warning, label_free)
@@ -282,6 +304,7 @@ def fit_question(
             before=choice.before.to_json(),
             after=choice.after.to_json(),
             question_set=None if reads is None else tuple(reads),
+            asked_with=asked_with,
         )
     report = QuestionReport(key, ids, shown, len(labelled), unlabelled, choice, _notes(len(labelled), choice))
     return report, record

@@ -188,6 +188,9 @@ class FitRecord:
     before: dict[str, Any] | None = None  # contextual calibration's scores on the examples
     after: dict[str, Any] | None = None  # the fit's, cross-validated
     question_set: tuple[str, ...] | None = None  # a question-set fit: the keys of every question it reads
+    # the keys of the questions every example asked it with (None: they asked it in different sets); in
+    # question-first, where a question's prompt holds the whole set, the fit applies to that set only
+    asked_with: tuple[str, ...] | None = None
     id: str = ""  # given when stored
     identity: str = ""  # the model file and prompt it was fitted for, given when stored
 
@@ -203,6 +206,8 @@ class FitRecord:
         found.update({name: value for name, value in optional.items() if value is not None})
         if self.question_set is not None:
             found["set"] = list(self.question_set)
+        if self.asked_with is not None:
+            found["asked_with"] = list(self.asked_with)
         if self.identity:
             found["identity"] = self.identity
         if self.id:
@@ -211,7 +216,7 @@ class FitRecord:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FitRecord:
-        question_set = data.get("set")
+        question_set, asked_with = data.get("set"), data.get("asked_with")
         return cls(
             key=str(data["key"]),
             question=dict(data["question"]),
@@ -222,6 +227,7 @@ class FitRecord:
             before=data.get("before"),
             after=data.get("after"),
             question_set=None if question_set is None else tuple(str(key) for key in question_set),
+            asked_with=None if asked_with is None else tuple(str(key) for key in asked_with),
             id=str(data.get("id", "")),
             identity=str(data.get("identity", "")),
         )

@@ -132,15 +132,23 @@ class Calibration:
         self.priors = priors
         self.store = store  # None: this model keeps no fits
 
-    def fits_for(self, questions: Mapping[str, Question]) -> FitsFound:
+    def fits_for(self, questions: Mapping[str, Question], *, same_set: bool = False) -> FitsFound:
         """The fits that answer these questions. A question-set fit applies only when the request asks
-        its whole set."""
+        its whole set; with `same_set` (question-first, where each question's prompt holds every
+        question of the request) a fit whose examples all asked one set applies only to that set."""
         if self.store is None:
             return FitsFound()
         keys = {qid: question_key(question) for qid, question in questions.items()}
-        set_fits = {record.key: record for record in self.store.for_set(set(keys.values()))}
+        asked = set(keys.values())
+        set_fits = {record.key: record for record in self.store.for_set(asked)}
         found = {qid: set_fits.get(key) or self.store.single(key) for qid, key in keys.items()}
-        return FitsFound({qid: record for qid, record in found.items() if record is not None})
+        return FitsFound(
+            {
+                qid: record
+                for qid, record in found.items()
+                if record is not None and not (same_set and record.asked_with and set(record.asked_with) != asked)
+            }
+        )
 
     def calibrate(
         self, base: Snapshot, asked: Mapping[str, Asked], fits: FitsFound, state_mean: Vector | None = None
