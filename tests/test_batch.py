@@ -122,6 +122,26 @@ def test_a_batch_of_50_tickets_answers_each_in_order_as_alone_and_a_bad_one_fail
     assert sum("answers" in result for result in results) == 49
 
 
+def test_on_the_real_model_50_tickets_come_back_in_order_and_a_bad_one_fails_alone(
+    real_service: ModelService, real_model_path: Path
+) -> None:
+    """The same batch through the default model: 50 results in the request's order, the bad item's
+    error its own, and the first ticket of each state answered as it is alone."""
+    tickets = [ticket(i) for i in range(50)]
+    tickets[17] = ticket(17, questions={"team": {"type": "multiple", "criteria": ["a", "b"]}})
+    with TestClient(app_with(real_service, real_model_path, max_sync_batch_items=50, max_queue=64)) as client:
+        response = batch(client, tickets)
+        assert response.status_code == 200
+        results = response.json()["results"]
+        assert len(results) == 50
+        assert results[17]["error"]["status"] == 422
+        assert results[17]["error"]["detail"][0]["loc"] == ["body", "questions", "team"]
+        for body, result in zip(tickets, results, strict=True):  # in order: each has its own questions
+            assert body is tickets[17] or set(result["answers"]) == set(body["questions"])
+        checked = [*range(7), 17]
+        assert [settled(results[i]) for i in checked] == [alone(client, tickets[i]) for i in checked]
+
+
 def test_each_bad_request_fails_alone_with_the_error_it_gets_alone(
     tiny_service: ModelService, tiny_chat_path: Path
 ) -> None:
