@@ -106,19 +106,28 @@ def batch(client: TestClient, requests: Any) -> Any:
     return client.post("/v1/systemone", json={"requests": requests})
 
 
+def batch_of_50(
+    service: ModelService, path: Path, checked: list[int]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """50 tickets in one batch, the 18th invalid: the tickets and their results, those at `checked`
+    equal to what the same request gets alone, the invalid one's error its own."""
+    tickets = [ticket(i) for i in range(50)]
+    tickets[17] = ticket(17, questions={"team": {"type": "multiple", "criteria": ["a", "b"]}})
+    with TestClient(app_with(service, path, max_sync_batch_items=50, max_queue=64)) as client:
+        response = batch(client, tickets)
+        assert response.status_code == 200
+        results: list[dict[str, Any]] = response.json()["results"]
+        assert [settled(results[i]) for i in checked] == [alone(client, tickets[i]) for i in checked]
+    assert len(results) == 50 and results[17]["error"]["status"] == 422
+    assert results[17]["error"]["detail"][0]["loc"] == ["body", "questions", "team"]
+    return tickets, results
+
+
 def test_a_batch_of_50_tickets_answers_each_in_order_as_alone_and_a_bad_one_fails_alone(
     tiny_service: ModelService, tiny_chat_path: Path
 ) -> None:
-    tickets = [ticket(i) for i in range(50)]
-    tickets[17] = ticket(17, questions={"team": {"type": "multiple", "criteria": ["a", "b"]}})
-    with TestClient(app_with(tiny_service, tiny_chat_path, max_sync_batch_items=50, max_queue=64)) as client:
-        response = batch(client, tickets)
-        assert response.status_code == 200
-        results = response.json()["results"]
-        assert [settled(result) for result in results] == [alone(client, body) for body in tickets]
-    assert results[17]["error"]["status"] == 422
+    _, results = batch_of_50(tiny_service, tiny_chat_path, list(range(50)))
     assert results[17]["error"]["detail"][0]["type"] == "union_tag_invalid"
-    assert results[17]["error"]["detail"][0]["loc"] == ["body", "questions", "team"]
     assert sum("answers" in result for result in results) == 49
 
 
@@ -127,19 +136,9 @@ def test_on_the_real_model_50_tickets_come_back_in_order_and_a_bad_one_fails_alo
 ) -> None:
     """The same batch through the default model: 50 results in the request's order, the bad item's
     error its own, and the first ticket of each state answered as it is alone."""
-    tickets = [ticket(i) for i in range(50)]
-    tickets[17] = ticket(17, questions={"team": {"type": "multiple", "criteria": ["a", "b"]}})
-    with TestClient(app_with(real_service, real_model_path, max_sync_batch_items=50, max_queue=64)) as client:
-        response = batch(client, tickets)
-        assert response.status_code == 200
-        results = response.json()["results"]
-        assert len(results) == 50
-        assert results[17]["error"]["status"] == 422
-        assert results[17]["error"]["detail"][0]["loc"] == ["body", "questions", "team"]
-        for body, result in zip(tickets, results, strict=True):  # in order: each has its own questions
-            assert body is tickets[17] or set(result["answers"]) == set(body["questions"])
-        checked = [*range(7), 17]
-        assert [settled(results[i]) for i in checked] == [alone(client, tickets[i]) for i in checked]
+    tickets, results = batch_of_50(real_service, real_model_path, [*range(7), 17])
+    for body, result in zip(tickets, results, strict=True):  # in order: each has its own questions
+        assert body is tickets[17] or set(result["answers"]) == set(body["questions"])
 
 
 def test_each_bad_request_fails_alone_with_the_error_it_gets_alone(
