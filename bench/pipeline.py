@@ -11,13 +11,14 @@ new questions.
 
 python -m bench.pipeline [--states N] [--model PATH]
 
-With --fitted, the pipeline mode instead: the support-ticket workload (bench/pipelines.py) fitted
-with `onepass calibrate`'s own code in each layout on N labelled tickets of one seed, scored on
-tickets of another seed (each layout with its own fits), and each layout's cost per new ticket as
-that ticket's latency divided by its own prefill (x_timing_ms: the limit is 1.0 plus the readouts),
-state-first, question-first, and question-first through the batch route.
+With --fitted, the pipeline mode instead: a workload of bench/pipelines.py (support tickets unless
+--workload says another) fitted with `onepass calibrate`'s own code in each layout on N labelled
+tickets of one seed, scored on tickets of another seed (each layout with its own fits), and each
+layout's cost per new ticket as that ticket's latency divided by its own prefill (x_timing_ms: the
+limit is 1.0 plus the readouts still decoded), state-first, question-first, and question-first
+through the batch route.
 
-python -m bench.pipeline --fitted [--train N] [--test M] [--model PATH]
+python -m bench.pipeline --fitted [--workload support|logs|guardrail] [--train N] [--test M] [--model PATH]
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ def markdown(found: dict[str, Any]) -> list[str]:
 
 
 def fit_layout(model: Path, layout: str, train: list[Example], folder: Path) -> dict[str, Any]:
-    """Fit the support questions in `layout` with onepass calibrate's code, fits kept in `folder`."""
+    """Fit the workload's questions in `layout` with onepass calibrate's code, fits kept in `folder`."""
     flags = ["--model", str(model), "--layout", layout, "--calibration-dir", str(folder)]
     flags += ["--n-ctx", "8192", "--session-cache-disk-bytes", "0"]
     spec = ModelSpec.from_settings(load_settings(flags, {}))
@@ -261,11 +262,11 @@ def batch_route(client: httpx.Client, url: str, test: list[Example]) -> dict[str
 
 
 def fitted_pipeline(
-    model: Path, n_train: int, n_test: int, start_server: Any, fits_dir: Path | None = None
+    model: Path, n_train: int, n_test: int, start_server: Any, fits_dir: Path | None = None, workload: str = "support"
 ) -> dict[str, Any]:
-    support = next(w for w in WORKLOADS if w.name == "support")
+    support = next(w for w in WORKLOADS if w.name == workload)
     train, test = support.examples(n_train, seed=0), support.examples(n_test, seed=1)
-    found: dict[str, Any] = {"workload": "support", "train": n_train, "test": n_test, "layouts": {}}
+    found: dict[str, Any] = {"workload": workload, "train": n_train, "test": n_test, "layouts": {}}
     with tempfile.TemporaryDirectory(prefix="onepass-pipeline-fits-") as scratch, httpx.Client(timeout=900) as client:
         folder = str(fits_dir or scratch)
         for layout in LAYOUTS:
@@ -314,6 +315,9 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)
     parser.add_argument("--states", type=int, default=40)
     parser.add_argument("--fitted", action="store_true", help="the pipeline mode: both layouts fitted, held out")
+    parser.add_argument(
+        "--workload", default="support", choices=[w.name for w in WORKLOADS], help="--fitted: the pipeline"
+    )
     parser.add_argument("--train", type=int, default=100, help="--fitted: labelled tickets to fit on")
     parser.add_argument("--test", type=int, default=40, help="--fitted: held-out tickets")
     parser.add_argument(
@@ -321,9 +325,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.fitted:
-        found = fitted_pipeline(args.model, args.train, args.test, onepass_server, args.fits_dir)
+        found = fitted_pipeline(args.model, args.train, args.test, onepass_server, args.fits_dir, args.workload)
         lines = fitted_markdown(found)
-        name = "pipeline-fitted"
+        name = "pipeline-fitted" if args.workload == "support" else f"pipeline-fitted-{args.workload}"
     else:
         found = pipeline(args.model, args.states, onepass_server)
         lines = markdown(found)
