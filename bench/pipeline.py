@@ -264,8 +264,8 @@ def batch_route(client: httpx.Client, url: str, test: list[Example]) -> dict[str
 def fitted_pipeline(
     model: Path, n_train: int, n_test: int, start_server: Any, fits_dir: Path | None = None, workload: str = "support"
 ) -> dict[str, Any]:
-    support = next(w for w in WORKLOADS if w.name == workload)
-    train, test = support.examples(n_train, seed=0), support.examples(n_test, seed=1)
+    chosen = next(w for w in WORKLOADS if w.name == workload)
+    train, test = chosen.examples(n_train, seed=0), chosen.examples(n_test, seed=1)
     found: dict[str, Any] = {"workload": workload, "train": n_train, "test": n_test, "layouts": {}}
     with tempfile.TemporaryDirectory(prefix="onepass-pipeline-fits-") as scratch, httpx.Client(timeout=900) as client:
         folder = str(fits_dir or scratch)
@@ -274,10 +274,10 @@ def fitted_pipeline(
         progress = Progress(n_test * len(LAYOUTS), "held-out tickets")
         for layout in LAYOUTS:
             with start_server(model, "--layout", layout, "--calibration-dir", folder) as (url, _):
-                ask(client, url, "A first ticket: the question set and the priors.", support.questions)
+                ask(client, url, "A first ticket: the question set and the priors.", chosen.questions)
                 found["layouts"][layout] |= serve_fitted(client, url, test, progress)
                 if layout == "question-first":
-                    found["batch"] = batch_route(client, url, support.examples(n_test, seed=2))
+                    found["batch"] = batch_route(client, url, chosen.examples(n_test, seed=2))
     state_first, question_first = (found["layouts"][name] for name in LAYOUTS)
     found["accuracy_gap"] = round(state_first["mean_accuracy"] - question_first["mean_accuracy"], 4)
     return found

@@ -66,8 +66,9 @@ class Fit:
 
     @property
     def reads_readout(self) -> bool:
-        """Whether the fit reads its question's readout (its raw probabilities, its hidden vector)."""
-        return self.method != "state_probe"
+        """Whether the fit reads its question's readout (its raw probabilities, its hidden vector): all
+        but a state probe, which reads the state's mean vector alone."""
+        return not self.reads_state_mean
 
     def to_json(self) -> dict[str, Any]:
         return {
