@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from app.engine.disk_tier import MAGIC, SUFFIX, DiskTier, SnapshotIdentity
@@ -189,10 +190,10 @@ def test_a_full_write_queue_skips_writes_instead_of_blocking(tmp_path: Path, mon
     entered, release = threading.Event(), threading.Event()
     write = tier._write
 
-    def slow_write(key: CacheKey, snap: Snapshot) -> None:
+    def slow_write(key: CacheKey, snap: Snapshot, replace: bool) -> None:
         entered.set()
         assert release.wait(FLUSH_S)
-        write(key, snap)
+        write(key, snap, replace)
 
     monkeypatch.setattr(tier, "_write", slow_write)
     tier.save(cache_key("a"), snapshot(5, 1))
@@ -293,3 +294,33 @@ def test_eviction_by_one_tier_does_not_break_a_read_in_another(tmp_path: Path) -
         assert reader._read(opened, key) == snap  # the open file reads whole
     assert reader.load(key, snap.tokens) is None  # and later it is simply a miss
     assert reader.stats()["rejected"] == {}
+
+
+def test_a_state_mean_comes_back_bit_for_bit_read_only_and_a_damaged_one_is_rejected(tmp_path: Path) -> None:
+    mean = (np.arange(16, dtype=np.float32) / 3).astype(np.float32)
+    snap = Snapshot(snapshot(10).data, snapshot(10).tokens, mean)
+    _, key = written(tmp_path, snap)
+    loaded = DiskTier(tmp_path, 1 << 30, IDENTITY).load(key, snap.tokens)
+    assert loaded is not None and loaded.state_mean is not None
+    assert loaded.state_mean.dtype == np.float32 and loaded.state_mean.tobytes() == mean.tobytes()
+    assert not loaded.state_mean.flags.writeable
+    path = file_of(tmp_path, key)
+    data = path.read_bytes()
+    path.write_bytes(data[:-5] + bytes([data[-5] ^ 0x01]) + data[-4:])  # inside the mean
+    restarted = DiskTier(tmp_path, 1 << 30, IDENTITY)
+    assert restarted.load(key, snap.tokens) is None
+    assert restarted.stats()["rejected"] == {"checksum": 1}
+
+
+def test_a_kept_file_is_replaced_only_when_asked(tmp_path: Path) -> None:
+    plain = snapshot(10)
+    tier, key = written(tmp_path, plain)
+    with_mean = Snapshot(plain.data, plain.tokens, np.ones(8, dtype=np.float32))
+    tier.save(key, with_mean)
+    assert tier.flush(FLUSH_S)
+    loaded = tier.load(key, plain.tokens)
+    assert loaded is not None and loaded.state_mean is None  # written before: kept
+    tier.save(key, with_mean, replace=True)
+    assert tier.flush(FLUSH_S)
+    loaded = tier.load(key, plain.tokens)
+    assert loaded is not None and loaded.state_mean is not None and loaded.state_mean.tolist() == [1.0] * 8

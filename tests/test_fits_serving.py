@@ -367,8 +367,7 @@ def test_a_state_probe_answers_bit_for_bit_hit_miss_off_and_after_a_restart_from
 ) -> None:
     """A state probe reads the state's mean vector alone: its question is not read out (no suffix
     decoded, no raw answer or label mass), while a question beside it is, as without the fit. The disk
-    tier does not keep the mean: a snapshot restored from disk is prefilled again for it, and answers
-    as the first server did."""
+    tier keeps the mean: after a restart the state is a disk hit and answers as the first server did."""
     disk = {"session_cache_dir": tmp_path / "snapshots", "session_cache_disk_bytes": 1 << 30}
     service = served(tiny_chat_path, tmp_path, **disk)
     uncached = served(tiny_chat_path, tmp_path, session_cache_entries=0)
@@ -410,7 +409,7 @@ def test_a_state_probe_answers_bit_for_bit_hit_miss_off_and_after_a_restart_from
     try:
         for request, answered in zip(requests, first, strict=True):
             again = restarted.answer(request)
-            assert again.x_cache == "miss"  # on disk, but without its mean: prefilled again
+            assert again.x_cache == "disk"
             assert json.dumps(again.wire()["answers"], sort_keys=True) == answered
             assert restarted.answer(request).x_cache == "hit"
     finally:

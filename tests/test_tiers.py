@@ -11,6 +11,7 @@ import pytest
 from app.engine.disk_tier import DiskTier, SnapshotIdentity
 from app.engine.llama import Engine, Timing
 from app.engine.ram_tier import RamTier, cache_key
+from app.engine.snapshot import Snapshot
 from app.engine.tiers import PrefixCache
 from app.errors import Cancelled
 from tests.conftest import GPU_LAYERS
@@ -57,3 +58,44 @@ def test_a_cancelled_request_stops_before_the_prefill_and_no_ram_tier_reads_off(
     assert tiers.prefilled_tokens == 0
     off = PrefixCache(engine, RamTier(0, 0))
     assert off.resolve(cache_key("o"), tokens, None, Timing()).source == "off"
+
+
+def test_a_state_mean_kept_on_disk_comes_back_and_a_file_without_one_is_prefilled_and_rewritten(
+    tiny_chat_path: Path, tmp_path: Path
+) -> None:
+    """A state probe reads the state's mean: after a restart it is a disk hit with the mean, bit for
+    bit; a file without a mean (an older onepass's) is prefilled again once where the mean is wanted,
+    and rewritten with it."""
+    tapped = Engine(tiny_chat_path, n_ctx=1024, threads=1, n_gpu_layers=GPU_LAYERS, probe_layer="middle")
+    try:
+        base, _ = tapped.prefill(tapped.tokenize("System part. "))
+        tokens = (*base.tokens, *tapped.tokenize("A state with a mean.", add_bos=False))
+        key = cache_key("mean", repr(tokens))
+        disk = disk_for(tapped, tmp_path)
+        first = PrefixCache(tapped, RamTier(4, 4096), disk).resolve(key, tokens, base, Timing(), state_mean=True)
+        assert first.source == "miss" and first.snapshot.state_mean is not None
+        disk.close()
+        restarted = PrefixCache(tapped, RamTier(4, 4096), disk_for(tapped, tmp_path))
+        kept = restarted.resolve(key, tokens, base, Timing(), state_mean=True)
+        assert kept.source == "disk" and kept.snapshot.state_mean is not None
+        assert kept.snapshot.state_mean.tobytes() == first.snapshot.state_mean.tobytes()
+
+        older = tmp_path / "older"
+        written = disk_for(tapped, older)
+        written.save(key, Snapshot(first.snapshot.data, first.snapshot.tokens))  # no mean
+        written.close()
+        upgraded_disk = disk_for(tapped, older)
+        upgraded = PrefixCache(tapped, RamTier(4, 4096), upgraded_disk)
+        without = upgraded.resolve(key, tokens, base, Timing())  # not wanted: the file serves as it is
+        assert without.source == "disk" and without.snapshot.state_mean is None
+        wanted = upgraded.resolve(key, tokens, base, Timing(), state_mean=True)
+        assert wanted.source == "miss" and wanted.snapshot.state_mean is not None
+        assert wanted.snapshot.data == first.snapshot.data
+        assert upgraded.resolve(key, tokens, base, Timing(), state_mean=True).source == "hit"
+        upgraded_disk.close()
+        rewritten = PrefixCache(tapped, RamTier(4, 4096), disk_for(tapped, older))
+        again = rewritten.resolve(key, tokens, base, Timing(), state_mean=True)
+        assert again.source == "disk" and again.snapshot.state_mean is not None
+        assert again.snapshot.state_mean.tobytes() == first.snapshot.state_mean.tobytes()
+    finally:
+        tapped.close()

@@ -4,8 +4,11 @@ One file per snapshot, `<key hex>.snap`, in a folder per model. A new snapshot i
 written by a background thread (temporary file, fsync, rename), so a request never waits for
 the disk; when the queue holds too many bytes the write is skipped and counted. Every read checks the
 whole file against this process (format, llama.cpp build, model, KV settings, key, lengths,
-blake3 of the header, the tokens and the payload) and compares the tokens with the wanted
-prefix: a file that fails is deleted, counted by reason and the request prefills as a miss.
+blake3 of the header, the tokens, the payload and the state's mean vector) and compares the tokens
+with the wanted prefix: a file that fails is deleted, counted by reason and the request prefills as a
+miss. The state's mean (Snapshot.state_mean, what a state probe fit reads) follows the payload where
+the snapshot has one; a file without it reads as a snapshot without it (an older onepass wrote none,
+and rejects a file that has one as longer than its header says).
 
 Several processes may share the folder, so any file may vanish between two steps: a reader
 only ever opens whole files (rename is atomic), two writers of one key each rename a whole
@@ -33,6 +36,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import blake3
+import numpy as np
+from numpy.typing import NDArray
 
 from app.engine.ram_tier import CacheKey
 from app.engine.snapshot import Snapshot
@@ -48,6 +53,7 @@ TEMP_SUFFIX = ".tmp"
 WRITE_QUEUE_BYTES = 256 * 1024**2
 STALE_TEMP_SECONDS = 3600  # a temporary file this old was left by a killed writer
 DIGEST = 32
+MEAN_DTYPE = np.dtype("<f4")  # the state's mean on disk: little-endian float32, whatever the machine
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ class DiskTier:
         self._rejected: Counter[str] = Counter()
         self._turned_off: Counter[str] = Counter()  # by errno name
         self._read_seconds = 0.0  # spent reading and verifying the files of hits
-        self._queue: queue.Queue[tuple[CacheKey, Snapshot] | None] = queue.Queue()  # bounded by queue_bytes
+        self._queue: queue.Queue[tuple[CacheKey, Snapshot, bool] | None] = queue.Queue()  # bounded by queue_bytes
         self._queue_bytes = queue_bytes
         self._idle = threading.Condition()
         self._pending = 0  # writes queued or in progress
@@ -185,15 +191,24 @@ class DiskTier:
             raise Rejected("header", f"unparsable header ({error})") from error
         if mismatched:
             raise Rejected(mismatched[0], f"written for another {mismatched[0]}")
+        try:
+            n_mean = int(header.get("state_mean_bytes", 0))
+        except (ValueError, TypeError) as error:
+            raise Rejected("header", f"unparsable header ({error})") from error
+        if n_mean % MEAN_DTYPE.itemsize:
+            raise Rejected("header", f"a state mean of {n_mean} bytes")
         token_bytes = _read_exactly(file, 4 * n_tokens)
         payload = _read_exactly(file, n_payload)
+        mean_bytes = _read_exactly(file, n_mean)
         if file.read(1):
             raise Rejected("truncated", "longer than its header says")
         if blake3.blake3(token_bytes).hexdigest() != header["tokens_blake3"]:
             raise Rejected("checksum", "tokens checksum")
         if blake3.blake3(payload, max_threads=blake3.blake3.AUTO).hexdigest() != header["payload_blake3"]:
             raise Rejected("checksum", "payload checksum")
-        return Snapshot(payload, tuple(array("I", token_bytes)))
+        if n_mean and blake3.blake3(mean_bytes).hexdigest() != header.get("state_mean_blake3"):
+            raise Rejected("checksum", "state mean checksum")
+        return Snapshot(payload, tuple(array("I", token_bytes)), _mean_of(mean_bytes) if n_mean else None)
 
     def _reject(self, path: Path, rejected: Rejected) -> None:
         with contextlib.suppress(OSError):  # gone already, or not deletable: it is a miss either way
@@ -212,8 +227,9 @@ class DiskTier:
 
     # Writing
 
-    def save(self, key: CacheKey, snapshot: Snapshot) -> None:
-        """Queue `snapshot` for writing; never blocks. A full queue skips the write (counted)."""
+    def save(self, key: CacheKey, snapshot: Snapshot, *, replace: bool = False) -> None:
+        """Queue `snapshot` for writing; never blocks. A full queue skips the write (counted). A file
+        already there for `key` is kept, unless `replace` (it lacked the state's mean)."""
         if not self.enabled:
             return
         with self._idle:
@@ -223,7 +239,7 @@ class DiskTier:
                 return
             self._pending += 1
             self._pending_bytes += snapshot.n_bytes
-            self._queue.put_nowait((key, snapshot))
+            self._queue.put_nowait((key, snapshot, replace))
 
     def flush(self, timeout: float) -> bool:
         """Wait until every queued write is done (or skipped); False if `timeout` passed first."""
@@ -256,11 +272,12 @@ class DiskTier:
                     self._pending_bytes -= item[1].n_bytes
                     self._idle.notify_all()
 
-    def _write(self, key: CacheKey, snapshot: Snapshot) -> None:
+    def _write(self, key: CacheKey, snapshot: Snapshot, replace: bool) -> None:
         path = self._path(key)
-        if path.exists():
+        if path.exists() and not replace:
             return  # written before, by this process or another
         token_bytes = array("I", snapshot.tokens).tobytes()
+        mean_bytes = b"" if snapshot.state_mean is None else snapshot.state_mean.astype(MEAN_DTYPE).tobytes()
         header = json.dumps(
             {
                 "format": FORMAT,
@@ -272,6 +289,8 @@ class DiskTier:
                 "tokens_blake3": blake3.blake3(token_bytes).hexdigest(),
                 "payload_bytes": snapshot.n_bytes,
                 "payload_blake3": blake3.blake3(snapshot.data, max_threads=blake3.blake3.AUTO).hexdigest(),
+                "state_mean_bytes": len(mean_bytes),
+                "state_mean_blake3": blake3.blake3(mean_bytes).hexdigest(),
             }
         ).encode()
         # A name of its own per writer, so two writers of one key never write into one file.
@@ -282,6 +301,7 @@ class DiskTier:
                     file.write(part)
                 file.write(token_bytes)
                 file.write(snapshot.data)
+                file.write(mean_bytes)
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(temporary, path)
@@ -352,6 +372,13 @@ def _read_exactly(file: BinaryIO, n: int) -> bytes:
     if len(data) != n:
         raise Rejected("truncated", f"{len(data)} of {n} bytes")
     return data
+
+
+def _mean_of(data: bytes) -> NDArray[np.float32]:
+    """A state mean read from disk, in the machine's float32, read-only as the engine's are."""
+    mean = np.frombuffer(data, dtype=MEAN_DTYPE).astype(np.float32)
+    mean.flags.writeable = False
+    return mean
 
 
 def _size_of(path: Path) -> int:

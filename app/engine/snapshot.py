@@ -15,7 +15,7 @@ class Snapshot:
     data: bytes
     tokens: tuple[int, ...]
     # The engine's probe layer's output averaged over the rows this prefill decoded (the state, after
-    # the base), where the engine reads that layer: what a state probe fit reads. Kept in RAM only.
+    # the base), where the engine reads that layer: what a state probe fit reads. Both tiers keep it.
     state_mean: NDArray[np.float32] | None = field(default=None, compare=False)
 
     @property

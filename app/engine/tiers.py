@@ -57,8 +57,8 @@ class PrefixCache:
     ) -> Resolved:
         """The snapshot after `tokens`; a prefill starts from `base` (a prefix of them) or from nothing.
         Reading a disk file counts as restoring in `timing`, a prefill as prefilling. `state_mean`: one
-        with its state mean where the engine reads one (a prefill from `base` gives it, the disk tier
-        does not keep it: such a snapshot is prefilled again, and replaces the kept one in RAM)."""
+        with its state mean where the engine reads one (a prefill from `base` gives it, and both tiers
+        keep it; a snapshot kept without it is prefilled again and replaces the kept one)."""
         from_disk = False
         state_mean = state_mean and base is not None and self.engine.probe_layer is not None
 
@@ -74,22 +74,25 @@ class PrefixCache:
 
         def build() -> Snapshot:
             nonlocal from_disk
-            if self.disk is not None and not state_mean:
+            loaded = None
+            if self.disk is not None:
                 began = time.perf_counter()
                 loaded = self.disk.load(key, tokens)
                 timing.restore_ms += (time.perf_counter() - began) * 1000
-                if loaded is not None:
+                if loaded is not None and (loaded.state_mean is not None or not state_mean):
                     from_disk = True
                     return loaded
             snapshot = prefilled()
             if self.disk is not None:
-                self.disk.save(key, snapshot)  # in the background
+                self.disk.save(key, snapshot, replace=loaded is not None)  # in the background
             return snapshot
 
         snapshot, hit = self.ram.get_or_build(key, tokens, build)
-        if state_mean and snapshot.state_mean is None:  # kept from the disk tier, or built by a request without
+        if state_mean and snapshot.state_mean is None:  # kept by a tier without it (an older onepass's file)
             snapshot, hit, from_disk = prefilled(), False, False
             self.ram.put(key, snapshot)
+            if self.disk is not None:
+                self.disk.save(key, snapshot, replace=True)
         source: Source = "off" if not self.ram.enabled else "hit" if hit else "disk" if from_disk else "miss"
         return Resolved(snapshot, source)
 
