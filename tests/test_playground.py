@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import numpy as np
 import pytest
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.action_chains import ActionChains
@@ -24,8 +25,10 @@ from selenium.webdriver.support.ui import Select
 from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
+from app.calibration.fit import Fit, FitRecord
+from app.calibration.store import question_key
 from app.config import Settings
-from app.contract import SystemOneRequest
+from app.contract import SystemOneRequest, label_keys
 from app.http.page import PAGE_DIRECTORY
 from app.http.server import create_app
 from app.paths import REPO_ROOT
@@ -385,3 +388,55 @@ def test_with_auth_on_the_page_asks_for_the_key_and_keeps_it_in_the_browser(
         assert driver.execute_script("return localStorage.getItem('onepass.apiKey')") is None
     finally:
         server.stop()
+
+
+def test_an_answer_read_from_the_state_alone_shows_its_numbers_and_fit_without_a_readout(
+    driver: WebDriver, tiny_chat_path: Path, tmp_path: Path
+) -> None:
+    """A state probe fit answers from the state's mean vector: the answer has no x_raw and no
+    x_label_mass. The page shows its numbers and the fit that gave them, and neither the label mass
+    line nor the uncalibrated bars; the question beside it, read out, keeps both."""
+    settings = tiny_settings(tiny_chat_path, calibration="contextual", calibration_dir=tmp_path)
+    service = load_model(settings)
+    request = SystemOneRequest.model_validate(TYPED)
+    refund = request.questions["refund"]
+    width = service.engine.n_embd
+    rng = np.random.default_rng(0)
+    fit = Fit(
+        "state_probe",
+        tuple(label_keys(refund)),
+        bias=(0.3, -0.3),
+        centre=(0.0,) * width,
+        spread=(1.0,) * width,
+        weights=tuple(tuple(float(w) for w in rng.normal(0.0, 0.05, width)) for _ in range(2)),
+    )
+    assert service.calibration.store is not None
+    service.calibration.store.put(
+        FitRecord(question_key(refund), refund.model_dump(mode="json"), "state_probe/0.001", fit, 60)
+    )
+    server = RunningServer(settings, ModelRegistry.serving(service))
+    try:
+        asked = {**TYPED, "questions": {qid: TYPED["questions"][qid] for qid in ("refund", "team")}}
+        page = Page(driver, server.base_url)
+        page.open()
+        for remove in page.all("#questions .remove"):
+            remove.click()
+        fill(page.one("#state"), asked["state"])
+        for qid, question in asked["questions"].items():
+            type_question(page, qid, question)
+        Select(page.one("#model")).select_by_value(asked["model"])
+        page.ask()
+        api = httpx.post(server.base_url + "/v1/systemone", json=asked, timeout=60).json()["answers"]
+        assert "x_raw" not in api["refund"] and "x_label_mass" not in api["refund"]
+        assert api["refund"]["x_calibration"]["method"] == "state_probe/0.001"
+        cards = {card.get_attribute("data-qid"): card for card in page.all("#answers .answer")}
+        assert list(cards) == ["refund", "team"]
+        assert_shows(*shown(cards["refund"], ".noul"), api["refund"]["noul"])
+        assert_bars(bars(cards["refund"]), {"true": api["refund"]["noul"], "false": 1 - api["refund"]["noul"]})
+        assert page.one(".fit-line", cards["refund"]).text == "calibrated by your fit state_probe/0.001 (60 examples)"
+        assert not page.all(".mass-line", cards["refund"]) and not page.all(".raw", cards["refund"])
+        assert_shows(*shown(cards["team"], ".mass"), api["team"]["x_label_mass"])
+        assert page.all(".raw", cards["team"]) and not page.all(".fit-line", cards["team"])
+    finally:
+        server.stop()
+        service.close()

@@ -247,6 +247,10 @@ function answerCard(id, answer) {
       card.append(el("p", "warning", `Only ${share} of the model's next-token probability fell on the answer labels: it was off format, so these numbers mean less.`));
     }
   }
+  if (answer.x_calibration) {
+    const fit = answer.x_calibration;
+    card.append(el("p", "fit-line", "calibrated by your fit ", el("code", "fit", fit.method), ` (${fit.examples} examples)`));
+  }
   if (raw !== undefined) {
     card.append(el("details", "raw", el("summary", null, "uncalibrated (x_raw)"), bars(raw, labelOf, argmax(raw))));
   }
