@@ -171,6 +171,17 @@ def type_question(page: Page, qid: str, question: dict[str, Any]) -> None:
         fill(page.one(".desc", row), description or "")
 
 
+def type_request(page: Page, body: dict[str, Any]) -> None:
+    """The page opened, its example questions removed, and `body`'s state, questions and model typed in."""
+    page.open()
+    for remove in page.all("#questions .remove"):
+        remove.click()
+    fill(page.one("#state"), body["state"])
+    for qid, question in body["questions"].items():
+        type_question(page, qid, question)
+    Select(page.one("#model")).select_by_value(body["model"])
+
+
 def shown(card: WebElement, selector: str) -> tuple[str, float]:
     """A number on the page: (its text, the exact value in its data-value)."""
     node = card.find_element("css selector", selector)
@@ -229,14 +240,7 @@ def snippet(page: Page, button: str) -> str:
 def test_three_questions_typed_into_the_page_get_the_api_s_numbers_and_a_hit_the_second_time(
     page: Page, live_url: str, tmp_path: Path
 ) -> None:
-    page.open()
-    for remove in page.all("#questions .remove"):
-        remove.click()
-    fill(page.one("#state"), TYPED["state"])
-    for qid, question in TYPED["questions"].items():
-        type_question(page, qid, question)
-    Select(page.one("#model")).select_by_value(TYPED["model"])
-
+    type_request(page, TYPED)
     page.ask()
     assert page.one("#request").get_attribute("data-cache") == "miss" and len(page.all("#request .stack-row")) == 1
     api = httpx.post(live_url + "/v1/systemone", json=TYPED, timeout=60).json()
@@ -418,13 +422,7 @@ def test_an_answer_read_from_the_state_alone_shows_its_numbers_and_fit_without_a
     try:
         asked = {**TYPED, "questions": {qid: TYPED["questions"][qid] for qid in ("refund", "team")}}
         page = Page(driver, server.base_url)
-        page.open()
-        for remove in page.all("#questions .remove"):
-            remove.click()
-        fill(page.one("#state"), asked["state"])
-        for qid, question in asked["questions"].items():
-            type_question(page, qid, question)
-        Select(page.one("#model")).select_by_value(asked["model"])
+        type_request(page, asked)
         page.ask()
         api = httpx.post(server.base_url + "/v1/systemone", json=asked, timeout=60).json()["answers"]
         assert "x_raw" not in api["refund"] and "x_label_mass" not in api["refund"]
