@@ -80,10 +80,14 @@ def test_a_state_mean_kept_on_disk_comes_back_and_a_file_without_one_is_prefille
         assert kept.source == "disk" and kept.snapshot.state_mean is not None
         assert kept.snapshot.state_mean.tobytes() == first.snapshot.state_mean.tobytes()
 
-        older = tmp_path / "older"
-        written = disk_for(tapped, older)
-        written.save(key, Snapshot(first.snapshot.data, first.snapshot.tokens))  # no mean
-        written.close()
+        older, oldest = tmp_path / "older", tmp_path / "oldest"
+        for folder in (older, oldest):
+            written = disk_for(tapped, folder)
+            written.save(key, Snapshot(first.snapshot.data, first.snapshot.tokens))  # no mean
+            written.close()
+        direct = PrefixCache(tapped, RamTier(4, 4096), disk_for(tapped, oldest))  # wanted from the first request
+        found = direct.resolve(key, tokens, base, Timing(), state_mean=True)
+        assert found.source == "miss" and found.snapshot.state_mean is not None
         upgraded_disk = disk_for(tapped, older)
         upgraded = PrefixCache(tapped, RamTier(4, 4096), upgraded_disk)
         without = upgraded.resolve(key, tokens, base, Timing())  # not wanted: the file serves as it is

@@ -179,6 +179,7 @@ class DiskTier:
         try:
             header = json.loads(header_bytes)
             n_tokens, n_payload = int(header["n_tokens"]), int(header["payload_bytes"])
+            n_mean = int(header.get("state_mean_bytes", 0))  # none in a file an older onepass wrote
             expected = {
                 "format": FORMAT,
                 "build": self.identity.build,
@@ -191,10 +192,6 @@ class DiskTier:
             raise Rejected("header", f"unparsable header ({error})") from error
         if mismatched:
             raise Rejected(mismatched[0], f"written for another {mismatched[0]}")
-        try:
-            n_mean = int(header.get("state_mean_bytes", 0))
-        except (ValueError, TypeError) as error:
-            raise Rejected("header", f"unparsable header ({error})") from error
         if n_mean % MEAN_DTYPE.itemsize:
             raise Rejected("header", f"a state mean of {n_mean} bytes")
         token_bytes = _read_exactly(file, 4 * n_tokens)

@@ -74,21 +74,21 @@ class PrefixCache:
 
         def build() -> Snapshot:
             nonlocal from_disk
-            loaded = None
             if self.disk is not None:
                 began = time.perf_counter()
                 loaded = self.disk.load(key, tokens)
                 timing.restore_ms += (time.perf_counter() - began) * 1000
-                if loaded is not None and (loaded.state_mean is not None or not state_mean):
+                if loaded is not None:
                     from_disk = True
                     return loaded
             snapshot = prefilled()
             if self.disk is not None:
-                self.disk.save(key, snapshot, replace=loaded is not None)  # in the background
+                self.disk.save(key, snapshot)  # in the background
             return snapshot
 
         snapshot, hit = self.ram.get_or_build(key, tokens, build)
-        if state_mean and snapshot.state_mean is None:  # kept by a tier without it (an older onepass's file)
+        # kept without it (an older onepass's file): prefilled again, and both tiers keep the new one
+        if state_mean and snapshot.state_mean is None:
             snapshot, hit, from_disk = prefilled(), False, False
             self.ram.put(key, snapshot)
             if self.disk is not None:
