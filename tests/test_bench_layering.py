@@ -25,10 +25,9 @@ LAYERS: list[set[str]] = [
         "shared_suffixes",
     },
     # make bench; what reads the eval set or compares its reports, or compares onepass with llama.cpp
-    {"run", "compare_evals", "native_template", "native_decision", "readout_variants"},
+    {"run", "compare_evals", "native_template", "native_decision"},
     {"native_speed"},  # onepass and llama.cpp's /v1/systemone on speed: reads native_decision's agreement
     {"new_state_cost"},  # where native_speed's new states go in onepass: its questions, in-process
-    {"probe_layers"},  # other vectors for the probe: readout_variants' named readouts, fitted
 ]
 
 

@@ -42,6 +42,9 @@ NOT_IN_A_CHECKOUT = {
     # llama.cpp's repository, where docs/decision-models.md learnt the decision format
     "tools/server/server-decision.cpp": "llama.cpp's",
     "models/twin.gguf": "docs/gpu.md: what `python -m bench.twin write` makes on a machine without the model",
+    # finished studies, deleted; docs/notes/2026-12-02-pipeline-readouts.md says how git history gives them back
+    "bench/readout_variants.py": "docs/notes/2026-12-02-pipeline-readouts.md: at cfb45f8",
+    "bench/probe_layers.py": "docs/notes/2026-12-02-pipeline-readouts.md: at cfb45f8",
 }
 # The code's example command lines name files a user chooses or the command writes.
 EXAMPLES_IN_THE_CODE = {
