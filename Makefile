@@ -100,7 +100,7 @@ $(WHEEL_STAMP): | $(BIN)/python $(VULKAN_DEPS) $(ENGINE_SOURCE)/ONEPASS-ENGINE
 	touch $@
 
 # What running needs: the wheel, onepass and its dependencies (make test adds the dev extras), and for a
-# CUDA build made with NVIDIA's wheels, the CUDA libraries it links (app/engine/__init__.py loads them).
+# CUDA build made with NVIDIA's wheels, the CUDA libraries it links (app/engine/bindings.py loads them).
 $(INSTALL_STAMP): $(WHEEL_STAMP) pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --force-reinstall --no-deps $(WHEEL_DIR)/llama_cpp_python-*.whl
 	$(BIN)/python -m pip install -q -e .

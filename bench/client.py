@@ -14,7 +14,7 @@ from app.engine.llama import Engine
 def sized_text(engine: Engine, sentences: Sequence[str], tokens: int, tag: object, start: int = 0) -> str:
     """Sentences from `start` on, each stamped with `tag` and its index, until `tokens` tokens."""
     text, i = "", 0
-    while len(engine.tokenize(text, special=False)) < tokens:
+    while len(engine.vocab.tokenize(text, special=False)) < tokens:
         text += sentences[(start + i) % len(sentences)].format(n=f"{tag}-{i}") + " "
         i += 1
     return text.strip()

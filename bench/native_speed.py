@@ -65,6 +65,7 @@ from typing import Any
 import httpx
 
 from app.config import Settings
+from app.engine import bindings
 from app.engine.llama import Engine
 from app.paths import REPO_ROOT
 from app.serving.loading import SpeedSettings, speed_settings_for
@@ -435,7 +436,7 @@ def main() -> None:
                     "llama_server": f"{props['total_slots']} slots, {args.slots * N_CTX} tokens of context, "
                     f"{'unified' if args.kv_unified else 'per-slot'} KV, prompt cache on",
                 }
-                own_build = engine.system_info() if checkout is None else engine_of(checkout)
+                own_build = bindings.system_info() if checkout is None else engine_of(checkout)
                 report["builds"] = {"onepass": own_build, "llama_server": props.get("build_info", "?")}
                 sides = [Side("onepass", url, {"model": "jev-latest"}), Side("llama-server", props["url"], {})]
                 progress = Progress(2 * (1 + sum(w.requests for w in chosen)), f"both servers on {args.model.name}")

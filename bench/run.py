@@ -28,6 +28,7 @@ import httpx
 from app.answering.prompting import OwnPrompter
 from app.config import DEFAULT_MODEL_PATH, Settings
 from app.contract import SystemOneRequest
+from app.engine import bindings
 from app.engine.llama import Engine
 from app.paths import REPO_ROOT
 from app.serving.loading import prompter_for, speed_settings_for
@@ -186,7 +187,7 @@ def against_peer(
         found = []
         for question in request.questions.values():
             rendered = prompter.question(question)
-            labels = [engine.piece(t) for t in rendered.label_ids]
+            labels = [engine.vocab.piece(t) for t in rendered.label_ids]
             found.append((fmt.head + state + fmt.between + rendered.text + fmt.tail, labels))
         return found
 
@@ -224,7 +225,7 @@ def against_peer(
                         }
                     )
                     print(json.dumps(rows[-1]), flush=True)
-    report["system_info"] = {"onepass": engine.system_info(), "llama_server": server.system_info}
+    report["system_info"] = {"onepass": bindings.system_info(), "llama_server": server.system_info}
     return rows
 
 

@@ -2,7 +2,7 @@
 
 Questions rendered after the same state all begin "Question: ...", and a family of questions
 ("Does the ticket mention a refund?", "... a date?") shares more. The engine decodes each such
-token once, in every sequence that reaches it (app/engine/llama.py `suffix_rows`). Here the same
+token once, in every sequence that reaches it (app/engine/suffix_tree.py `suffix_rows`). Here the same
 suffixes are decoded after the same 256-token state with that sharing on and off, alternating,
 with the speed settings the server chose for this machine: rows in the batch and the decode's
 time, best of the runs.
@@ -21,7 +21,8 @@ from app.answering.prompting import OwnPrompter
 from app.answering.service import batch_jobs
 from app.config import DEFAULT_MODEL_PATH, Settings
 from app.contract import SystemOneRequest
-from app.engine.llama import Engine, suffix_rows
+from app.engine.llama import Engine
+from app.engine.suffix_tree import suffix_rows
 from app.serving.loading import prompter_for, speed_settings_for
 from app.serving.specs import ModelSpec
 from bench.client import sized_text
@@ -66,7 +67,7 @@ def shared_suffixes(
                 {
                     "questions": name,
                     "suffix_tokens": sum(len(job.tokens) for job in jobs),
-                    "rows_shared": len(suffix_rows(jobs, 0)[0]),
+                    "rows_shared": len(suffix_rows([job.tokens for job in jobs], 0)[0]),
                     "decode_ms_whole": round(whole_ms, 1),
                     "decode_ms_shared": round(shared_ms, 1),
                     "saved": round(1 - shared_ms / whole_ms, 3),

@@ -78,8 +78,8 @@ def speed(model: Path, tokens: int, rounds: int) -> dict[str, float]:
     """Best-of-`rounds` milliseconds: a prefill of `tokens` tokens, and one batched decode of 5 suffixes."""
     engine = Engine(model, n_ctx=2048, threads=0)
     try:
-        ids = [engine.tokenize("x")[0]] * tokens  # the same ids in both files: the vocabularies are the same
-        labels = [engine.tokenize(word)[0] for word in ("Yes", "No")]
+        ids = [engine.vocab.tokenize("x")[0]] * tokens  # the same ids in both files: the vocabularies are the same
+        labels = [engine.vocab.tokenize(word)[0] for word in ("Yes", "No")]
         jobs = [Job(tuple(ids[: 20 + i]), labels) for i in range(5)]
         prefill, decode = [], []
         for _ in range(rounds):

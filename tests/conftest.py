@@ -16,6 +16,7 @@ from app.http.server import create_app
 from app.platform.tiny_gguf import write_tiny_gguf
 from app.serving.registry import ModelRegistry
 from tests.live import RunningServer
+from tests.llama_calls import LlamaCalls, count_llama_calls
 from tests.loading import load_model
 
 
@@ -52,6 +53,12 @@ def tiny_settings(path: Path, **overrides: object) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def llama_calls(monkeypatch: pytest.MonkeyPatch) -> LlamaCalls:
+    """The decodes and restores this test makes llama.cpp run, counted at its bindings."""
+    return count_llama_calls(monkeypatch)
 
 
 @pytest.fixture(scope="session")

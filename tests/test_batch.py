@@ -23,6 +23,7 @@ from app.http.server import create_app
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
 from tests.conftest import tiny_settings
+from tests.llama_calls import LlamaCalls
 from tests.test_hardening import FaultyService
 
 TICKET: dict[str, Any] = json.loads((Path(__file__).parent.parent / "examples" / "ticket.json").read_text())
@@ -244,7 +245,7 @@ def test_a_large_batch_runs_as_a_job_with_progress_then_results_in_order(
 
 
 def test_cancelling_a_job_stops_it_and_keeps_what_was_answered(
-    tiny_service: ModelService, tiny_chat_path: Path
+    tiny_service: ModelService, tiny_chat_path: Path, llama_calls: LlamaCalls
 ) -> None:
     doorman = Doorman(tiny_service)
     requests = [ticket(i, f"cancel {i}") for i in range(5)]
@@ -252,9 +253,9 @@ def test_cancelling_a_job_stops_it_and_keeps_what_was_answered(
     with TestClient(app_with(doorman, tiny_chat_path, max_sync_batch_items=2)) as client, ThreadPoolExecutor(1) as pool:
         started = batch(client, requests).json()
         doorman.wait_entered(2)
-        decodes = doorman.engine.decode_calls
+        decodes = llama_calls.decodes
         cancelled = pool.submit(client.delete, f"/v1/systemone/jobs/{started['id']}").result(WAIT).json()
-        assert doorman.engine.decode_calls == decodes  # the held request stopped before any llama.cpp work
+        assert llama_calls.decodes == decodes  # the held request stopped before any llama.cpp work
         assert cancelled["status"] == "cancelled" and cancelled["done"] == 1
         assert doorman.entered == ["Ticket about cancel 0: please help.", "Ticket about cancel 1: please help."]
         assert settled(cancelled["results"][0]) == alone(client, requests[0])

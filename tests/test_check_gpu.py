@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.engine import devices
+from app.engine import bindings, devices
 from app.engine.devices import backends, gpus
 from app.engine.llama import Engine
 from app.paths import REPO_ROOT
@@ -48,7 +48,7 @@ def test_every_step_runs_and_reports_on_the_tiny_model(tiny_chat_path: Path) -> 
     )
     started = [line for line in done.stdout.splitlines() if line.startswith("[start]")]
     finished = [line for line in done.stdout.splitlines() if line.startswith("[done]")]
-    assert len(started) == len(finished) == 8, done.stdout + done.stderr
+    assert len(started) == len(finished) == 9, done.stdout + done.stderr
     assert "bit-identity" in started[-1] and "identical" in done.stdout
     assert "KV buffer size" in done.stdout  # where llama.cpp put the KV cache
     assert f"ggml backends loaded: {', '.join(backends())}" in done.stdout
@@ -62,8 +62,8 @@ def test_every_step_runs_and_reports_on_the_tiny_model(tiny_chat_path: Path) -> 
 def test_the_build_identity_names_the_ggml_backends_it_ships(tiny_chat_path: Path) -> None:
     engine = Engine(tiny_chat_path, n_ctx=256, threads=1)
     try:
-        assert "cpu" in Engine.backends()
-        assert f"ggml backends {'+'.join(Engine.backends())}; n_gpu_layers=0;" in engine.build
+        assert "cpu" in bindings.shipped_backends()
+        assert f"ggml backends {'+'.join(bindings.shipped_backends())}; n_gpu_layers=0;" in engine.build
     finally:
         engine.close()
 
@@ -89,7 +89,7 @@ def test_a_gpu_backend_without_a_device_is_named_a_driver_problem(monkeypatch: p
     # A CUDA build on a machine without the NVIDIA driver loads the CUDA backend and finds no device.
     monkeypatch.setattr(devices, "backends", lambda: ["CUDA", "CPU"])
     monkeypatch.setattr(devices, "gpus", lambda: [])
-    monkeypatch.setattr(Engine, "gpu_offload_supported", staticmethod(lambda: False))
+    monkeypatch.setattr(bindings, "gpu_offload_supported", lambda: False)
     problem = devices.gpu_layers_problem(-1)
     assert problem is not None and "has a GPU backend (backends: CUDA, CPU), but it finds no GPU device" in problem
     monkeypatch.setattr(devices, "backends", lambda: ["CPU"])

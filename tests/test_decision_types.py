@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import llama_cpp
 import pytest
 from starlette.testclient import TestClient
 
 from app.answering.prompter import Reading
-from app.engine import llama
+from app.engine import bindings
+from app.engine.bindings import EngineError
 from app.engine.llama import Readout
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
@@ -144,6 +144,9 @@ def test_bindings_that_misread_the_context_parameters_stop_the_engine(
 ) -> None:
     """A struct declared otherwise than the library fills it in (one field missing before the flags)
     reads shifted bytes: the engine refuses to start rather than compute with settings nobody chose."""
+    bindings.init()
+    import llama_cpp
+
     made = llama_cpp.llama_context_default_params
 
     def shifted() -> Any:
@@ -152,7 +155,7 @@ def test_bindings_that_misread_the_context_parameters_stop_the_engine(
         return params
 
     monkeypatch.setattr(llama_cpp, "llama_context_default_params", shifted)
-    with pytest.raises(llama.EngineError, match=r"does not match its llama\.cpp library .*offload_kqv"):
+    with pytest.raises(EngineError, match=r"does not match its llama\.cpp library .*offload_kqv"):
         load_model(tiny_settings(models["kev"], n_ctx=1024))
 
 

@@ -22,6 +22,7 @@ from app.engine.ram_tier import CacheKey
 from app.fleet.processes import READY, ServerProcess
 from tests.conftest import tiny_settings
 from tests.live import wait_for_disk_writes
+from tests.llama_calls import LlamaCalls
 from tests.loading import load_model
 
 QUESTIONS: dict[str, Any] = {
@@ -52,7 +53,7 @@ def load(path: Path, folder: Path | None, **overrides: Any) -> ModelService:
 
 @pytest.mark.parametrize("layout", ["state-first", "question-first"])
 def test_a_disk_hit_after_a_restart_equals_a_ram_hit_and_a_cold_miss(
-    tiny_chat_path: Path, tmp_path: Path, layout: str
+    tiny_chat_path: Path, tmp_path: Path, layout: str, llama_calls: LlamaCalls
 ) -> None:
     request = SystemOneRequest.model_validate(body("My card was charged twice and nobody answers."))
     off = load(tiny_chat_path, None, session_cache_entries=0, layout=layout)
@@ -63,11 +64,11 @@ def test_a_disk_hit_after_a_restart_equals_a_ram_hit_and_a_cold_miss(
     assert (miss.x_cache, hit.x_cache) == ("miss", "hit")
     first.close()  # finishes the background write
     restarted = load(tiny_chat_path, tmp_path, layout=layout)
-    decodes = restarted.engine.decode_calls
+    decodes = llama_calls.decodes
     from_disk = restarted.answer(request)
     assert from_disk.x_cache == "disk" and from_disk.x_timing_ms.prefill == 0.0
     # the calibration priors came from disk too: the one decode is the request's own
-    assert restarted.engine.decode_calls - decodes == 1
+    assert llama_calls.decodes - decodes == 1
     again = restarted.answer(request)
     assert again.x_cache == "hit"  # promoted into RAM
     answers = {json.dumps(json.loads(r.to_json())["answers"]) for r in (miss, hit, from_disk, again)}

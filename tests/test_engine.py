@@ -12,11 +12,15 @@ import pytest
 from app.answering.service import ModelService
 from app.calibration import Priors
 from app.contract import SystemOneRequest
-from app.engine.llama import MAX_SEQUENCES, N_UBATCH, Engine, EngineError, Job, Readout, RestoreError, suffix_rows
+from app.engine.bindings import EngineError, gpu_offload_supported
+from app.engine.llama import Engine, Job, Readout, RestoreError
+from app.engine.pool import N_UBATCH
 from app.engine.ram_tier import RamTier, cache_key
 from app.engine.snapshot import Snapshot
+from app.engine.suffix_tree import MAX_SEQUENCES
 from app.serving.loading import assemble
 from tests.conftest import GPU_LAYERS, tiny_settings
+from tests.llama_calls import LlamaCalls
 from tests.loading import load_model, own_prompter
 
 STATE = "Order 1234 arrived broken. I want a refund or a replacement, today."
@@ -44,8 +48,8 @@ def fresh_service(path: Path, **overrides: object) -> ModelService:
 
 def test_restore_then_decode_equals_prefill_then_decode(tiny_service: ModelService) -> None:
     engine = tiny_service.engine
-    prefix = engine.tokenize("Text:\n" + "a long state with many words " * 60, add_bos=True)
-    suffixes = [engine.tokenize("Question one\n"), engine.tokenize("Question two, longer\n")]
+    prefix = engine.vocab.tokenize("Text:\n" + "a long state with many words " * 60, add_bos=True)
+    suffixes = [engine.vocab.tokenize("Question one\n"), engine.vocab.tokenize("Question two, longer\n")]
     labels = [[300, 301, 302]] * 2
     one_shot, _ = engine.prefill(prefix)
     split, _ = engine.prefill(prefix, base=engine.prefill(prefix[:40])[0])
@@ -55,23 +59,28 @@ def test_restore_then_decode_equals_prefill_then_decode(tiny_service: ModelServi
     assert engine.decode_suffixes(one_shot, jobs).readouts == cold  # the snapshot is reusable
 
 
-def test_a_context_still_holding_the_prefix_skips_the_restore_and_answers_identically(tiny_plain_path: Path) -> None:
+def test_a_context_still_holding_the_prefix_skips_the_restore_and_answers_identically(
+    tiny_plain_path: Path, llama_calls: LlamaCalls
+) -> None:
     engine = Engine(tiny_plain_path, n_ctx=1024, threads=1, contexts=1)
     try:
-        head = engine.tokenize("System prompt. Text:\n", add_bos=True)
+        head = engine.vocab.tokenize("System prompt. Text:\n", add_bos=True)
         base, _ = engine.prefill(head)
-        a, _ = engine.prefill([*head, *engine.tokenize("the first state " * 20)], base=base)
-        jobs = [Job(engine.tokenize("Question one\n"), [300, 301]), Job(engine.tokenize("Two\n"), [302, 303])]
-        restores = engine.restores
+        a, _ = engine.prefill([*head, *engine.vocab.tokenize("the first state " * 20)], base=base)
+        jobs = [
+            Job(engine.vocab.tokenize("Question one\n"), [300, 301]),
+            Job(engine.vocab.tokenize("Two\n"), [302, 303]),
+        ]
+        restores = llama_calls.restores
         kept = engine.decode_suffixes(a, jobs)  # the prefill left `a` in the context
-        b_prefix = [*head, *engine.tokenize("another state " * 30)]
+        b_prefix = [*head, *engine.vocab.tokenize("another state " * 30)]
         b, _ = engine.prefill(b_prefix, base=base)  # cut back to the base that `a` grew from
-        assert engine.restores == restores
+        assert llama_calls.restores == restores
         restored = engine.decode_suffixes(a, jobs)  # the context holds `b` now: `a` is copied back in
-        assert engine.restores == restores + 1
+        assert llama_calls.restores == restores + 1
         assert restored.readouts == kept.readouts
         assert engine.prefill(b_prefix, base=base)[0].data == b.data  # base restored, not cut back to
-        assert engine.restores == restores + 2
+        assert llama_calls.restores == restores + 2
     finally:
         engine.close()
 
@@ -91,29 +100,31 @@ def test_hit_miss_and_cache_off_answer_bit_identically(tiny_chat_path: Path) -> 
         off.close()
 
 
-def test_one_request_is_one_prefill_and_one_batched_decode(tiny_chat_path: Path) -> None:
+def test_one_request_is_one_prefill_and_one_batched_decode(tiny_chat_path: Path, llama_calls: LlamaCalls) -> None:
     service = fresh_service(tiny_chat_path, calibration="none")
     try:
         req = request(state="a state nobody sent before", n_questions=7)
-        before = service.engine.decode_calls
+        before = llama_calls.decodes
         service.answer(req)
-        assert service.engine.decode_calls - before == 2  # the state prefill + one decode for 7 questions
+        assert llama_calls.decodes - before == 2  # the state prefill + one decode for 7 questions
         service.answer(req)
-        assert service.engine.decode_calls - before == 3  # a hit: the decode alone
+        assert llama_calls.decodes - before == 3  # a hit: the decode alone
     finally:
         service.close()
 
 
-def test_calibration_measures_each_new_questions_prior_once_in_one_decode(tiny_chat_path: Path) -> None:
+def test_calibration_measures_each_new_questions_prior_once_in_one_decode(
+    tiny_chat_path: Path, llama_calls: LlamaCalls
+) -> None:
     service = fresh_service(tiny_chat_path, calibration="contextual")
     try:
-        before = service.engine.decode_calls
+        before = llama_calls.decodes
         first = service.answer(request(state="first state", n_questions=7)).wire()
-        assert service.engine.decode_calls - before == 2 + 7  # prefill, the questions, each prior in its own decode
+        assert llama_calls.decodes - before == 2 + 7  # prefill, the questions, each prior in its own decode
         assert len(service.calibration.priors) == 7
-        before = service.engine.decode_calls
+        before = llama_calls.decodes
         second = service.answer(request(state="second state", n_questions=7)).wire()
-        assert service.engine.decode_calls - before == 2  # priors known: prefill + questions
+        assert llama_calls.decodes - before == 2  # priors known: prefill + questions
         assert service.answer(request(state="first state", n_questions=7)).wire()["answers"] == first["answers"]
         for answer in [*first["answers"].values(), *second["answers"].values()]:
             assert "x_raw" in answer
@@ -149,19 +160,16 @@ def test_calibration_divides_out_the_content_free_prior(tiny_chat_path: Path) ->
         calibrated.close()
 
 
-def test_more_questions_than_sequences_split_into_the_fewest_decodes(tiny_chat_path: Path) -> None:
+def test_more_questions_than_sequences_split_into_the_fewest_decodes(
+    tiny_chat_path: Path, llama_calls: LlamaCalls
+) -> None:
     service = fresh_service(tiny_chat_path, n_ctx=16384, calibration="none")
-    engine = service.engine
     try:
-        assert engine.plan_groups(10, [3] * 300) == [list(range(255)), list(range(255, 300))]
-        assert engine.plan_groups(engine.n_ctx - 10, [4, 4, 4]) == [[0, 1], [2]]
-        with pytest.raises(ValueError):
-            engine.plan_groups(engine.n_ctx - 2, [5])
         req = request(state="many questions", n_questions=MAX_SEQUENCES + 4)
-        before = engine.decode_calls
+        before = llama_calls.decodes
         response = service.answer(req).wire()
         assert len(response["answers"]) == MAX_SEQUENCES + 4
-        assert engine.decode_calls - before == 1 + 2  # the prefill, then 255 + 4 questions
+        assert llama_calls.decodes - before == 1 + 2  # the prefill, then 255 + 4 questions
     finally:
         service.close()
 
@@ -179,8 +187,8 @@ def test_answers_are_valid_probabilities(tiny_service: ModelService) -> None:
 
 def test_a_truncated_snapshot_is_refused_and_the_context_left_clean(tiny_service: ModelService) -> None:
     engine = tiny_service.engine
-    good, _ = engine.prefill(engine.tokenize("Text:\nsome state", add_bos=True))
-    jobs = [Job(engine.tokenize("Q\n"), [300, 301])]
+    good, _ = engine.prefill(engine.vocab.tokenize("Text:\nsome state", add_bos=True))
+    jobs = [Job(engine.vocab.tokenize("Q\n"), [300, 301])]
     expected = engine.decode_suffixes(good, jobs).readouts
     broken = Snapshot(good.data[: len(good.data) // 2], good.tokens)
     with pytest.raises(RestoreError):
@@ -224,22 +232,24 @@ def test_a_forced_hash_collision_never_returns_another_states_answer(tiny_chat_p
     honest.close()
 
 
-def test_concurrent_requests_for_a_new_state_prefill_once(tiny_chat_path: Path) -> None:
+def test_concurrent_requests_for_a_new_state_prefill_once(tiny_chat_path: Path, llama_calls: LlamaCalls) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     service = fresh_service(tiny_chat_path, contexts=2, calibration="none")
     try:
-        before = service.engine.decode_calls
+        before = llama_calls.decodes
         with ThreadPoolExecutor(8) as pool:
             results = list(pool.map(lambda _: service.answer(request(state="shared new state")).wire(), range(8)))
         assert sum(r["x_cache"] == "miss" for r in results) == 1
-        assert service.engine.decode_calls - before == 1 + 8  # one prefill, eight decodes
+        assert llama_calls.decodes - before == 1 + 8  # one prefill, eight decodes
         assert all(r["answers"] == results[0]["answers"] for r in results)
     finally:
         service.close()
 
 
-def test_pooled_contexts_reused_across_states_under_concurrency_answer_like_a_cold_run(tiny_chat_path: Path) -> None:
+def test_pooled_contexts_reused_across_states_under_concurrency_answer_like_a_cold_run(
+    tiny_chat_path: Path, llama_calls: LlamaCalls
+) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     states = [f"state number {i}: " + "words " * (10 * i + 5) for i in range(4)]
@@ -248,18 +258,17 @@ def test_pooled_contexts_reused_across_states_under_concurrency_answer_like_a_co
     try:
         expected = {state: answers(reference, request(state=state)) for state in states}
         work = [states[i % len(states)] for i in range(48)]
+        restores = llama_calls.restores
         with ThreadPoolExecutor(8) as pool:
             got = list(pool.map(lambda state: answers(service, request(state=state)), work))
         assert got == [expected[state] for state in work]
-        assert service.engine.restores < len(work)  # some requests found their prefix still in place
+        assert llama_calls.restores - restores < len(work)  # some requests found their prefix still in place
     finally:
         service.close()
         reference.close()
 
 
 def test_a_missing_or_invalid_model_file_fails_clearly(tmp_path: Path) -> None:
-    from app.engine.llama import EngineError
-
     with pytest.raises(EngineError, match="not found"):
         Engine(tmp_path / "absent.gguf", n_ctx=512)
     junk = tmp_path / "junk.gguf"
@@ -282,46 +291,31 @@ def test_a_question_asked_twice_is_decoded_once_and_answered_alike(tiny_service:
     assert doubled["usage"]["input_tokens"] == single["usage"]["input_tokens"]  # its suffix counted once
 
 
-def test_suffix_rows_decode_the_tokens_suffixes_begin_with_once() -> None:
-    jobs = [Job([7, 8, 9], [1]), Job([7, 8, 4], [1]), Job([7, 5], [1]), Job([7, 8], [2]), Job([6], [1])]
-    rows, paths = suffix_rows(jobs, 100)
-    assert rows == [
-        (7, 100, (1, 2, 3, 4), False),
-        (8, 101, (1, 2, 4), True),  # job 4 ends here: its logits are read from the shared row
-        (9, 102, (1,), True),
-        (4, 102, (2,), True),
-        (5, 101, (3,), True),
-        (6, 100, (5,), True),
-    ]
-    assert paths == [[0, 1, 2], [0, 1, 3], [0, 4], [0, 1], [5]]  # each token's row: a mark reads any of them
-    whole, whole_paths = suffix_rows(jobs, 100, share=False)
-    assert [row[2] for row in whole] == [(1,)] * 3 + [(2,)] * 3 + [(3,)] * 2 + [(4,)] * 2 + [(5,)]
-    assert [path[-1] for path in whole_paths] == [2, 5, 7, 9, 10]
-
-
 @pytest.mark.skipif(
-    Engine.gpu_offload_supported(),
+    gpu_offload_supported(),
     reason="a property of ggml's CPU flash-attention kernel; a GPU build routes ops to its device, where a shared "
     "row rounds differently from its own copy (measured on lavapipe: logits differ in the 4th digit)",
 )
-def test_suffixes_that_begin_alike_share_rows_and_answer_exactly_as_decoded_whole(tiny_plain_path: Path) -> None:
+def test_suffixes_that_begin_alike_share_rows_and_answer_exactly_as_decoded_whole(
+    tiny_plain_path: Path, llama_calls: LlamaCalls
+) -> None:
     # With flash attention under 64 rows ggml reads each query row through the cells in order,
     # so a row's result does not depend on what else is in the batch: a shared row must then give
     # every sequence exactly what its own copy would (a wrong mask would not).
     engine = Engine(tiny_plain_path, n_ctx=1024, threads=1, contexts=1, flash_attn=True)
     try:
-        prefix, _ = engine.prefill(engine.tokenize("Text:\n" + "the parcel came late " * 12, add_bos=True))
-        common = engine.tokenize("Is it late")
+        prefix, _ = engine.prefill(engine.vocab.tokenize("Text:\n" + "the parcel came late " * 12, add_bos=True))
+        common = engine.vocab.tokenize("Is it late")
         tails = ("? now", "! or", ". lost")  # their first tokens differ
-        jobs = [Job([*common, *engine.tokenize(tail)], [300, 301]) for tail in tails]
+        jobs = [Job([*common, *engine.vocab.tokenize(tail)], [300, 301]) for tail in tails]
         n_whole = sum(len(job.tokens) for job in jobs)
         assert n_whole < 64
-        before = engine.decoded_tokens
+        before = llama_calls.rows
         shared = engine.decode_suffixes(prefix, jobs).readouts
-        assert engine.decoded_tokens - before == n_whole - 2 * len(common)
+        assert llama_calls.rows - before == n_whole - 2 * len(common)
         engine.shares_suffix_tokens = False
         assert engine.decode_suffixes(prefix, jobs).readouts == shared
-        assert engine.decoded_tokens - before == 2 * n_whole - 2 * len(common)
+        assert llama_calls.rows - before == 2 * n_whole - 2 * len(common)
     finally:
         engine.close()
 
@@ -369,10 +363,10 @@ def test_a_hidden_state_is_what_the_output_layer_reads_and_asking_for_it_moves_n
     # make test-gpu runs this with every layer offloaded
     engine = Engine(tiny_chat_path, n_ctx=1024, n_gpu_layers=GPU_LAYERS, threads=1, contexts=1)
     try:
-        prefix, _ = engine.prefill(engine.tokenize("Text:\n" + "a state of some length " * 20, add_bos=True))
+        prefix, _ = engine.prefill(engine.vocab.tokenize("Text:\n" + "a state of some length " * 20, add_bos=True))
         jobs = [
-            Job(engine.tokenize("Question one\n"), [300, 301, 302]),
-            Job(engine.tokenize("Question two, longer\n"), [303, 304]),
+            Job(engine.vocab.tokenize("Question one\n"), [300, 301, 302]),
+            Job(engine.vocab.tokenize("Question two, longer\n"), [303, 304]),
         ]
         plain = engine.decode_suffixes(prefix, jobs).readouts
         probed = engine.decode_suffixes(prefix, jobs, hidden=True).readouts
@@ -403,8 +397,8 @@ def test_a_prefill_from_a_base_keeps_its_states_mean_and_leaves_the_kv_alone(tin
     plain = Engine(tiny_plain_path, n_ctx=1024, threads=1)
     try:
         assert tapped.probe_layer == (tapped.n_layer - 1) // 2
-        tokens = tapped.tokenize("The order arrived broken and I want my money back today.")
-        other = tapped.tokenize("Hello. Something else entirely comes first here.")
+        tokens = tapped.vocab.tokenize("The order arrived broken and I want my money back today.")
+        other = tapped.vocab.tokenize("Hello. Something else entirely comes first here.")
         base = tapped.prefill(tokens[:3])[0]
         state = tapped.prefill(tokens, base)[0]
         mean = state.state_mean

@@ -16,13 +16,15 @@ from pathlib import Path
 import pytest
 
 from app.contract import SystemOneRequest
-from app.engine.llama import Engine, Job, llama_log
+from app.engine.bindings import gpu_offload_supported, llama_log
+from app.engine.llama import Engine, Job
 from tests.conftest import GPU_LAYERS, tiny_settings
+from tests.llama_calls import LlamaCalls
 from tests.loading import load_model
 from tools.check_gpu import Placement
 
 pytestmark = pytest.mark.skipif(
-    not Engine.gpu_offload_supported() or GPU_LAYERS == 0,
+    not gpu_offload_supported() or GPU_LAYERS == 0,
     reason="a CPU build, or ONEPASS_TEST_GPU_LAYERS unset: make test-gpu runs these on a Vulkan device",
 )
 
@@ -62,18 +64,20 @@ def test_every_layer_and_the_kv_cache_are_on_the_device(tiny_chat_path: Path) ->
     assert any("model buffer size" in line and "CPU" not in line.split("model buffer")[0] for line in lines), lines
 
 
-def test_a_snapshot_saved_from_device_kv_restores_exactly_into_a_pooled_context(tiny_chat_path: Path) -> None:
+def test_a_snapshot_saved_from_device_kv_restores_exactly_into_a_pooled_context(
+    tiny_chat_path: Path, llama_calls: LlamaCalls
+) -> None:
     engine, _ = placed(tiny_chat_path, -1)
     try:
-        prefix, _ = engine.prefill(engine.tokenize("A state whose KV lives on the device.", add_bos=True))
-        labels = [engine.tokenize(word)[0] for word in ("Yes", "No")]
-        jobs = [Job(tuple(engine.tokenize(text)), labels) for text in (" Refund?", " Angry?", " Billing?")]
+        prefix, _ = engine.prefill(engine.vocab.tokenize("A state whose KV lives on the device.", add_bos=True))
+        labels = [engine.vocab.tokenize(word)[0] for word in ("Yes", "No")]
+        jobs = [Job(tuple(engine.vocab.tokenize(text)), labels) for text in (" Refund?", " Angry?", " Billing?")]
         held = engine.decode_suffixes(prefix, jobs)  # in the context that prefilled it
-        restores = engine.restores
-        engine.prefill(engine.tokenize("Another state in between.", add_bos=True))
-        engine.prefill(engine.tokenize("And a third, so both contexts hold others.", add_bos=True))
+        restores = llama_calls.restores
+        engine.prefill(engine.vocab.tokenize("Another state in between.", add_bos=True))
+        engine.prefill(engine.vocab.tokenize("And a third, so both contexts hold others.", add_bos=True))
         restored = engine.decode_suffixes(prefix, jobs)
-        assert engine.restores > restores  # copied back from the saved bytes
+        assert llama_calls.restores > restores  # copied back from the saved bytes
         assert [r.label_logits for r in restored.readouts] == [r.label_logits for r in held.readouts]
     finally:
         engine.close()

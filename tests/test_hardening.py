@@ -25,6 +25,7 @@ from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
 from tests.conftest import tiny_settings
 from tests.live import RunningServer
+from tests.llama_calls import LlamaCalls
 
 BODY: dict[str, Any] = {
     "model": "jev-latest",
@@ -79,7 +80,7 @@ class FaultyService(ModelService):
         if self.faults:
             self.faults -= 1
             rendered = plan.suffixes()[0]
-            object.__setattr__(rendered, "tokens", (*rendered.tokens[:-1], self.engine.n_vocab + 7))
+            object.__setattr__(rendered, "tokens", (*rendered.tokens[:-1], self.engine.vocab.n_vocab + 7))
         return plan
 
 
@@ -93,10 +94,10 @@ def app_with(service: ModelService, path: Path, **settings: Any) -> Any:
 
 
 def test_too_many_questions_and_too_long_texts_are_422_before_inference(
-    tiny_service: ModelService, tiny_chat_path: Path
+    tiny_service: ModelService, tiny_chat_path: Path, llama_calls: LlamaCalls
 ) -> None:
     with TestClient(app_with(tiny_service, tiny_chat_path, max_questions=2, max_text_chars=50)) as client:
-        before = tiny_service.engine.decode_calls
+        before = llama_calls.decodes
         many = client.post("/v1/systemone", json=BODY | {"questions": {f"q{i}": {"type": "noul"} for i in range(3)}})
         assert many.status_code == 422
         assert many.json()["detail"][0]["loc"] == ["body", "questions"]
@@ -106,7 +107,7 @@ def test_too_many_questions_and_too_long_texts_are_422_before_inference(
         )
         assert long.status_code == 422
         assert long.json()["detail"][0]["loc"] == ["body", "questions", "q", "choice", "criteria", "x" * 51]
-        assert tiny_service.engine.decode_calls == before
+        assert llama_calls.decodes == before
 
 
 def test_several_keys_from_a_file_guard_every_route_but_the_probes_and_none_is_logged(
@@ -169,19 +170,23 @@ def test_admission_is_per_model_a_busy_model_does_not_turn_away_another(
         assert first.result(timeout=60).status_code == 200
 
 
-def test_a_request_past_its_timeout_is_504_and_its_work_is_dropped(held: HeldService, tiny_chat_path: Path) -> None:
+def test_a_request_past_its_timeout_is_504_and_its_work_is_dropped(
+    held: HeldService, tiny_chat_path: Path, llama_calls: LlamaCalls
+) -> None:
     with TestClient(app_with(held, tiny_chat_path, request_timeout=0.2)) as client:
-        before = held.engine.decode_calls
+        before = llama_calls.decodes
         response = client.post("/v1/systemone", json=BODY | {"state": "a state for the timeout test"})
         assert response.status_code == 504
         assert response.json()["detail"]["error_type"] == "timeout"
         held.release.set()
         assert held.passed.wait(30)
     assert held.saw_cancel == [True]  # the abandoned worker saw the cancellation ...
-    assert held.engine.decode_calls == before  # ... and ran no llama.cpp work
+    assert llama_calls.decodes == before  # ... and ran no llama.cpp work
 
 
-def test_a_client_that_disconnects_leaves_no_work_running(tiny_service: ModelService, tiny_chat_path: Path) -> None:
+def test_a_client_that_disconnects_leaves_no_work_running(
+    tiny_service: ModelService, tiny_chat_path: Path, llama_calls: LlamaCalls
+) -> None:
     watching = CancelWatchingService(tiny_service)
     running = RunningServer(tiny_settings(tiny_chat_path), ModelRegistry.serving(watching))
     try:
@@ -194,10 +199,10 @@ def test_a_client_that_disconnects_leaves_no_work_running(tiny_service: ModelSer
                 + body
             )
             assert watching.entered.wait(30)
-            before = watching.engine.decode_calls
+            before = llama_calls.decodes
         assert watching.passed.wait(30)  # closing the socket cancelled the request ...
         assert watching.saw_cancel == [True]
-        assert watching.engine.decode_calls == before  # ... before any llama.cpp work
+        assert llama_calls.decodes == before  # ... before any llama.cpp work
     finally:
         running.stop()
 

@@ -1,7 +1,7 @@
 """The layering holds: app/'s subpackages import only the ones below them, the modules inside one
-subpackage form no cycle, llama_cpp stays in the engine (its bindings and the eval callback) and
-starlette in http/. The calibration room is entered through its face only, and no module of
-answering/ leans on more than a few others."""
+subpackage form no cycle, llama_cpp stays in the engine's bindings and starlette in http/, and the
+engine's context pool stays inside the engine. The calibration room is entered through its face
+only, and no module of answering/ leans on more than a few others."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 APP = Path(__file__).resolve().parent.parent / "app"
 # The ops tools (tools/README.md) and the bench run from a checkout on top of app/, which is installed alone.
 TOOLS = APP.parent / "tools"
+BENCH = APP.parent / "bench"
 
 # Lowest first. The ground floor is app/'s own modules; a subpackage may import those and the
 # subpackages of lower layers, never one of its own layer or above.
@@ -117,8 +118,16 @@ def test_llama_cpp_stays_in_one_module_and_starlette_in_the_http_edge() -> None:
         for package in owners:
             if package in external:
                 owners[package].add(module)
-    assert owners["llama_cpp"] == {"engine.llama", "engine.layer_tap"}  # the bindings, and the eval callback
+    assert owners["llama_cpp"] == {"engine.bindings"}
     assert {room(module) for module in owners["starlette"]} == {"http"}
+
+
+def test_nothing_outside_the_engine_reaches_its_context_pool() -> None:
+    """Contexts are the engine's to lend: whatever else holds one could decode past the engine."""
+    outside = {f"app/{m}": path for m, path in modules().items() if room(m) != "engine"}
+    outside |= {f"{folder.name}/{path.name}": path for folder in (TOOLS, BENCH) for path in folder.glob("*.py")}
+    for name, path in outside.items():
+        assert "engine.pool" not in imports(path)[0], f"{name} imports app.engine.pool"
 
 
 def test_a_faced_room_is_entered_through_its_face_only() -> None:

@@ -19,6 +19,7 @@ from app.contract import SystemOneRequest
 from app.http.server import create_app
 from app.serving.specs import read_models_config
 from tests.conftest import tiny_settings
+from tests.llama_calls import LlamaCalls
 from tests.loading import load_model, own_prompter
 
 QUESTIONS: dict[str, Any] = {
@@ -93,18 +94,20 @@ def test_ids_and_question_order_change_nothing(pipeline: ModelService) -> None:
     assert twice["answers"]["again"] == twice["answers"]["angry"] == forward["angry"]  # one block, one number
 
 
-def test_a_new_state_with_the_same_questions_prefills_only_the_state(pipeline: ModelService) -> None:
+def test_a_new_state_with_the_same_questions_prefills_only_the_state(
+    pipeline: ModelService, llama_calls: LlamaCalls
+) -> None:
     first = request("The first ticket of the pipeline.")
     pipeline.answer(first)
     sets = pipeline.question_sets.ram.stats()
     assert (sets["misses"], sets["entries"]) == (1, 1)
-    before_calls, before_tokens = pipeline.engine.decode_calls, pipeline.prefilled_tokens
+    before_calls, before_tokens = llama_calls.decodes, pipeline.prefilled_tokens
     second = request("A second, different ticket.")
     response = pipeline.answer(second).wire()
     plan = pipeline.plan(second)
     assert plan.question_set is not None
     state_tokens = len(plan.prefix) - pipeline.base.n_tokens - len(plan.question_set.tokens)
-    assert pipeline.engine.decode_calls - before_calls == 2  # the state's prefill, one batched readout decode
+    assert llama_calls.decodes - before_calls == 2  # the state's prefill, one batched readout decode
     assert pipeline.prefilled_tokens - before_tokens == state_tokens  # not the question block again
     assert pipeline.question_sets.ram.stats()["hits"] == 1
     assert response["x_cache"] == "miss"

@@ -59,13 +59,13 @@ def test_models_without_a_template_get_the_plain_format(tiny_plain_service: Mode
 
 def test_a_broken_or_hostile_template_falls_back_to_plain(tiny_service: ModelService) -> None:
     for template in ["{{ raise_exception('nope') }}", "{{ ''.__class__.__mro__[1].__subclasses__() }}", "{% if %}"]:
-        prompter = OwnPrompter.for_model(tiny_service.engine, template, "<s>", "</s>")
+        prompter = OwnPrompter.for_model(tiny_service.engine.vocab, template, "<s>", "</s>")
         assert prompter.format.kind == "plain"
 
 
 @pytest.mark.parametrize("state", STATES)
 def test_the_prefix_is_a_literal_token_prefix_of_every_full_prompt(service: ModelService, state: str) -> None:
-    tokenizer, fmt = service.engine, own_prompter(service).format
+    tokenizer, fmt = service.engine.vocab, own_prompter(service).format
     request = SystemOneRequest.model_validate({"model": "m", "state": state, "questions": questions()})
     plan = service.plan(request)
     for rendered in plan.suffixes():
@@ -79,7 +79,7 @@ def test_labels_are_distinct_single_tokens_in_the_variant_the_prompt_ends_with(s
         ids = [token for _, token in group]
         assert len(set(ids)) == len(ids)
         for text, token in group:
-            assert service.engine.tokenize((" " if space else "") + text, special=False) == [token]
+            assert service.engine.vocab.tokenize((" " if space else "") + text, special=False) == [token]
     assert [text for text, _ in labels.options[:27]] == [*"ABCDEFGHIJKLMNOPQRSTUVWXYZ", "AA"]
     assert len(labels.options) == 255
     assert [text for text, _ in labels.levels] == list("0123456789")
@@ -117,7 +117,7 @@ def test_question_ids_never_enter_the_prompt(tiny_service: ModelService) -> None
 
 
 def test_control_tokens_in_user_text_are_not_parsed(tiny_service: ModelService) -> None:
-    im_end = tiny_service.engine.tokenize("<|im_end|>", special=True)
+    im_end = tiny_service.engine.vocab.tokenize("<|im_end|>", special=True)
     assert len(im_end) == 1
     request = SystemOneRequest.model_validate(
         {
@@ -140,7 +140,7 @@ def test_state_is_trimmed_and_structures_rendered_canonically() -> None:
 
 def test_system_context_enters_the_head(tiny_service: ModelService) -> None:
     prompter = OwnPrompter.for_model(
-        tiny_service.engine, CHATML_TEMPLATE, "<s>", "</s>", context="Refunds take 5 days."
+        tiny_service.engine.vocab, CHATML_TEMPLATE, "<s>", "</s>", context="Refunds take 5 days."
     )
     assert "Refunds take 5 days." in prompter.format.head
     assert prompter.format.head.index("Refunds") < prompter.format.head.index("Text:")

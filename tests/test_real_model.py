@@ -16,6 +16,7 @@ from app.engine.llama import Job
 from app.engine.ram_tier import RamTier
 from app.serving.loading import assemble, load_spec
 from app.serving.specs import read_models_config
+from tests.llama_calls import LlamaCalls
 from tests.loading import load_model, own_prompter
 
 pytestmark = pytest.mark.real_model
@@ -117,7 +118,7 @@ def test_the_chat_prompt_makes_the_model_emit_labels_without_a_leading_space(rea
         )
     )
     (rendered,) = plan.suffixes()
-    variants = [engine.tokenize(text, special=False)[0] for text in ("Yes", "No", " Yes", " No")]
+    variants = [engine.vocab.tokenize(text, special=False)[0] for text in ("Yes", "No", " Yes", " No")]
     snapshot, _ = engine.prefill(plan.prefix)
     (readout,) = engine.decode_suffixes(snapshot, [Job(rendered.tokens, variants)]).readouts
     p = softmax(readout.label_logits)
@@ -142,7 +143,7 @@ def test_prefix_tokens_are_a_literal_prefix_with_the_real_tokenizer(real_service
         plan = real_service.plan(request)
         for rendered in plan.suffixes():
             whole = fmt.head + render_state(state) + fmt.between + rendered.text + fmt.tail
-            assert list(plan.prefix) + list(rendered.tokens) == real_service.engine.tokenize(whole)
+            assert list(plan.prefix) + list(rendered.tokens) == real_service.engine.vocab.tokenize(whole)
 
 
 LONG_STATE = " ".join(f"Line {i}: the customer reports that parcel {i} arrived late and damaged." for i in range(75))
@@ -211,15 +212,17 @@ def test_question_order_and_ids_do_not_change_answers(real_service: ModelService
     assert {k: forward[k] for k in questions} == {k: backward[f"id-{k}"] for k in questions}
 
 
-def test_n_questions_cost_one_prefill_and_one_decode(real_service: ModelService) -> None:
+def test_n_questions_cost_one_prefill_and_one_decode(real_service: ModelService, llama_calls: LlamaCalls) -> None:
     questions = {f"q{i}": noul(f"Question {i}?") for i in range(5)}
     ask(real_service, "Any state: this learns the questions' calibration priors.", questions)
-    before = real_service.engine.decode_calls
+    before = llama_calls.decodes
     ask(real_service, "A brand new state for counting decodes.", questions)
-    assert real_service.engine.decode_calls - before == 2
+    assert llama_calls.decodes - before == 2
 
 
-def test_questions_that_begin_alike_share_rows_and_answer_as_if_decoded_whole(real_model_path: Path) -> None:
+def test_questions_that_begin_alike_share_rows_and_answer_as_if_decoded_whole(
+    real_model_path: Path, llama_calls: LlamaCalls
+) -> None:
     # Under 64 rows, with flash attention and plain kernels, a row's numbers do not depend on the
     # rest of the batch (docs/notes/2026-11-30-prompt-experiments.md), so sharing must change nothing at all.
     service = load_model(
@@ -236,9 +239,9 @@ def test_questions_that_begin_alike_share_rows_and_answer_as_if_decoded_whole(re
         )
         n_whole = sum(len(job.tokens) for job in jobs)
         assert n_whole < 64
-        before = engine.decoded_tokens
+        before = llama_calls.rows
         shared = engine.decode_suffixes(cached, jobs).readouts
-        assert engine.decoded_tokens - before < n_whole - 5  # "Question: Does the ticket mention" once
+        assert llama_calls.rows - before < n_whole - 5  # "Question: Does the ticket mention" once
         engine.shares_suffix_tokens = False
         assert engine.decode_suffixes(cached, jobs).readouts == shared
     finally:

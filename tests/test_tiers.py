@@ -31,8 +31,8 @@ def disk_for(engine: Engine, folder: Path) -> DiskTier:
 def test_a_prefix_is_prefilled_once_then_a_ram_hit_and_after_a_restart_a_disk_hit(
     engine: Engine, tmp_path: Path
 ) -> None:
-    base, _ = engine.prefill(engine.tokenize("System part. "))
-    tokens = (*base.tokens, *engine.tokenize("A state of a few words.", add_bos=False))
+    base, _ = engine.prefill(engine.vocab.tokenize("System part. "))
+    tokens = (*base.tokens, *engine.vocab.tokenize("A state of a few words.", add_bos=False))
     key = cache_key("test", repr(tokens))
     disk = disk_for(engine, tmp_path)
     tiers = PrefixCache(engine, RamTier(4, 4096), disk)
@@ -51,7 +51,7 @@ def test_a_prefix_is_prefilled_once_then_a_ram_hit_and_after_a_restart_a_disk_hi
 
 
 def test_a_cancelled_request_stops_before_the_prefill_and_no_ram_tier_reads_off(engine: Engine) -> None:
-    tokens = tuple(engine.tokenize("Another state entirely."))
+    tokens = tuple(engine.vocab.tokenize("Another state entirely."))
     tiers = PrefixCache(engine, RamTier(4, 4096))
     with pytest.raises(Cancelled):
         tiers.resolve(cache_key("c"), tokens, None, Timing(), cancelled=lambda: True)
@@ -68,8 +68,8 @@ def test_a_state_mean_kept_on_disk_comes_back_and_a_file_without_one_is_prefille
     and rewritten with it."""
     tapped = Engine(tiny_chat_path, n_ctx=1024, threads=1, n_gpu_layers=GPU_LAYERS, probe_layer="middle")
     try:
-        base, _ = tapped.prefill(tapped.tokenize("System part. "))
-        tokens = (*base.tokens, *tapped.tokenize("A state with a mean.", add_bos=False))
+        base, _ = tapped.prefill(tapped.vocab.tokenize("System part. "))
+        tokens = (*base.tokens, *tapped.vocab.tokenize("A state with a mean.", add_bos=False))
         key = cache_key("mean", repr(tokens))
         disk = disk_for(tapped, tmp_path)
         first = PrefixCache(tapped, RamTier(4, 4096), disk).resolve(key, tokens, base, Timing(), state_mean=True)

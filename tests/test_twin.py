@@ -25,7 +25,7 @@ def test_a_twin_has_the_models_shapes_types_and_tokenizer_and_other_weights(tmp_
     assert twin.stat().st_size == model.stat().st_size
     engine = Engine(twin, n_ctx=256, threads=1)
     try:
-        prefix, _ = engine.prefill(engine.tokenize("a twin decodes", add_bos=True))
+        prefix, _ = engine.prefill(engine.vocab.tokenize("a twin decodes", add_bos=True))
         assert prefix.n_tokens > 1
     finally:
         engine.close()

@@ -3,9 +3,10 @@ hang names its step instead of ending a run with no word.
 
 python -m tools.check_gpu [MODEL.gguf] [--timeout SECONDS]
 
-Steps: the backends this build has, the model load with every layer offloaded (and where llama.cpp
-put them), the context, one decode, a state save, its restore, the batched decode of several
-suffixes, and bit-identity (a restored prefix answers as the freshly prefilled one). Each line is
+Steps: loading llama.cpp (its CUDA libraries and its backends), the backends this build has, the
+model load with every layer offloaded (and where llama.cpp put them), the context, one decode, a
+state save, its restore, the batched decode of several suffixes, and bit-identity (a restored prefix
+answers as the freshly prefilled one). Each line is
 printed and flushed as the step starts and ends. A step that raises exits 1 and one that outlives its
 timeout exits 2, both naming it (with the Python stack of a hung step).
 """
@@ -25,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from app.config import DEFAULT_MODEL_PATH
+from app.engine import bindings
+from app.engine.bindings import llama_log
 from app.engine.devices import backends, devices, gpu_layers_problem, gpus
-from app.engine.llama import Engine, Job, llama_log
+from app.engine.llama import Engine, Job
 
 # Lines of llama.cpp's load log that say which device holds what.
 PLACEMENT_MARKERS = ("offload", "model buffer size", "KV buffer size", "compute buffer size", "using device")
@@ -94,14 +97,16 @@ def check(model: Path, timeout: float, layers: int = -1) -> dict[str, Any]:
     placement = Placement()
     llama_log.addHandler(placement)
     llama_log.setLevel(logging.DEBUG)
+    with steps.step("load llama.cpp and initialise its backends"):
+        bindings.init()
     with steps.step("backends and devices"):
-        found["gpu_offload"] = Engine.gpu_offload_supported()
+        found["gpu_offload"] = bindings.gpu_offload_supported()
         found["gpus"] = [str(device) for device in gpus()]
         say(f"  GPU offload in this build: {'yes' if found['gpu_offload'] else 'no (a CPU build)'}")
         say(f"  ggml backends loaded: {', '.join(backends())}")
         for device in devices():
             say(f"  device {device}")
-        say(f"  {Engine.system_info()}")
+        say(f"  {bindings.system_info()}")
     with steps.step(f"load {model.name} with n_gpu_layers={layers}"):
         engine = Engine(model, n_ctx=512, n_gpu_layers=layers, threads=1, contexts=0)
         found["placement"] = list(placement.lines)
@@ -113,23 +118,24 @@ def check(model: Path, timeout: float, layers: int = -1) -> dict[str, Any]:
         engine.open_contexts(1)
         for line in placement.lines[len(found["placement"]) :]:
             say(f"  {line}")
-    tokens = engine.tokenize("The customer was charged twice and asks for a refund.", add_bos=True)
-    labels = [engine.tokenize(word)[0] for word in ("Yes", "No")]
-    jobs = [Job(tuple(engine.tokenize(text)), labels) for text in (" Refund?", " Angry?", " Billing question?")]
+    vocab = engine.vocab
+    tokens = vocab.tokenize("The customer was charged twice and asks for a refund.", add_bos=True)
+    labels = [vocab.tokenize(word)[0] for word in ("Yes", "No")]
+    jobs = [Job(tuple(vocab.tokenize(text)), labels) for text in (" Refund?", " Angry?", " Billing question?")]
     with steps.step(f"one decode (prefill of {len(tokens)} tokens)"):
         prefix, timing = engine.prefill(tokens)
         say(f"  {timing.prefill_ms:.0f} ms")
     with steps.step("state save"):
         say(f"  snapshot of {prefix.n_tokens} tokens: {len(prefix.data)} bytes")
     with steps.step("restore into a cleared context and decode one suffix"):
-        engine.prefill(engine.tokenize("Something else entirely.", add_bos=True))  # the context now holds another
+        engine.prefill(vocab.tokenize("Something else entirely.", add_bos=True))  # the context now holds another
         single = engine.decode_suffixes(prefix, jobs[:1])
         say(f"  restore {single.timing.restore_ms:.1f} ms, decode {single.timing.decode_ms:.1f} ms")
     with steps.step(f"batched decode of {len(jobs)} suffixes"):
         first = engine.decode_suffixes(prefix, jobs)
         say(f"  {first.n_decodes} decode(s), {first.timing.decode_ms:.1f} ms")
     with steps.step("bit-identity: a restored prefix answers as before"):
-        engine.prefill(engine.tokenize("Yet another state.", add_bos=True))
+        engine.prefill(vocab.tokenize("Yet another state.", add_bos=True))
         again = engine.decode_suffixes(prefix, jobs)
         if [r.label_logits for r in again.readouts] != [r.label_logits for r in first.readouts]:
             raise AssertionError("the same prefix and suffixes gave other logits after a restore")

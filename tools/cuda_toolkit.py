@@ -8,7 +8,7 @@ A system toolkit counts when it has nvcc and cuBLAS (headers and library): CUDA_
 nvcc on PATH, /usr/local/cuda, /opt/cuda, in that order. Otherwise the compiler, runtime and cuBLAS
 wheels below are installed into DIR (once; about 1 GB) and used as a toolkit: they lay out one
 (bin, include, lib) under nvidia/cu13. The runtime and cuBLAS wheels are then also what the built
-library needs when it runs, so `make setup` installs those into the venv (app/engine/__init__.py loads
+library needs when it runs, so `make setup` installs those into the venv (app/engine/bindings.py loads
 them before llama.cpp).
 """
 

@@ -25,14 +25,16 @@ from app.platform.cpu import cmake_args, detect
 # Run inside the venv: llama.cpp's own account of the build, and what this process loaded.
 LLAMA_INFO = """
 import json
+from app.engine import bindings
 from app.engine.devices import backends, devices
-from app.engine.llama import Engine
+bindings.init()
 print(json.dumps({
-    "llama_cpp_python": Engine.version(),
-    "system_info": Engine.system_info(),
+    "llama_cpp_python": bindings.version(),
+    "system_info": bindings.system_info(),
     "backends": backends(),
     "devices": [str(device) for device in devices()],
-    "gpu_offload": Engine.gpu_offload_supported(),
+    "gpu_offload": bindings.gpu_offload_supported(),
+    "engine_problem": bindings.installed_problem(),
 }))
 """
 
@@ -56,6 +58,8 @@ def llama_section(venv: Path) -> list[str]:
         ]
     info = json.loads(done.stdout.strip().splitlines()[-1])
     lines = [f"  llama-cpp-python {info['llama_cpp_python']}", f"  system info: {info['system_info']}"]
+    if info["engine_problem"]:
+        lines.insert(1, f"  {info['engine_problem']}")
     lines.append(f"  ggml backends loaded: {', '.join(info['backends']) or '(none)'}")
     lines.append(f"  devices: {'; '.join(info['devices']) or '(none listed)'}")
     lines.append(f"  GPU offload supported: {'yes' if info['gpu_offload'] else 'no (a CPU build)'}")

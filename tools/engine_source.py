@@ -8,9 +8,10 @@ and the native comparison meet onepass on equal builds. Standard library only.
 What changes against llama-cpp-python's own release (docs/decision-models.md):
 - vendor/llama.cpp is xllamacpp's thirdparty/llama.cpp;
 - llama_context_params gains `moe_cache_size` (a size_t after type_v), as that llama.h declares it:
-  without it ctypes would read every later field 8 bytes off (app/engine/llama.py checks the layout);
+  without it ctypes would read every later field 8 bytes off (app/engine/bindings.py checks the layout);
 - the version gets a local part naming the llama.cpp (VERSION), so the wheel cache, the build record
-  and the disk tier's key all change with it.
+  and the disk tier's key all change with it, and the engine refuses any other build (no package
+  index takes a local version: what pip resolves there never has it).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from app.engine.bindings import ENGINE_VERSION
 from tools.build_peer import download_sdist
 
 BINDINGS = "llama-cpp-python==0.3.36"
 LLAMA_CPP = "xllamacpp==2026.10.11549"  # its thirdparty/llama.cpp is ggml-org/llama.cpp b11549
-VERSION = "0.3.36+llama.b11549"
+VERSION = ENGINE_VERSION  # "0.3.36+llama.b11549": the bindings' version, a local part naming the llama.cpp
 
 # (file, text that must occur exactly once, what it becomes)
 PATCHES = (

@@ -188,7 +188,7 @@ class DecisionPrompter:
     layout = "state-first"
 
     def __init__(self, tokenizer: Tokenizer, fmt: DecisionFormat, control_texts: set[str]) -> None:
-        """`control_texts`: the vocabulary's control tokens' texts (Engine.control_texts)."""
+        """`control_texts`: the vocabulary's control tokens' texts (Vocabulary.control_texts)."""
         self.tokenizer = tokenizer
         self.format = fmt
         self.decision_type = fmt.kind

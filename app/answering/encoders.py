@@ -46,7 +46,7 @@ class EncoderPrompter:
     head_tokens: tuple[int, ...] = ()  # nothing is shared: every prompt is read whole
 
     def __init__(self, tokenizer: Tokenizer, fmt: DecisionFormat, control_texts: set[str], specials: Specials) -> None:
-        """`control_texts`: the vocabulary's control tokens' texts (Engine.control_texts); `specials`:
+        """`control_texts`: the vocabulary's control tokens' texts (Vocabulary.control_texts); `specials`:
         the mask and separator tokens the format reads."""
         self.tokenizer = tokenizer
         self.format = fmt

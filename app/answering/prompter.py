@@ -17,7 +17,7 @@ from app.engine.llama import Readout
 
 
 class Tokenizer(Protocol):
-    """The model's tokenizer (app/engine/llama.py's Engine)."""
+    """The model's tokenizer (app/engine/vocab.py's Vocabulary)."""
 
     @property
     def add_bos(self) -> bool: ...  # whether a prompt begins with the BOS token

@@ -1,9 +1,10 @@
 """What the installed llama.cpp can run on: the ggml backends it registered and the devices they found.
 
 llama-cpp-python binds none of ggml's backend registry, so this asks libggml itself, the very file
-libllama links (by its soname), after llama.cpp has initialised its backends: the answer is what this
-process loaded, not what the build's file names suggest. A GPU backend with no device (a Vulkan build
-without a driver, a CUDA build on a machine without an NVIDIA GPU) lists the backend and no GPU.
+libllama links (by its soname), after llama.cpp has initialised its backends (bindings.init()): the
+answer is what this process loaded, not what the build's file names suggest. A GPU backend with no
+device (a Vulkan build without a driver, a CUDA build on a machine without an NVIDIA GPU) lists the
+backend and no GPU.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import ctypes
 from dataclasses import dataclass
 from functools import cache
 
-from app.engine.llama import Engine
+from app.engine import bindings
 
 # ggml_backend_dev_type: what a device is
 KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
@@ -30,7 +31,7 @@ class Device:
 
 @cache
 def _ggml() -> ctypes.CDLL | None:
-    folder = Engine.library_dir()
+    folder = bindings.library_dir()  # loads llama.cpp and registers its backends
     found = [folder / name for name in ("libggml.so.0", "libggml.dylib", "libggml.so") if (folder / name).exists()]
     if not found:
         return None
@@ -47,7 +48,7 @@ def _ggml() -> ctypes.CDLL | None:
     ):
         function = getattr(lib, name)
         function.restype, function.argtypes = result, arguments
-    return lib  # importing app.engine.llama registered the backends
+    return lib
 
 
 def backends() -> list[str]:
@@ -98,7 +99,7 @@ def gpu_layers_problem(n_gpu_layers: int) -> str | None:
         return None
     found = backends()
     loaded = ", ".join(found) or "none"
-    if Engine.gpu_offload_supported() or set(found) & GPU_BACKENDS:
+    if bindings.gpu_offload_supported() or set(found) & GPU_BACKENDS:
         return (
             f"n_gpu_layers={n_gpu_layers} asks for GPU layers and this llama.cpp has a GPU backend (backends: "
             f"{loaded}), but it finds no GPU device: check the driver (make doctor lists the devices; a Vulkan "

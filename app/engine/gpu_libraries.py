@@ -3,8 +3,8 @@
 `make setup GPU=cuda` on a machine without a CUDA toolkit compiles against NVIDIA's wheels
 (tools/cuda_toolkit.py) and installs their runtime and cuBLAS into the venv, under
 site-packages/nvidia/cu13/lib. llama.cpp's CUDA backend links libcudart, libcublas and libcublasLt by
-name, and nothing puts that folder on the loader's path, so they are loaded here, globally, before
-llama_cpp is imported: the loader then finds them already in the process. Without a CUDA backend in
+name, and nothing puts that folder on the loader's path, so bindings.init() loads them here, globally,
+before it imports llama_cpp: the loader then finds them already in the process. Without a CUDA backend in
 the installed llama.cpp, or with a system toolkit, this does nothing.
 """
 

@@ -9,17 +9,15 @@ backend copy), so neither ggml's struct layout nor the device it lives on matter
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
-import llama_cpp
-import llama_cpp.llama_cpp as bindings
 import numpy as np
-from llama_cpp._ctypes_extensions import load_shared_library
 from numpy.typing import NDArray
+
+from app.engine.bindings import llama, shared_library
 
 
 def _ggml() -> ctypes.CDLL:
-    ggml: ctypes.CDLL = load_shared_library("ggml-base", Path(bindings.__file__).parent / "lib")
+    ggml = shared_library("ggml-base")
     for name, restype, argtypes in (
         ("ggml_get_name", ctypes.c_char_p, [ctypes.c_void_p]),
         ("ggml_nbytes", ctypes.c_size_t, [ctypes.c_void_p]),
@@ -42,7 +40,7 @@ class LayerTap:
         self._ggml = _ggml()
         self._parts: list[NDArray[np.float32]] = []
         self._unreadable = False
-        self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._called)  # C keeps only a pointer
+        self.callback = llama.ggml_backend_sched_eval_callback(self._called)  # C keeps only a pointer
 
     def _called(self, tensor: ctypes.c_void_p, ask: bool, _user_data: ctypes.c_void_p) -> bool:
         if self._ggml.ggml_get_name(tensor) != self._name:

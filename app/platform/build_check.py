@@ -8,6 +8,8 @@ the wheel), the ones this machine has, and the command that rebuilds.
 
 A passing check is remembered per installed library and CPU, so a server start pays for it
 once: `python -m app.platform.build_check` (make check-build) runs it, and the CLI runs it before serving.
+Before it, the installed llama-cpp-python must be onepass's engine (app/engine/bindings.py): a
+release from a package index is refused with the command that installs the engine.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from app.engine.bindings import installed_problem
+from app.engine.llama import Engine, Job
 from app.paths import REPO_ROOT, cache_home
 from app.platform.cpu import Cpu, detect, missing_features
+from app.platform.tiny_gguf import write_tiny_gguf
 
 REBUILD = "make clean-build && make run"
 CHECK_TIMEOUT_S = 300.0  # a tiny decode takes well under a second; this only bounds a hung child
@@ -73,15 +78,13 @@ def _stamp(fingerprint: str) -> Path:
 
 def decode_once() -> None:
     """The child's work: load the tiny model, prefill, decode one question, read its labels."""
-    from app.engine.llama import Engine, Job  # imported here: loading llama.cpp is what may crash
-    from app.platform.tiny_gguf import write_tiny_gguf
-
     with tempfile.TemporaryDirectory() as folder:
         engine = Engine(write_tiny_gguf(Path(folder) / "check.gguf"), n_ctx=256, threads=1)
         try:
-            prefix, _ = engine.prefill(engine.tokenize("a build check", add_bos=True))
-            yes, no = engine.tokenize("Yes"), engine.tokenize("No")
-            answered = engine.decode_suffixes(prefix, [Job(tokens=engine.tokenize(" Answer:"), labels=[yes[0], no[0]])])
+            vocab = engine.vocab
+            prefix, _ = engine.prefill(vocab.tokenize("a build check", add_bos=True))
+            yes, no = vocab.tokenize("Yes"), vocab.tokenize("No")
+            answered = engine.decode_suffixes(prefix, [Job(tokens=vocab.tokenize(" Answer:"), labels=[yes[0], no[0]])])
             if any(math.isnan(logit) for logit in answered.readouts[0].label_logits):
                 raise SystemExit("llama.cpp decoded NaN logits")  # kernels that run but compute garbage
         finally:
@@ -114,7 +117,11 @@ def explain(returncode: int, output: str, record: dict[str, object] | None, cpu:
 
 
 def run_check(child: list[str] | None = None, cpu: Cpu | None = None) -> str | None:
-    """None when llama.cpp decodes on this CPU, else the explanation. Cached per library and CPU."""
+    """None when onepass's engine is installed and decodes on this CPU, else the explanation. The
+    decode's result is cached per library and CPU."""
+    problem = installed_problem()  # read from the package's metadata: nothing is loaded for it
+    if problem is not None:
+        return f"onepass: {problem}"
     cpu = cpu or detect()
     fingerprint = _fingerprint(cpu) if child is None else None
     if fingerprint is not None and _stamp(fingerprint).is_file():

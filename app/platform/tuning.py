@@ -69,7 +69,7 @@ def prefill_times(model_path: Path, variants: list[dict[str, Any]], n_tokens: in
     cores) slows all alike instead of whichever happened to run during the burst."""
     engines = [Engine(model_path, n_ctx=512, **variant) for variant in variants]
     try:
-        tokens = engines[0].tokenize(SAMPLE, add_bos=True)[:n_tokens]
+        tokens = engines[0].vocab.tokenize(SAMPLE, add_bos=True)[:n_tokens]
         best = [float("inf")] * len(engines)
         for _ in range(rounds):
             for i, engine in enumerate(engines):

@@ -15,9 +15,10 @@ from app.answering.prompter import Prompter
 from app.answering.prompting import OwnPrompter
 from app.answering.service import ModelService
 from app.calibration import CONTENT_FREE_STATES, Calibration, DiskPriors, FitStore, Priors
+from app.engine.bindings import decision_order_setter
 from app.engine.devices import gpu_layers_problem
 from app.engine.disk_tier import DiskTier, SnapshotIdentity
-from app.engine.llama import Engine, decision_order_setter
+from app.engine.llama import Engine
 from app.engine.ram_tier import CacheKey, RamTier, cache_key
 from app.engine.tiers import PrefixCache
 from app.platform.tuning import choose, choose_threads
@@ -35,11 +36,12 @@ def read_context(path: Path | None) -> str:
 
 def prompter_for(engine: Engine, template: str = "auto", context: str = "", layout: str = "state-first") -> Prompter:
     """The prompts a model is served with: a decision GGUF's own format (app/answering/decision.py), else its
-    chat template ("auto") or the plain layout.
+    chat template ("auto") or the plain layout. The prompters read the model's vocabulary alone.
 
     The bench renders llama-server's prompts with this too, so both sides see the same text.
     """
-    decision = read_format(engine.metadata, engine.metadata_keys())
+    vocab = engine.vocab
+    decision = read_format(vocab.metadata, vocab.metadata_keys())
     if decision is not None:
         if context.strip() or layout != "state-first":
             log.warning(
@@ -52,17 +54,17 @@ def prompter_for(engine: Engine, template: str = "auto", context: str = "", layo
                 raise DecisionError(
                     f"clef needs llama_batch_ext_set_decision_order, which this llama.cpp build ({engine.build}) lacks"
                 )
-            texts = {t: engine.piece(t) for t in (engine.mask_token, engine.sep_token) if t >= 0}
+            texts = {t: vocab.piece(t) for t in (vocab.mask_token, vocab.sep_token) if t >= 0}
             return EncoderPrompter(
-                engine, decision, engine.control_texts(), Specials(engine.mask_token, engine.sep_token, texts)
+                vocab, decision, vocab.control_texts(), Specials(vocab.mask_token, vocab.sep_token, texts)
             )
-        return DecisionPrompter(engine, decision, engine.control_texts())
-    chat_template = engine.metadata("tokenizer.chat_template") if template == "auto" else None
+        return DecisionPrompter(vocab, decision, vocab.control_texts())
+    chat_template = vocab.metadata("tokenizer.chat_template") if template == "auto" else None
     return OwnPrompter.for_model(
-        engine,
+        vocab,
         chat_template,
-        engine.special_token_text(engine.bos_token),
-        engine.special_token_text(engine.eos_token),
+        vocab.special_token_text(vocab.bos_token),
+        vocab.special_token_text(vocab.eos_token),
         context,
         layout,
     )

@@ -1,0 +1,224 @@
+"""The engine's pool of llama.cpp contexts, and what one context does: hold a snapshot in sequence 0,
+save it, take a batch of rows and decode it. The engine's own: nothing outside app/engine/ imports it
+(tests/test_layering.py holds it so).
+
+A request borrows one context. A context is handed back holding only sequence 0, so a request for
+the snapshot it holds (or for the base that snapshot grew from) skips the restore: the cells
+already hold the snapshot's exact bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from app.engine.bindings import EngineError, llama
+from app.engine.layer_tap import LayerTap
+from app.engine.snapshot import Snapshot
+from app.engine.suffix_tree import MAX_SEQUENCES, Row
+
+N_UBATCH = 512
+
+
+class RestoreError(EngineError):
+    """A snapshot could not be restored; the context has been cleaned."""
+
+
+@dataclass(frozen=True)
+class KvSettings:
+    """Every context parameter that shapes a snapshot's bytes: set on each context from here, and
+    described in every cache key from here, so the two cannot disagree."""
+
+    n_ctx: int
+    n_ubatch: int = N_UBATCH
+    # Restore is exact only with the same attention and KV settings as the save. Flash attention
+    # makes a prefill in one piece and in two pieces round differently (docs/performance.md); every path
+    # here prefills in the same pieces (base, state, suffix), so hit == miss == cache off either way.
+    flash_attn: bool = False
+    kv_type: str = "f16"
+    kv_unified: bool = True  # seq_cp then shares the prefix cells between question sequences
+    # A model-level setting, not a context's: repacked weights run other kernels, which round
+    # differently, so the K and V values a prefill writes differ with them.
+    repack: bool = False
+
+    def apply(self, params: llama.llama_context_params) -> None:
+        params.n_ctx = params.n_batch = self.n_ctx
+        params.n_ubatch = self.n_ubatch
+        params.flash_attn_type = (
+            llama.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn else llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        params.type_k = params.type_v = {"f16": llama.GGML_TYPE_F16, "f32": llama.GGML_TYPE_F32}[self.kv_type]
+        params.kv_unified = self.kv_unified
+
+    def describe(self) -> str:
+        return (
+            f"n_ctx={self.n_ctx};kv={self.kv_type}/{self.kv_type};flash_attn={'on' if self.flash_attn else 'off'};"
+            f"kv_unified={int(self.kv_unified)};n_ubatch={self.n_ubatch};repack={int(self.repack)}"
+        )
+
+
+class Context:
+    """One llama_context with its reusable batch. Used by one thread at a time.
+
+    A model without memory (an encoder: every token sees every other) gets an `encoder` context:
+    embeddings on, no pooling, and a micro-batch as large as the context, since such a model takes
+    a whole prompt in one piece (llama.cpp aborts the process on a longer one)."""
+
+    def __init__(
+        self, model: ctypes.c_void_p, kv: KvSettings, threads: int, encoder: bool = False, tap: int | None = None
+    ) -> None:
+        params = llama.llama_context_default_params()
+        self.tap = None if tap is None else LayerTap(tap)  # the context's own: one decode at a time
+        if self.tap is not None:
+            params.cb_eval = self.tap.callback
+        kv.apply(params)
+        params.n_seq_max = MAX_SEQUENCES
+        params.n_threads = params.n_threads_batch = threads
+        params.no_perf = True
+        if encoder:
+            params.n_ubatch = params.n_batch = kv.n_ctx
+            params.embeddings = True
+            params.pooling_type = llama.LLAMA_POOLING_TYPE_NONE
+        n_ctx = kv.n_ctx
+        self.ctx = llama.llama_init_from_model(model, params)
+        if not self.ctx:
+            raise EngineError(f"llama.cpp could not create a context (n_ctx={n_ctx})")
+        self.memory = llama.llama_get_memory(self.ctx)  # None for a model without memory
+        self.n_ctx = n_ctx
+        # Room for every sequence on each token: a token several suffixes share is in all of theirs.
+        self.batch = llama.llama_batch_init(n_ctx, 0, MAX_SEQUENCES)
+        self.prompt = llama.llama_batch_ext_init(self.ctx) if encoder else None  # a whole prompt, with its marks
+        # Snapshots whose exact bytes sequence 0 holds, shortest first (a base, then what was
+        # prefilled on it); sequence 0 is the only sequence left between requests.
+        self.held: tuple[Snapshot, ...] = ()
+
+    def clear(self) -> None:
+        if self.memory:
+            llama.llama_memory_clear(self.memory, False)  # cells emptied; stale data stays masked
+        self.held = ()
+
+    def position_of(self, snapshot: Snapshot) -> int | None:
+        """Where `snapshot` stands in `held` (compared by identity), or None."""
+        return next((i for i, held in enumerate(self.held) if held is snapshot), None)
+
+    def hold(self, snapshot: Snapshot) -> None:
+        """Make sequence 0 hold exactly `snapshot`: cut back to it when the context holds it
+        already (the cells keep the very bytes the snapshot has), else clear and restore."""
+        position = self.position_of(snapshot)
+        # A memory that cannot drop a tail of a sequence (recurrent models) answers False: restore.
+        if position is not None and llama.llama_memory_seq_rm(self.memory, 0, snapshot.n_tokens, -1):
+            self.held = self.held[: position + 1]
+            return
+        self.clear()
+        blob = snapshot.data
+        read = llama.llama_state_seq_set_data(
+            self.ctx, ctypes.cast(ctypes.c_char_p(blob), ctypes.POINTER(ctypes.c_uint8)), len(blob), 0
+        )
+        if read != len(blob):  # borrow clears the context on the way out: never a half-restored sequence
+            raise RestoreError(f"llama.cpp restored {read} of {len(blob)} snapshot bytes")
+        self.held = (snapshot,)
+
+    def save(self) -> bytes:
+        """Sequence 0's state (llama_state_seq_get_data): a snapshot's bytes."""
+        size = llama.llama_state_seq_get_size(self.ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        written = llama.llama_state_seq_get_data(self.ctx, buf, size, 0)
+        if written != size:
+            raise EngineError(f"llama.cpp saved {written} of {size} state bytes")
+        return ctypes.string_at(buf, size)
+
+    def fill(self, entries: Sequence[Row]) -> None:
+        """Load (token, position, sequences, wants_logits) rows into the context's batch."""
+        if len(entries) > self.n_ctx:
+            raise ValueError(f"{len(entries)} tokens exceed the batch of {self.n_ctx}")
+        batch = self.batch
+        for i, (token, pos, seqs, wants_logits) in enumerate(entries):
+            batch.token[i] = token
+            batch.pos[i] = pos
+            batch.n_seq_id[i] = len(seqs)
+            for k, seq in enumerate(seqs):
+                batch.seq_id[i][k] = seq
+            batch.logits[i] = wants_logits
+        batch.n_tokens = len(entries)
+
+    def decode(self) -> None:
+        """Decode the batch `fill` loaded (the tap, if any, reads its layer's rows)."""
+        if self.tap is not None:
+            self.tap.clear()
+        status = llama.llama_decode(self.ctx, self.batch)
+        if status != 0:  # borrow clears the context on the way out
+            raise EngineError(f"llama_decode failed with status {status}")
+
+    def close(self) -> None:
+        if self.prompt is not None:
+            llama.llama_batch_ext_free(self.prompt)
+        llama.llama_batch_free(self.batch)
+        llama.llama_free(self.ctx)
+
+
+def keeps_memory(model: ctypes.c_void_p, kv: KvSettings, threads: int) -> bool:
+    """Whether the model keeps a memory of what it read (a KV cache, a recurrent state). A model
+    without (laya, lfm2-d1-omni, clef) reads each prompt whole; llama.cpp says which only through a
+    context, so one is made to ask."""
+    probe = Context(model, kv, threads)
+    try:
+        return bool(probe.memory)
+    finally:
+        probe.close()
+
+
+class ContextPool:
+    """A model's contexts, all made alike, each lent to one request at a time."""
+
+    def __init__(self, model: ctypes.c_void_p, kv: KvSettings, threads: int, *, encoder: bool, tap: int | None) -> None:
+        self._model, self._kv, self._threads, self._encoder, self._tap = model, kv, threads, encoder, tap
+        self._contexts: list[Context] = []
+        self._idle: list[Context] = []  # least recently used first
+        self._idle_changed = threading.Condition()
+
+    def open(self, count: int) -> None:
+        """Add `count` contexts to the pool."""
+        for _ in range(count):
+            ctx = Context(self._model, self._kv, self._threads, encoder=self._encoder, tap=self._tap)
+            with self._idle_changed:
+                self._contexts.append(ctx)
+                self._idle.append(ctx)
+                self._idle_changed.notify_all()
+
+    def close(self) -> None:
+        """Free every context once requests in flight have handed theirs back; borrow then raises EngineError."""
+        with self._idle_changed:
+            self._idle_changed.wait_for(lambda: len(self._idle) == len(self._contexts))
+            for ctx in self._contexts:
+                ctx.close()
+            self._contexts.clear()
+            self._idle.clear()
+
+    @contextlib.contextmanager
+    def borrow(self, wanted: Snapshot | None) -> Iterator[Context]:
+        """An idle context: one that already holds `wanted` if there is one, else the least recently used.
+
+        A context is handed back holding its sequence 0, so the next request for the same
+        prefix (or a prefix of it, such as the base) skips the restore. Anything that goes
+        wrong on the way clears it.
+        """
+        with self._idle_changed:
+            self._idle_changed.wait_for(lambda: bool(self._idle) or not self._contexts)
+            if not self._contexts:
+                raise EngineError("the engine is closed")
+            holding = [ctx for ctx in self._idle if wanted is not None and ctx.position_of(wanted) is not None]
+            ctx = holding[-1] if holding else self._idle[0]
+            self._idle.remove(ctx)
+        handed_back = False
+        try:
+            yield ctx
+            handed_back = True
+        finally:
+            if not handed_back:
+                ctx.clear()
+            with self._idle_changed:
+                self._idle.append(ctx)
+                self._idle_changed.notify()
