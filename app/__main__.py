@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from app.config import DEFAULT_CONFIG_PATH, ConfigError, SettingsSource
+from app.config_sources import DEFAULT_CONFIG_PATH, ConfigError, SettingsSource
 from app.engine.devices import backends, devices, gpu_layers_problem
 from app.fleet.processes import listening_socket, url_of
 from app.fleet.routing import replica_name

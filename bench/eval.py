@@ -25,9 +25,11 @@ from typing import Any
 from starlette.testclient import TestClient
 
 from app.answering.decision import DecisionPrompter
-from app.config import DEFAULT_CONFIG_PATH, DEFAULT_MODEL_PATH, LAYOUTS, Settings, load_settings
+from app.config import LAYOUTS, Settings
+from app.config_sources import DEFAULT_CONFIG_PATH, load_settings
 from app.http.server import create_app
 from app.paths import REPO_ROOT
+from app.serving.known_models import default_model_path
 from app.serving.loading import load_spec
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelSpec, read_models_config, replace_settings
@@ -238,7 +240,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)
+    parser.add_argument("--model", type=Path, default=default_model_path())
     parser.add_argument("--calibration", choices=["contextual", "none"], default="contextual")
     parser.add_argument("--limit", type=int, help="only the first N items (a quick check)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results")

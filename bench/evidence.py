@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from app.answering.service import ModelService
-from app.config import DEFAULT_CONFIG_PATH, DEFAULT_MODEL_PATH, load_settings
+from app.config_sources import DEFAULT_CONFIG_PATH, load_settings
 from app.contract import SystemOneRequest
 from app.paths import REPO_ROOT
+from app.serving.known_models import default_model_path
 from app.serving.loading import load_spec
 from app.serving.specs import ModelSpec, read_models_config
 from bench.output import Progress, write_atomically
@@ -91,7 +92,7 @@ def collect(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)
+    parser.add_argument("--model", type=Path, default=default_model_path())
     parser.add_argument("--per-workload", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workloads", nargs="*", help="only these (default: every workload)")

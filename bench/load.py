@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from app.config import DEFAULT_MODEL_PATH
+from app.serving.known_models import default_model_path
 from bench.servers import onepass_server, rss_mb
 from bench.workloads import QUESTIONS, SENTENCES
 
@@ -63,7 +63,7 @@ async def drive(url: str, requests: list[dict[str, Any]], clients: int) -> tuple
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)
+    parser.add_argument("--model", type=Path, default=default_model_path())
     parser.add_argument("--requests", type=int, default=192)
     parser.add_argument("--clients", type=int, default=64)
     args = parser.parse_args()

@@ -16,7 +16,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from app.config import load_settings
+from app.config_sources import load_settings
 from app.contract import SystemOneRequest
 from app.serving.loading import load_spec
 from app.serving.specs import ModelSpec

@@ -35,8 +35,10 @@ from typing import Any
 import httpx
 
 from app.calibrate.runner import answer_all, fit_all, journal_for, parse_examples, store_all
-from app.config import DEFAULT_MODEL_PATH, LAYOUTS, load_settings
+from app.config import LAYOUTS
+from app.config_sources import load_settings
 from app.engine.llama import Engine
+from app.serving.known_models import default_model_path
 from app.serving.loading import load_spec
 from app.serving.specs import ModelSpec
 from bench.client import ask, sized_text
@@ -312,7 +314,7 @@ def fitted_markdown(found: dict[str, Any]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)
+    parser.add_argument("--model", type=Path, default=default_model_path())
     parser.add_argument("--states", type=int, default=40)
     parser.add_argument("--fitted", action="store_true", help="the pipeline mode: both layouts fitted, held out")
     parser.add_argument(

@@ -14,8 +14,8 @@ import statistics
 import time
 from pathlib import Path
 
-from app.config import DEFAULT_MODEL_PATH
 from app.contract import SystemOneRequest
+from app.serving.known_models import default_model_path
 from bench.evidence import load_served
 from bench.output import Progress
 from bench.pipelines import WORKLOADS
@@ -23,7 +23,7 @@ from bench.pipelines import WORKLOADS
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)
+    parser.add_argument("--model", type=Path, default=default_model_path())
     parser.add_argument("--per-workload", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()

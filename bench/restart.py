@@ -24,9 +24,10 @@ from typing import Any
 
 import httpx
 
-from app.config import DEFAULT_MODEL_PATH, DEFAULT_SNAPSHOT_DIR
+from app.config import DEFAULT_SNAPSHOT_DIR
 from app.engine.disk_tier import SUFFIX
 from app.engine.llama import Engine
+from app.serving.known_models import default_model_path
 from bench.client import ask, sized_text
 from bench.output import Progress, median, table
 from bench.servers import onepass_server
@@ -217,7 +218,7 @@ def markdown(found: dict[str, Any]) -> list[str]:
 def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)
+    parser.add_argument("--model", type=Path, default=default_model_path())
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 2048])
     parser.add_argument("--states", type=int, default=2, help="states per size (alternately from device and cache)")
     args = parser.parse_args()

@@ -26,11 +26,12 @@ from typing import Any
 import httpx
 
 from app.answering.prompting import OwnPrompter
-from app.config import DEFAULT_MODEL_PATH, Settings
+from app.config import Settings
 from app.contract import SystemOneRequest
 from app.engine import bindings
 from app.engine.llama import Engine
 from app.paths import REPO_ROOT
+from app.serving.known_models import default_model_path
 from app.serving.loading import prompter_for, speed_settings_for
 from app.serving.specs import ModelSpec
 from bench import peer, pipeline, restart, shared_suffixes
@@ -372,7 +373,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)
+    parser.add_argument("--model", type=Path, default=default_model_path())
     parser.add_argument("--quick", action="store_true", help="a smaller run (states of 64 and 256 tokens)")
     parser.add_argument(
         "--peer", type=Path, help="llama-server built like onepass's llama.cpp (make peer); without it, no comparison"

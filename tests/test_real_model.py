@@ -9,7 +9,8 @@ import pytest
 
 from app.answering.service import ModelService, batch_jobs
 from app.calibration import softmax
-from app.config import DEFAULT_CONFIG_PATH, Settings, load_settings
+from app.config import Settings
+from app.config_sources import DEFAULT_CONFIG_PATH, load_settings
 from app.contract import SystemOneRequest, render_state
 from app.engine.disk_tier import DiskTier, SnapshotIdentity
 from app.engine.llama import Job

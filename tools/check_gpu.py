@@ -25,11 +25,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from app.config import DEFAULT_MODEL_PATH
 from app.engine import bindings
 from app.engine.bindings import llama_log
 from app.engine.devices import backends, devices, gpu_layers_problem, gpus
 from app.engine.llama import Engine, Job
+from app.serving.known_models import default_model_path
 
 # Lines of llama.cpp's load log that say which device holds what.
 PLACEMENT_MARKERS = ("offload", "model buffer size", "KV buffer size", "compute buffer size", "using device")
@@ -147,7 +147,7 @@ def check(model: Path, timeout: float, layers: int = -1) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.check_gpu", description=__doc__.splitlines()[0])
-    parser.add_argument("model", type=Path, nargs="?", default=DEFAULT_MODEL_PATH)
+    parser.add_argument("model", type=Path, nargs="?", default=default_model_path())
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds each step may take (default 300)")
     parser.add_argument("--layers", type=int, default=-1, help="layers to offload (default -1: all)")
     args = parser.parse_args(argv)

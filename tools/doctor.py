@@ -99,15 +99,16 @@ def models_section() -> list[str]:
     fetch = sys.modules["onepass_fetch"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fetch)  # models/fetch.py: standard library only, not a package
 
+    sources = fetch.read_sources()
     lines = []
-    for key, source in fetch.SOURCES.items():
+    for key, source in sources.items():
         path = REPO_ROOT / "models" / source.filename
         if not path.is_file():
             state = f"absent (make {'model' if key == 'default' else 'model-small'})"
         else:
             state = "verified (size and sha256)" if fetch.is_verified(path, source) else "PRESENT BUT DOES NOT VERIFY"
         lines.append(f"  {source.filename}: {state}")
-    known = {source.filename for source in fetch.SOURCES.values()}
+    known = {source.filename for source in sources.values()}
     others = sorted(p.name for p in (REPO_ROOT / "models").glob("*.gguf") if p.name not in known)
     lines += [f"  {name}: (your own; not checked)" for name in others]
     return lines

@@ -27,7 +27,8 @@ from app.calibrate.runner import (
     served_seconds,
     store_all,
 )
-from app.config import DEFAULT_CONFIG_PATH, LAYOUTS, ConfigError, load_settings
+from app.config import LAYOUTS
+from app.config_sources import DEFAULT_CONFIG_PATH, ConfigError, load_settings
 from app.engine.devices import gpu_layers_problem
 from app.progress import Progress
 from app.serving.loading import load_spec

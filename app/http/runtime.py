@@ -12,7 +12,8 @@ from typing import Any
 from starlette.requests import Request
 
 from app.calibrate.jobs import FitJobs
-from app.config import ConfigError, Settings, SettingsSource, reload_settings
+from app.config import Settings
+from app.config_sources import ConfigError, SettingsSource, reload_settings
 from app.errors import ApiError
 from app.http.admission import Admission
 from app.http.batch_jobs import BatchJobs

@@ -13,7 +13,8 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from app.config import Settings, SettingsSource, package_version
+from app.config import Settings
+from app.config_sources import SettingsSource, package_version
 from app.errors import ApiError
 from app.fleet.routing import REPLICA_HEADER, replica_name
 from app.http.errors import EXCEPTION_HANDLERS

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.fingerprint import file_digest
-from app.paths import PACKAGE_DIR
+from app.paths import PACKAGE_DIR, REPO_ROOT
 
-KNOWN_MODELS_PATH = PACKAGE_DIR / "known_models.toml"  # package data beside config.py, which reads it too
+KNOWN_MODELS_PATH = PACKAGE_DIR / "known_models.toml"  # package data: an installed onepass reads it too
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,12 @@ def read_known_models(path: Path = KNOWN_MODELS_PATH) -> tuple[KnownModel, ...]:
         KnownModel(key, entry["filename"], entry["size"], entry["blake3"], dict(entry.get("settings", {})))
         for key, entry in table.items()
     )
+
+
+def default_model_path() -> Path:
+    """In a checkout, where `make model` puts the default model: models/, under its [default] file name."""
+    (default,) = [model for model in read_known_models() if model.key == "default"]
+    return REPO_ROOT / "models" / default.filename
 
 
 def identify(path: Path, known: tuple[KnownModel, ...]) -> KnownModel | None:

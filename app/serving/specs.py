@@ -9,16 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.config import (
-    ENV,
-    FLAG,
-    PER_MODEL_OPTIONS,
-    ConfigError,
-    Settings,
-    parse_path,
-    parse_value,
-    read_toml,
-)
+from app.config import PER_MODEL_OPTIONS, Settings, parse_path
+from app.config_sources import ENV, FLAG, ConfigError, parse_value, read_toml
 from app.serving.known_models import KnownModel, identify, read_known_models
 
 DEFAULT_ALIAS = "jev-latest"  # the SDKs' default model name: always the default model
