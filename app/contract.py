@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
@@ -227,51 +226,6 @@ class SystemOneResponse(BaseModel):
     def wire(self) -> dict[str, Any]:
         """What a client reads: the response as parsed JSON."""
         return self.model_dump(mode="json", exclude_none=True)
-
-
-@dataclass(frozen=True)
-class CatalogueEntry:
-    """One name /v1/models lists: a model's own name or an alias, and the model it means."""
-
-    name: str
-    model: str
-    file_name: str  # the GGUF's file name
-    settings: dict[str, Any]  # the model's per-model settings as JSON values: each is reported as x_<name>
-    loaded: bool
-    error: str | None
-    decision_type: str | None = None  # a decision GGUF's format (app/answering/decision.py); None: onepass's own prompt
-
-
-def models_listing(entries: list[CatalogueEntry]) -> dict[str, Any]:
-    """GET /v1/models in both shapes clients expect: OpenAI's `data` and System One's `models`."""
-    return {
-        "object": "list",
-        "data": [
-            {
-                "id": e.name,
-                "object": "model",
-                "owned_by": "onepass",
-                "x_model": e.model,
-                "x_loaded": e.loaded,
-                "x_decision_type": e.decision_type,
-            }
-            for e in entries
-        ],
-        "models": [
-            {
-                "name": e.name,
-                "description": f"{e.file_name} served by onepass"
-                + ("" if e.name == e.model else f" (alias of {e.model})"),
-                "release_date": "unknown",
-                "x_model": e.model,
-                "x_loaded": e.loaded,
-                "x_error": e.error,
-                "x_decision_type": e.decision_type,
-                **{f"x_{key}": value for key, value in e.settings.items()},
-            }
-            for e in entries
-        ],
-    }
 
 
 class ValidationDetail(BaseModel):

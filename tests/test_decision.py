@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from app.answering.decision import DecisionError, DecisionFormat, DecisionPrompter
+from app.answering.decision import DecisionPrompter
+from app.answering.decision_format import DecisionError, DecisionFormat
 from app.answering.prompter import Plan
 from app.answering.service import ModelService
 from app.calibration import softmax

@@ -131,7 +131,7 @@ def test_nan_scores_are_an_error_the_user_sees_never_a_probability(
 def test_clef_is_refused_at_load_by_a_build_without_its_decision_order(
     models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.answering.decision import DecisionError
+    from app.answering.decision_format import DecisionError
     from app.serving import loading
 
     monkeypatch.setattr(loading, "decision_order_setter", lambda: None)

@@ -33,6 +33,9 @@ LAYERS: list[set[str]] = [
 FACED = {"calibration"}
 # At most this many other app modules for each module of answering/ (a room's face counts as one).
 MOST_IMPORTS = {"answering": 6}
+# At most this many lines in any module of app/: a longer one holds more than one thing (split it
+# along what it holds, not in the middle).
+MOST_LINES = 400
 
 
 def modules() -> dict[str, Path]:
@@ -143,6 +146,13 @@ def test_no_module_of_answering_leans_on_more_than_a_few_others() -> None:
         if limit is not None:
             used = imports(path)[0] - {module}
             assert len(used) <= limit, f"app/{module} imports {len(used)} app modules: {sorted(used)}"
+
+
+def test_no_module_is_longer_than_one_thing_needs() -> None:
+    lines = {f"app/{path.relative_to(APP)}": len(path.read_text().splitlines()) for path in APP.rglob("*.py")}
+    assert len(lines) > 70  # every module read, faces too
+    long = {name: n for name, n in lines.items() if n > MOST_LINES}
+    assert not long, f"modules over {MOST_LINES} lines: {long}"
 
 
 def test_the_service_keeps_its_calibration_to_itself() -> None:

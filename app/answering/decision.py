@@ -37,24 +37,20 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import string
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import product
 from typing import Any, Literal
 
 from app.answering import decision_text
+from app.answering.decision_format import CAUSAL, DecisionError, DecisionFormat, Option, options_of
 from app.answering.prompter import Plan, Reading, Suffix, TemplateRefused, Tokenizer, TooManyOptions
 from app.contract import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, SystemOneRequest, Text, label_keys
 
 log = logging.getLogger("onepass.decision")
 
-CAUSAL = ("openjev", "lev", "nimble", "pplx-decider", "lfm2-d1", "kev")  # this module's: a state's prefix is kept
-WHOLE = ("laya", "lfm2-d1-omni", "clef")  # app/answering/encoders.py's: every prompt read whole
-SERVED = (*CAUSAL, *WHOLE)
-TEMPLATE_KEY = "tokenizer.chat_template.systemone"
 MAX_LABELS = 255
 MAX_OPTIONS = 255  # llama.cpp's limit for the types without a label per option
 BOX_END = "<|box_end|>"  # kev: where an option's output vector is read
@@ -64,62 +60,6 @@ PREFIX_MEMO = 64  # recent states whose prefix is kept
 # Recent prompts whose tokens are kept: a repeated request (a cache hit) would otherwise tokenize
 # its whole state again for every question.
 PROMPT_MEMO = 128
-
-
-class DecisionError(ValueError):
-    """A decision GGUF onepass cannot serve correctly: refused at load, never served wrong."""
-
-
-@dataclass(frozen=True)
-class DecisionFormat:
-    kind: str  # one of SERVED
-    template: str
-    temperatures: dict[str, float]  # "<question type>[.<bucket>]" -> T
-    max_head_tokens: int = 0  # laya: the question and its options' token budget
-
-    def temperature(self, question_type: str, n_options: int) -> float:
-        bucket = _bucket(self.kind, n_options)
-        return self.temperatures.get(f"{question_type}.{bucket}", self.temperatures.get(question_type, 1.0))
-
-
-def _bucket(kind: str, n: int) -> str:
-    if kind == "lev":
-        return "small" if n <= 8 else "mid" if n <= 26 else "large"
-    return "2" if n <= 2 else "3_5" if n <= 5 else "6_10" if n <= 10 else "11"
-
-
-def read_format(metadata: Callable[[str], str | None], keys: Sequence[str]) -> DecisionFormat | None:
-    """The file's decision format; None for an ordinary model. Raises DecisionError for a decision
-    model onepass cannot serve (a type it does not read, no template, a bad temperature)."""
-    arch = metadata("general.architecture") or ""
-    prefix = f"{arch}.decision."
-    declared = metadata(prefix + "type")
-    if declared is None:
-        return None
-    kind = declared.strip().lower().replace("_", "-")
-    if kind not in SERVED:
-        raise DecisionError(f"unknown decision type {declared!r}; onepass serves {', '.join(SERVED)}")
-    template = metadata(TEMPLATE_KEY)
-    if not template:
-        raise DecisionError(f"a {kind} decision model needs a 'systemone' template ({TEMPLATE_KEY})")
-    temperatures = {}
-    for key in keys:
-        if key.startswith(prefix + "temperature."):
-            text = metadata(key) or ""
-            try:
-                value = float(text)
-            except ValueError:
-                value = math.nan
-            if not math.isfinite(value) or value <= 0:
-                raise DecisionError(f"invalid decision temperature: {key} = {text!r}")
-            temperatures[key.removeprefix(prefix + "temperature.")] = value
-    max_head_tokens = 0
-    if kind == "laya":
-        text = metadata(prefix + "max_head_tokens") or ""
-        max_head_tokens = int(text) if text.isdigit() else 0
-        if max_head_tokens <= 0:
-            raise DecisionError(f"a laya decision model needs a positive {prefix}max_head_tokens, not {text!r}")
-    return DecisionFormat(kind, template, temperatures, max_head_tokens)
 
 
 def pick_labels(tokenizer: Tokenizer, kind: str) -> tuple[tuple[str, int], ...]:
@@ -146,29 +86,6 @@ def pick_labels(tokenizer: Tokenizer, kind: str) -> tuple[tuple[str, int], ...]:
     if not picked:
         raise DecisionError(f"the vocabulary has no single-token labels for a {kind} model")
     return tuple((code, token) for token, code in picked.items())
-
-
-@dataclass(frozen=True)
-class _Option:
-    key: str  # the answer's label key: "true"/"false", an option name, a level index
-    description: Any  # the raw JSON value, or None
-
-
-TRUE_FIRST = ("openjev", "clef", "lfm2-d1")  # the types whose noul lists true, then false
-
-
-def options_of(question: Question, kind: str) -> list[_Option]:
-    """A question's options in the order a `kind` model is shown them (clef sorts a choice's by key)."""
-    if isinstance(question, NoulQuestion):
-        criteria = question.criteria
-        true = _Option("true", criteria.true if criteria is not None else None)
-        false = _Option("false", criteria.false if criteria is not None else None)
-        return [true, false] if kind in TRUE_FIRST else [false, true]
-    if isinstance(question, ChoiceQuestion):
-        found = [_Option(name, description) for name, description in question.criteria.items()]
-        return sorted(found, key=lambda o: o.key.encode()) if kind == "clef" else found
-    assert isinstance(question, ScoreQuestion)
-    return [_Option(str(i), level) for i, level in enumerate(question.criteria)]
 
 
 @dataclass(frozen=True)
@@ -300,7 +217,7 @@ class DecisionPrompter:
                 found.append(_Prompt(tokens, tuple(self.labels[position[key]][1] for key in answer_order)))
         return found
 
-    def _d1_labels(self, qid: str, question: Question, shown: list[_Option]) -> tuple[list[str], list[tuple[int, ...]]]:
+    def _d1_labels(self, qid: str, question: Question, shown: list[Option]) -> tuple[list[str], list[tuple[int, ...]]]:
         try:
             return decision_text.d1_labels(self._plain_tokens, question.type, [o.key for o in shown])
         except ValueError as error:
@@ -323,7 +240,7 @@ class DecisionPrompter:
         return Reading(variants, combine, temperature)
 
     def template_values(
-        self, question: Question, questions: dict[str, Question], state: Text, qid: str, shown: list[_Option]
+        self, question: Question, questions: dict[str, Question], state: Text, qid: str, shown: list[Option]
     ) -> dict[str, Any]:
         """What the systemone template is given to render one variant of one question."""
         kind = self.format.kind
@@ -353,7 +270,7 @@ class DecisionPrompter:
         values["images"] = []
         return values
 
-    def variants_shown(self, question: Question) -> list[list[_Option]]:
+    def variants_shown(self, question: Question) -> list[list[Option]]:
         """The options in the order each variant shows them (lev shows a choice both ways)."""
         options = options_of(question, self.format.kind)
         if self.format.kind == "lev" and isinstance(question, ChoiceQuestion) and len(options) > 1:
@@ -366,7 +283,7 @@ class DecisionPrompter:
         questions: dict[str, Question],
         state: Text,
         qid: str = "probe",
-        shown: list[_Option] | None = None,
+        shown: list[Option] | None = None,
     ) -> str:
         shown = shown if shown is not None else self.variants_shown(question)[0]
         values = self.template_values(question, questions, state, qid, shown)
@@ -379,7 +296,7 @@ class DecisionPrompter:
     def render_values(self, values: dict[str, Any]) -> str:
         return self._template.render(**values)
 
-    def _options_value(self, qid: str, question: Question, shown: list[_Option]) -> list[dict[str, Any]]:
+    def _options_value(self, qid: str, question: Question, shown: list[Option]) -> list[dict[str, Any]]:
         kind = self.format.kind
         codes = self._d1_labels(qid, question, shown)[0] if kind == "lfm2-d1" else [code for code, _ in self.labels]
         found = []

@@ -24,7 +24,7 @@ import logging
 from typing import Any
 
 from app.answering import decision_text
-from app.answering.decision import DecisionError, DecisionFormat, options_of
+from app.answering.decision_format import DecisionError, DecisionFormat, options_of
 from app.answering.prompter import Plan, Reading, Suffix, TemplateRefused, Tokenizer, TooManyOptions
 from app.contract import NoulQuestion, Question, SystemOneRequest, label_keys
 

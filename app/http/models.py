@@ -6,8 +6,8 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from app.contract import models_listing
 from app.http.runtime import runtime_of
+from app.serving.catalogue import models_listing
 
 
 async def list_models(request: Request) -> JSONResponse:

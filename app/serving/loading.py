@@ -9,7 +9,8 @@ from pathlib import Path
 
 import blake3
 
-from app.answering.decision import WHOLE, DecisionError, DecisionPrompter, read_format
+from app.answering.decision import DecisionPrompter
+from app.answering.decision_format import WHOLE, DecisionError, read_format
 from app.answering.encoders import EncoderPrompter, Specials
 from app.answering.prompter import Prompter
 from app.answering.prompting import OwnPrompter

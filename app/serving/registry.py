@@ -16,8 +16,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from app.answering.service import ModelService
-from app.contract import CatalogueEntry, SystemOneRequest, SystemOneResponse
+from app.contract import SystemOneRequest, SystemOneResponse
 from app.errors import ModelNotFound, ModelUnavailable
+from app.serving.catalogue import CatalogueEntry
 from app.serving.loading import load_spec
 from app.serving.specs import DEFAULT_ALIAS, ModelsConfig, ModelSpec
 
