@@ -18,6 +18,9 @@ from app.serving.registry import ModelRegistry
 from tests.live import RunningServer
 from tests.loading import load_model
 
+# Every skip names its group; each run ends with one line naming the groups it skipped (tests/skip_groups.py).
+pytest_plugins = ["pytester", "tests.skip_groups"]
+
 
 @pytest.fixture(scope="session")
 def tiny_chat_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -88,7 +91,9 @@ def live_url(tiny_service: ModelService, tiny_chat_path: Path) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def real_model_path() -> Path:
     if os.environ.get("ONEPASS_SKIP_REAL_MODEL") == "1":
-        pytest.skip("ONEPASS_SKIP_REAL_MODEL=1")
+        from tests.skip_groups import skip  # here: pytest imports the plugin itself, after this file
+
+        skip("real-model", "ONEPASS_SKIP_REAL_MODEL=1")
     if not DEFAULT_MODEL_PATH.is_file():
         pytest.fail(f"{DEFAULT_MODEL_PATH} is missing: run `make model` (make test does)")
     return DEFAULT_MODEL_PATH

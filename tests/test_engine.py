@@ -18,6 +18,7 @@ from app.engine.snapshot import Snapshot
 from app.serving.loading import assemble
 from tests.conftest import GPU_LAYERS, tiny_settings
 from tests.loading import load_model, own_prompter
+from tests.skip_groups import skip_if
 
 STATE = "Order 1234 arrived broken. I want a refund or a replacement, today."
 
@@ -299,9 +300,10 @@ def test_suffix_rows_decode_the_tokens_suffixes_begin_with_once() -> None:
     assert [path[-1] for path in whole_paths] == [2, 5, 7, 9, 10]
 
 
-@pytest.mark.skipif(
+@skip_if(
     Engine.gpu_offload_supported(),
-    reason="a property of ggml's CPU flash-attention kernel; a GPU build routes ops to its device, where a shared "
+    "cpu-build",
+    "a property of ggml's CPU flash-attention kernel; a GPU build routes ops to its device, where a shared "
     "row rounds differently from its own copy (measured on lavapipe: logits differ in the 4th digit)",
 )
 def test_suffixes_that_begin_alike_share_rows_and_answer_exactly_as_decoded_whole(tiny_plain_path: Path) -> None:
