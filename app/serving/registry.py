@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Self
 
 from app.answering.service import ModelService
 from app.contract import CatalogueEntry, SystemOneRequest, SystemOneResponse
@@ -52,7 +53,7 @@ class ModelRegistry:
         self._offered = self._index(config)
 
     @classmethod
-    def serving(cls, service: ModelService, spec: ModelSpec | None = None) -> ModelRegistry:
+    def serving(cls, service: ModelService, spec: ModelSpec | None = None) -> Self:
         """A registry around one already loaded model (tests, embedding)."""
         spec = spec or ModelSpec(service.name, service.engine.path)
         registry = cls(ModelsConfig((spec,), spec.name, 1), loader=lambda _: service)
