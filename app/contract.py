@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, f
 
 # A text field may be a string, an object or an array; the last two are rendered as canonical JSON.
 Text = StrictStr | dict[str, Any] | list[Any]
+# A choice's options, at most: llama.cpp's limit, which every prompt onepass builds keeps too.
+MAX_OPTIONS = 255
 
 
 def canonical_json(value: Any) -> str:
@@ -54,7 +56,7 @@ class NoulQuestion(_Model):
 class ChoiceQuestion(_Model):
     type: Literal["choice"]
     instructions: Text | None = None
-    criteria: Annotated[dict[str, Text | None], Field(min_length=2, max_length=255)]
+    criteria: Annotated[dict[str, Text | None], Field(min_length=2, max_length=MAX_OPTIONS)]
 
 
 class ScoreQuestion(_Model):
