@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Annotated, Any, Literal
@@ -96,6 +96,12 @@ def label_keys(question: Question) -> list[str]:
     if isinstance(question, ChoiceQuestion):
         return list(question.criteria)
     return [str(i) for i in range(len(question.criteria))]
+
+
+def question_set_key(questions: Mapping[str, Question]) -> str:
+    """A request's questions as a set, by content: ids, order and repeats aside. Requests with the same
+    key and state share one question-first prefix (the prompt numbers each distinct question once)."""
+    return canonical_json(sorted({canonical_json(q.model_dump(mode="json")) for q in questions.values()}))
 
 
 def errors_for_response(error: ValidationError, prefix: tuple[str | int, ...] = ("body",)) -> list[dict[str, Any]]:
