@@ -20,7 +20,7 @@ from app.answering.service import ModelService
 from app.contract import CatalogueEntry, SystemOneRequest, SystemOneResponse
 from app.errors import ModelNotFound, ModelUnavailable
 from app.serving.loading import load_spec
-from app.serving.specs import DEFAULT_ALIAS, ModelsConfig, ModelSpec
+from app.serving.specs import ModelsConfig, ModelSpec
 
 log = logging.getLogger("onepass.models")
 
@@ -62,12 +62,7 @@ class ModelRegistry:
 
     @staticmethod
     def _index(config: ModelsConfig) -> _Offered:
-        offered = _Offered(config, {spec.name: spec for spec in config.models})
-        for spec in config.models:
-            for name in (spec.name, *spec.aliases):
-                offered.names[name] = spec.name
-        offered.names[DEFAULT_ALIAS] = config.default_model
-        return offered
+        return _Offered(config, {spec.name: spec for spec in config.models}, config.names())
 
     @property
     def default_name(self) -> str:
