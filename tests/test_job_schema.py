@@ -16,12 +16,13 @@ import schemathesis
 from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
-from app.calibration import Calibration, question_key
+from app.calibration import question_key
 from app.contract import NoulQuestion
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
 from tests.conftest import tiny_settings
 from tests.test_batch import WAIT, Doorman, alone, batch, runtime_of, settled, ticket
+from tests.test_calibrate_runs import fail_fitting
 from tests.test_fits_serving import URGENT, examples, served
 
 
@@ -144,14 +145,7 @@ def test_a_fitting_job_matches_the_schema_running_done_failed_and_cancelled(
         assert any(report["after"] is not None for report in done["report"])  # scores and reliability bins
 
         broken = question_key(NoulQuestion.model_validate(URGENT))
-        choose = Calibration.choose
-
-        def failing(self: Calibration, examples: Any, unlabelled: Any, key: str, ordered: bool) -> Any:
-            if key == broken:
-                raise FloatingPointError("a fault injected into this question's fit")
-            return choose(self, examples, unlabelled, key, ordered)
-
-        monkeypatch.setattr(Calibration, "choose", failing)
+        fail_fitting(monkeypatch, broken)
         partly = ended(published.check(post_path, client.post(post_path, json=fitting)))
         assert partly["status"] == "done, with errors" and [error["key"] for error in partly["errors"]] == [broken]
 
