@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, f
 
 # A text field may be a string, an object or an array; the last two are rendered as canonical JSON.
 Text = StrictStr | dict[str, Any] | list[Any]
+# A choice's options, at most: llama.cpp's limit, which every prompt onepass builds keeps too.
+MAX_OPTIONS = 255
 
 
 def canonical_json(value: Any) -> str:
@@ -53,7 +55,7 @@ class NoulQuestion(_Model):
 class ChoiceQuestion(_Model):
     type: Literal["choice"]
     instructions: Text | None = None
-    criteria: Annotated[dict[str, Text | None], Field(min_length=2, max_length=255)]
+    criteria: Annotated[dict[str, Text | None], Field(min_length=2, max_length=MAX_OPTIONS)]
 
 
 class ScoreQuestion(_Model):
@@ -93,6 +95,12 @@ def label_keys(question: Question) -> list[str]:
     if isinstance(question, ChoiceQuestion):
         return list(question.criteria)
     return [str(i) for i in range(len(question.criteria))]
+
+
+def question_set_key(questions: Mapping[str, Question]) -> str:
+    """A request's questions as a set, by content: ids, order and repeats aside. Requests with the same
+    key and state share one question-first prefix (the prompt numbers each distinct question once)."""
+    return canonical_json(sorted({canonical_json(q.model_dump(mode="json")) for q in questions.values()}))
 
 
 def errors_for_response(error: ValidationError, prefix: tuple[str | int, ...] = ("body",)) -> list[dict[str, Any]]:
@@ -250,8 +258,8 @@ class ErrorResponse(BaseModel):
 
 
 # A batch (onepass's own, in the shape Ollama passes through): several requests in one body, each
-# validated and answered on its own. The results are built as the single answers and errors are; these
-# classes validate the envelope and describe the results in /openapi.json.
+# validated and answered on its own. What it answers, and what its job and a fitting job report:
+# app/contract_jobs.py.
 
 
 class BatchRequest(_Model):
@@ -259,32 +267,6 @@ class BatchRequest(_Model):
     valid fails alone, so items are validated one by one, not here."""
 
     requests: Annotated[list[Any], Field(min_length=1)]
-
-
-class ItemError(BaseModel):
-    status: int  # what the item would have been answered alone
-    detail: list[ValidationDetail] | ErrorDetail  # that answer's detail: a 422's list, else the object
-
-
-class BatchItemError(BaseModel):
-    error: ItemError
-
-
-class BatchResponse(BaseModel):
-    results: list[SystemOneResponse | BatchItemError]  # one per request, in the request's order
-
-
-class BatchJob(BaseModel):
-    """A batch answered by a background job: its progress, and its results once it has ended."""
-
-    id: str
-    status: Literal["running", "done", "cancelled", "failed"]
-    done: int  # requests with their result (those that failed validation count from the start)
-    total: int
-    errors: int  # results that are errors, so far
-    eta_s: float | None  # seconds left at the pace so far, while running
-    results: list[SystemOneResponse | BatchItemError | None] | None  # None while running; an item None: not run
-    error: str | None  # why the job failed
 
 
 # The answer for one question, from its probabilities ------------------------------------------------

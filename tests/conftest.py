@@ -20,6 +20,9 @@ from tests.live import RunningServer
 from tests.llama_calls import LlamaCalls, count_llama_calls
 from tests.loading import load_model
 
+# Every skip names its group; each run ends with one line naming the groups it skipped (tests/skip_groups.py).
+pytest_plugins = ["pytester", "tests.skip_groups"]
+
 
 @pytest.fixture(scope="session")
 def tiny_chat_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -96,7 +99,9 @@ def live_url(tiny_service: ModelService, tiny_chat_path: Path) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def real_model_path() -> Path:
     if os.environ.get("ONEPASS_SKIP_REAL_MODEL") == "1":
-        pytest.skip("ONEPASS_SKIP_REAL_MODEL=1")
+        from tests.skip_groups import skip  # here: pytest imports the plugin itself, after this file
+
+        skip("real-model", "ONEPASS_SKIP_REAL_MODEL=1")
     path = default_model_path()
     if not path.is_file():
         pytest.fail(f"{path} is missing: run `make model` (make test does)")

@@ -236,7 +236,7 @@ def test_a_large_batch_runs_as_a_job_with_progress_then_results_in_order(
         assert another.status_code == 503 and another.json()["detail"]["error_type"] == "overloaded"
         doorman.open("Ticket about job 3: please help.")
         job = runtime_of(client).batch_jobs.get(started.json()["id"])
-        assert job is not None and job.thread is not None
+        assert job is not None
         job.thread.join(WAIT)
         finished = client.get(location).json()
         assert (finished["status"], finished["done"], finished["errors"], finished["eta_s"]) == ("done", 6, 1, None)
@@ -285,9 +285,9 @@ def test_a_batch_counts_as_its_size_against_admission(tiny_service: ModelService
         assert single.result(WAIT).status_code == 200
         assert [len(r["answers"]) for r in three.result(WAIT).json()["results"]] == [3, 3, 3]
         running = runtime.batch_jobs.get(job.json()["id"])
-        assert running is not None and running.thread is not None
+        assert running is not None
         running.thread.join(WAIT)
-        assert running.to_json()["status"] == "done" and running.to_json()["errors"] == 0
+        assert running.status == "done" and running.work.batch.errors() == 0
         assert runtime.admission.held("tiny-chat") == 0
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from app.paths import REPO_ROOT
 from bench.servers import engine_of, onepass_server
+from tests.skip_groups import skip
 
 MARKER_ENV = "ONEPASS_TEST_CHECKOUT_MARKER"
 
@@ -30,7 +31,7 @@ def test_a_server_from_another_checkout_runs_that_checkouts_code(
     tiny_chat_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not (REPO_ROOT / ".venv" / "bin" / "python").exists():
-        pytest.skip("this checkout has no .venv (make test makes one)")
+        skip("checkout-venv", "this checkout has no .venv (make test makes one)")
     marker = tmp_path / "imported"
     monkeypatch.setenv(MARKER_ENV, str(marker))
     checkout = other_checkout(tmp_path / "checkout")

@@ -15,10 +15,9 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 from app.paths import REPO_ROOT
 from tests.pipes import read_until
+from tests.skip_groups import skip_if
 
 CHOICE_VENV = os.environ.get("ONEPASS_BUILD_CHOICE_VENV")
 
@@ -71,8 +70,8 @@ def test_an_unknown_choice_and_an_old_python_are_refused_before_anything_is_buil
     assert "PYTHON=python3.12 make run" in too_old.stderr
 
 
-needs_vulkan_venv = pytest.mark.skipif(
-    CHOICE_VENV is None, reason="run by make test-build-choice, after make test-gpu has built the Vulkan venv"
+needs_vulkan_venv = skip_if(
+    CHOICE_VENV is None, "build-choice", "run by make test-build-choice, after make test-gpu has built the Vulkan venv"
 )
 
 

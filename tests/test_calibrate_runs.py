@@ -118,11 +118,8 @@ def test_a_choice_whose_examples_never_pick_some_options_tries_no_per_label_fit(
     assert any(name.startswith("probe/") for name in urgent["candidates"])
 
 
-def test_a_fit_that_raises_for_one_question_leaves_the_others_stored(
-    tiny_chat_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    broken = clause_key(POLICIES["travel"][0])
-
+def fail_fitting(monkeypatch: pytest.MonkeyPatch, broken: str) -> None:
+    """Fitting the question whose content key is `broken` raises; every other question fits as ever."""
     choose = Calibration.choose
 
     def failing(self: Calibration, examples: Any, unlabelled: Any, key: str, ordered: bool) -> Any:
@@ -131,6 +128,13 @@ def test_a_fit_that_raises_for_one_question_leaves_the_others_stored(
         return choose(self, examples, unlabelled, key, ordered)
 
     monkeypatch.setattr(Calibration, "choose", failing)
+
+
+def test_a_fit_that_raises_for_one_question_leaves_the_others_stored(
+    tiny_chat_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = clause_key(POLICIES["travel"][0])
+    fail_fitting(monkeypatch, broken)
     service = load_model(tiny_settings(tiny_chat_path, calibration="contextual", calibration_dir=tmp_path))
     settings = tiny_settings(tiny_chat_path, calibration_dir=tmp_path)
     with TestClient(create_app(settings, registry=ModelRegistry.serving(service))) as client:

@@ -13,6 +13,7 @@ from app.engine import bindings, devices
 from app.engine.devices import backends, gpus
 from app.engine.llama import Engine
 from app.paths import REPO_ROOT
+from tests.skip_groups import skip_if
 
 
 def run(code: str) -> subprocess.CompletedProcess[str]:
@@ -68,7 +69,7 @@ def test_the_build_identity_names_the_ggml_backends_it_ships(tiny_chat_path: Pat
         engine.close()
 
 
-@pytest.mark.skipif(bool(gpus()), reason="this build has a GPU device: the layers have somewhere to go")
+@skip_if(bool(gpus()), "cpu-build", "this build has a GPU device: the layers have somewhere to go")
 def test_asking_for_gpu_layers_without_a_gpu_stops_the_server_at_start_with_the_fix(tiny_chat_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPASS_")}
     done = subprocess.run(

@@ -22,6 +22,7 @@ from app.platform.cpu import (
     thread_counts,
     wheel_key,
 )
+from tests.skip_groups import skip_if
 
 RECORDED = Path(__file__).parent / "cpuinfo"
 
@@ -180,7 +181,7 @@ def test_doctor_reports_the_cpu_the_build_its_check_and_the_models() -> None:
     assert "repack " in tuned or "threads (" in tuned
 
 
-@pytest.mark.skipif(platform.system() != "Linux", reason="reads Linux's CPU topology files")
+@skip_if(platform.system() != "Linux", "linux", "reads Linux's CPU topology files")
 def test_hyperthreads_count_once_per_core(tmp_path: Path) -> None:
     cpus = sorted(os.sched_getaffinity(0))
 

@@ -12,17 +12,16 @@ import shutil
 import sys
 from pathlib import Path
 
-import pytest
-
 from app.platform.build_check import read_build_record, run_check
 from app.platform.cpu import Cpu, parse_proc_cpuinfo
+from tests.skip_groups import skip, skip_if
 
 EPYC = Path(__file__).parent / "cpuinfo" / "amd-epyc-avx2-no-avx512.txt"
 QEMU = shutil.which("qemu-x86_64")
 
 pytestmark = [
-    pytest.mark.skipif(platform.machine() != "x86_64", reason="emulates an x86-64 CPU on an x86-64 host"),
-    pytest.mark.skipif(QEMU is None, reason="no qemu-x86_64: `apt-get install qemu-user` (make test does, as root)"),
+    skip_if(platform.machine() != "x86_64", "emulated-cpu", "emulates an x86-64 CPU on an x86-64 host"),
+    skip_if(QEMU is None, "emulated-cpu", "no qemu-x86_64: `apt-get install qemu-user` (make test does, as root)"),
 ]
 
 
@@ -36,7 +35,10 @@ def test_the_installed_build_on_an_emulated_avx2_only_epyc() -> None:
     assert isinstance(recorded, list)
     built_for = {str(feature) for feature in recorded}
     if not built_for <= epyc.features and "avx512f" not in built_for:
-        pytest.skip(f"the build adds only {built_for - epyc.features}, which a tiny f32 decode may never execute")
+        skip(
+            "emulated-cpu-inconclusive",
+            f"the build adds only {built_for - epyc.features}, which a tiny f32 decode may never execute",
+        )
     problem = run_check(
         child=[QEMU, "-cpu", "EPYC", sys.executable, "-m", "app.platform.build_check", "--child"], cpu=epyc
     )

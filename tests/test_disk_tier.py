@@ -18,6 +18,7 @@ import pytest
 from app.engine.disk_tier import MAGIC, SUFFIX, DiskTier, SnapshotIdentity
 from app.engine.ram_tier import CacheKey, cache_key
 from app.engine.snapshot import Snapshot
+from tests.skip_groups import skip
 
 IDENTITY = SnapshotIdentity(build="llama-cpp-python 0.0; test", model="ab" * 32, kv="n_ctx=64")
 FLUSH_S = 30.0
@@ -211,10 +212,10 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
     """A small tmpfs at `path` (root only); skips the test where mounting is not allowed."""
     path.mkdir()
     if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root: the full-disk and read-only tests do not run")
+        skip("tmpfs", "mounting a tmpfs needs root: the full-disk and read-only tests do not run")
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+        skip("tmpfs", f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:
         yield path
     finally:

@@ -1,5 +1,5 @@
 """The pages hold together and say what the repository has: every path, section, make target, flag,
-route and module that the README, docs/ and the config files' comments name is one that is there.
+route and module that the README, docs/, bench/README.md and the config files' comments name is one that is there.
 
 Each check reports every offence at once (file:line: what is wrong), so that the pages can be fixed
 in one pass. CHANGELOG.md is left out: history may name what is gone.
@@ -23,7 +23,7 @@ from app.paths import REPO_ROOT
 from app.serving import settings_reference
 from app.serving.known_models import default_model_path
 
-PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+PAGES = [REPO_ROOT / "README.md", REPO_ROOT / "bench" / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 CONFIG_FILES = [REPO_ROOT / "models" / "onepass.toml", REPO_ROOT / "deploy" / "haproxy.cfg"]  # their comments
 # The code's comments and docstrings cite files and pages too (this file is left out: it names some as examples).
 CODE_FOLDERS = ("app", "bench", "models", "tools", "tests")

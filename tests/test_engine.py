@@ -22,6 +22,7 @@ from app.serving.loading import assemble
 from tests.conftest import GPU_LAYERS, tiny_settings
 from tests.llama_calls import LlamaCalls
 from tests.loading import load_model, own_prompter
+from tests.skip_groups import skip_if
 
 STATE = "Order 1234 arrived broken. I want a refund or a replacement, today."
 
@@ -291,9 +292,10 @@ def test_a_question_asked_twice_is_decoded_once_and_answered_alike(tiny_service:
     assert doubled["usage"]["input_tokens"] == single["usage"]["input_tokens"]  # its suffix counted once
 
 
-@pytest.mark.skipif(
+@skip_if(
     gpu_offload_supported(),
-    reason="a property of ggml's CPU flash-attention kernel; a GPU build routes ops to its device, where a shared "
+    "cpu-build",
+    "a property of ggml's CPU flash-attention kernel; a GPU build routes ops to its device, where a shared "
     "row rounds differently from its own copy (measured on lavapipe: logits differ in the 4th digit)",
 )
 def test_suffixes_that_begin_alike_share_rows_and_answer_exactly_as_decoded_whole(

@@ -17,6 +17,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
+from app.calibrate.cli import main as calibrate_main
 from app.calibrate.layouts import LayoutRun, recommend
 from app.calibrate.runner import ExampleError, answer_all, fit_all, parse_examples, served_seconds
 from app.calibration import Fit, FitRecord, FitStore, example_of, question_key
@@ -222,6 +223,34 @@ def test_onepass_calibrate_writes_fits_a_report_and_warns_on_few_examples(tiny_c
     stored = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")][-1]["fits"]
     assert stored and all(fit["examples"] == 20 for fit in stored)
     assert len(list((tmp_path / "fits").rglob(f"*{SUFFIX}"))) == len(stored)
+
+
+def test_onepass_calibrate_finds_the_model_by_any_name_the_server_takes(
+    tiny_chat_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--serve-model takes what a request's `model` takes: a model's name, an alias, jev-latest."""
+    for name in [name for name in os.environ if name.startswith("ONEPASS_")]:
+        monkeypatch.delenv(name)
+    config = tmp_path / "onepass.toml"
+    config.write_text(
+        f'[server]\ndefault_model = "second"\n'
+        f'[[models]]\nname = "first"\npath = "{tiny_chat_path}"\naliases = ["helper"]\n'
+        f'[[models]]\nname = "second"\npath = "{tiny_chat_path}"\n'
+    )
+    data = tmp_path / "examples.jsonl"
+    data.write_text("\n".join(json.dumps(e) for e in examples(4)) + "\n")
+    flags = ["--config", str(config), "-t", "1", "--repack", "off", "--flash-attn", "off"]
+    flags += ["--session-cache-disk-bytes", "0", "--calibration-dir", str(tmp_path / "fits")]
+    for name, model in (("jev-latest", "second"), ("helper", "first"), ("first", "first")):
+        report = tmp_path / f"{name}.md"
+        calibrate_main([str(data), "--serve-model", name, "--report", str(report), *flags])
+        assert report.read_text().startswith(f"# Calibration fitted to your examples: {model}\n")
+    with pytest.raises(SystemExit) as refused:
+        calibrate_main([str(data), "--serve-model", "nope", *flags])
+    assert str(refused.value) == (
+        "onepass calibrate: model 'nope' is not served here; known models: first, helper, second, jev-latest"
+    )
+    capsys.readouterr()
 
 
 def test_a_question_set_fit_applies_only_when_the_request_asks_its_whole_set(

@@ -33,9 +33,10 @@ from app.fleet.supervisor import Fleet, haproxy_problem, with_servers
 from bench.fleet_sim import Ring, key_hash, slots
 from tests.conftest import GPU_LAYERS
 from tests.live import wait_for_disk_writes
+from tests.skip_groups import skip_if
 
 MISSING = haproxy_problem()
-needs_haproxy = pytest.mark.skipif(MISSING is not None, reason=f"no fleet test: {MISSING}")
+needs_haproxy = skip_if(MISSING is not None, "fleet", f"no fleet test: {MISSING}")
 
 QUESTION_SETS: list[dict[str, Any]] = [
     {"refund": {"type": "noul", "instructions": "Does the customer ask for money back?"}},

@@ -13,19 +13,19 @@ import logging
 import os
 from pathlib import Path
 
-import pytest
-
 from app.contract import SystemOneRequest
 from app.engine.bindings import gpu_offload_supported, llama_log
 from app.engine.llama import Engine, Job
 from tests.conftest import GPU_LAYERS, tiny_settings
 from tests.llama_calls import LlamaCalls
 from tests.loading import load_model
+from tests.skip_groups import skip_if
 from tools.check_gpu import Placement
 
-pytestmark = pytest.mark.skipif(
+pytestmark = skip_if(
     not gpu_offload_supported() or GPU_LAYERS == 0,
-    reason="a CPU build, or ONEPASS_TEST_GPU_LAYERS unset: make test-gpu runs these on a Vulkan device",
+    "gpu",
+    "a CPU build, or ONEPASS_TEST_GPU_LAYERS unset: make test-gpu runs these on a Vulkan device",
 )
 
 REQUEST = SystemOneRequest.model_validate(
@@ -105,7 +105,7 @@ def test_device_and_cpu_snapshots_on_disk_refuse_each_other(tiny_chat_path: Path
         assert answer(reader, folder) == ("disk", {})  # the file the reader wrote in its place is its own
 
 
-@pytest.mark.skipif(os.environ.get("ONEPASS_TEST_SMALL_MODEL") is None, reason="no small model named")
+@skip_if(os.environ.get("ONEPASS_TEST_SMALL_MODEL") is None, "gpu", "no small model named (make test-gpu names one)")
 def test_the_small_model_answers_on_the_device_hit_equal_to_miss() -> None:
     path = Path(os.environ["ONEPASS_TEST_SMALL_MODEL"])
     service = load_model(tiny_settings(path, n_ctx=1024, n_gpu_layers=-1))

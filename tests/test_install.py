@@ -19,6 +19,7 @@ import pytest
 
 from app.fleet.processes import ServerProcess
 from app.paths import REPO_ROOT
+from tests.skip_groups import skip
 
 WHEEL_DIR = os.environ.get("ONEPASS_TEST_WHEEL_DIR")
 PACKAGE_FILES = ("pyproject.toml", "README.md", "LICENSE", "app")  # what `pip install .` reads
@@ -35,7 +36,7 @@ def run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subpro
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The venv's bin folder, with onepass installed from a copy of the package's files."""
     if WHEEL_DIR is None:
-        pytest.skip("ONEPASS_TEST_WHEEL_DIR is not set (make test sets it to the wheel make setup built)")
+        skip("install", "ONEPASS_TEST_WHEEL_DIR is not set (make test sets it to the wheel make setup built)")
     wheels = sorted(Path(WHEEL_DIR).glob("llama_cpp_python-*.whl"))
     assert wheels, f"no llama-cpp-python wheel in {WHEEL_DIR}"
     root = tmp_path_factory.mktemp("install")

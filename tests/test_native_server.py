@@ -20,12 +20,15 @@ from app.contract import SystemOneRequest
 from app.engine.llama import Readout
 from bench.native_decision import agreement, onepass_service, probabilities
 from bench.peer import llama_server
+from tests.skip_groups import skip_if
 from tests.test_decision import QUESTIONS, STATE, TEMPERATURES, TEMPLATES, decision_gguf
 from tests.tiny_decision import BUILDERS
 
 NATIVE = os.environ.get("ONEPASS_NATIVE_SERVER", "")
-pytestmark = pytest.mark.skipif(
-    not NATIVE, reason="ONEPASS_NATIVE_SERVER unset: make test-native builds llama.cpp's server and runs these"
+pytestmark = skip_if(
+    not NATIVE,
+    "native-server",
+    "ONEPASS_NATIVE_SERVER unset: make test-native builds llama.cpp's server and runs these",
 )
 
 # llama.cpp's own test allows this much between two batch layouts of one build (test_systemone.py);

@@ -24,6 +24,7 @@ from bench.native_template import (
     release_source,
     release_version,
 )
+from tests.skip_groups import skip
 from tests.test_decision import QUESTION_FIRST, QUESTIONS, TEMPLATES, decision_gguf, decision_prompter, serve
 from tests.tiny_decision import BUILDERS
 
@@ -63,11 +64,13 @@ if o.description is string else o.description | tojson }}{% endif %}{% if loop.l
 @pytest.fixture(scope="module")
 def renderer() -> Path:
     if compiler() is None:
-        pytest.skip("no C++ compiler (c++, g++ or clang++; or set CXX) to build llama.cpp's template engine")
+        skip(
+            "native-template", "no C++ compiler (c++, g++ or clang++; or set CXX) to build llama.cpp's template engine"
+        )
     try:
         source = release_source(release_version())
     except (OSError, RuntimeError) as error:  # no network, or no such sdist on the index
-        pytest.skip(f"the llama-cpp-python {release_version()} sdist could not be downloaded: {error}")
+        skip("native-template", f"the llama-cpp-python {release_version()} sdist could not be downloaded: {error}")
     return build_renderer(source)
 
 

@@ -37,6 +37,7 @@ from bench.browser import Page, Tools, chromium, find_tools
 from tests.conftest import tiny_settings
 from tests.live import RunningServer
 from tests.loading import load_model
+from tests.skip_groups import skip
 
 PAGE_FILES = ("/", "/index.html", "/app.js", "/app.css", "/examples.json")
 EXAMPLES: dict[str, Any] = json.loads((PAGE_DIRECTORY / "examples.json").read_text())
@@ -125,7 +126,7 @@ def test_the_examples_are_valid_requests_and_the_ticket_is_the_readme_s() -> Non
 def tools() -> Tools:
     found = find_tools()
     if isinstance(found, str):
-        pytest.skip(f"the page's browser tests need Chromium: {found}")
+        skip("browser", f"the page's browser tests need Chromium: {found}")
     return found
 
 

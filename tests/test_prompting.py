@@ -6,7 +6,7 @@ import pytest
 
 from app.answering.prompting import SYSTEM_PROMPT, OwnPrompter, chat_format, level_labels
 from app.answering.service import ModelService
-from app.contract import SystemOneRequest, render_state
+from app.contract import SystemOneRequest, question_set_key, render_state
 from app.platform.tiny_gguf import CHATML_TEMPLATE
 from tests.loading import own_prompter
 
@@ -156,3 +156,22 @@ def test_score_levels_are_rated_from_one_unless_there_are_ten(tiny_service: Mode
     )
     rendered = own_prompter(tiny_service).question(request.questions["q"])
     assert "1. low\n2. mid\n3. high\n" in rendered.text
+
+
+def test_requests_with_one_question_set_key_share_the_question_first_prefix(service: ModelService) -> None:
+    """The batch orders requests by question_set_key so that each question-first prefix is built once:
+    ids, order and a repeated question change neither the key nor the prefix; another question both."""
+    prompter = OwnPrompter(service.engine.vocab, own_prompter(service).format, "question-first")
+    asked = questions()
+    variants = [
+        asked,
+        {"s2": asked["s"], "n2": asked["n"], "c2": asked["c"]},  # other ids, another order
+        {**asked, "again": asked["n"]},  # a question asked twice
+        {**asked, "other": {"type": "noul", "instructions": "Is it long?"}},
+    ]
+    requests = [SystemOneRequest.model_validate({"model": "m", "state": "s", "questions": q}) for q in variants]
+    keys = [question_set_key(request.questions) for request in requests]
+    plans = [prompter.plan(request) for request in requests]
+    assert keys[0] == keys[1] == keys[2] != keys[3]
+    assert plans[0].key == plans[1].key == plans[2].key != plans[3].key
+    assert plans[0].prefix == plans[1].prefix == plans[2].prefix != plans[3].prefix

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from app.contract import SystemOneRequest
+from app.paths import prune_records
 from app.platform.tiny_gguf import write_tiny_gguf
-from app.platform.tuning import cache_dir, choose, choose_threads, describe, prune, read_record, tuning_key
+from app.platform.tuning import cache_dir, choose, choose_threads, describe, read_record, tuning_key
 from tests.conftest import tiny_settings
 from tests.loading import load_model
 
@@ -86,7 +87,7 @@ def test_only_the_newest_records_are_kept(q4_path: Path, tmp_path: Path, monkeyp
         old.write_text(json.dumps({"on": False}))
         os.utime(old, ns=(age * 10**9, age * 10**9))
     read_record(cache_dir() / f"{1:024x}-repack.json")  # reading one makes it the most recently used
-    prune(cache_dir(), keep=4)
+    prune_records(cache_dir(), keep=4)
     assert sorted(p.name for p in cache_dir().iterdir()) == [f"{age:024x}-repack.json" for age in (1, 3, 4, 5)]
     monkeypatch.setattr("app.platform.tuning.KEEP_RECORDS", 3)
     choose(q4_path, 1, "repack")  # writing a record prunes: it and the two newest before it stay

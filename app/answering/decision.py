@@ -47,12 +47,19 @@ from typing import Any, Literal
 from app.answering import decision_text
 from app.answering.decision_format import CAUSAL, DecisionError, DecisionFormat, Option, options_of
 from app.answering.prompter import Plan, Reading, Suffix, TemplateRefused, Tokenizer, TooManyOptions
-from app.contract import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, SystemOneRequest, Text, label_keys
+from app.contract import (
+    MAX_OPTIONS,
+    ChoiceQuestion,
+    NoulQuestion,
+    Question,
+    ScoreQuestion,
+    SystemOneRequest,
+    Text,
+    label_keys,
+)
 
 log = logging.getLogger("onepass.decision")
 
-MAX_LABELS = 255
-MAX_OPTIONS = 255  # llama.cpp's limit for the types without a label per option
 BOX_END = "<|box_end|>"  # kev: where an option's output vector is read
 RATING_POINTS = 9  # lev's noul: a rating from 0 (certainly no) to 8 (certainly yes)
 PROBE_STATES = ("The first probe text.", "Another text, for the second probe.")
@@ -81,7 +88,7 @@ def pick_labels(tokenizer: Tokenizer, kind: str) -> tuple[tuple[str, int], ...]:
         ids = tokenizer.tokenize(code, add_bos=False, special=False)
         if len(ids) == 1 and ids[0] not in picked:
             picked[ids[0]] = code
-            if len(picked) == MAX_LABELS:
+            if len(picked) == MAX_OPTIONS:
                 break
     if not picked:
         raise DecisionError(f"the vocabulary has no single-token labels for a {kind} model")
@@ -99,8 +106,10 @@ class _Prompt:
     groups: tuple[int, ...] = ()
 
 
-class DecisionPrompter:
-    """Prompts and readings for one decision model, as its format defines them; built at load."""
+class TemplatePrompter:
+    """What every decision model's prompter shares (this module's causal types, app/answering/encoders.py's
+    whole ones): the systemone template, user text given with control tokens' texts broken, the tokens
+    of recent prompts, the limit on options and the identity fits depend on."""
 
     layout = "state-first"
 
@@ -109,6 +118,43 @@ class DecisionPrompter:
         self.tokenizer = tokenizer
         self.format = fmt
         self.decision_type = fmt.kind
+        self._template = decision_text.environment().from_string(fmt.template)
+        self._controls = sorted((t for t in control_texts if len(t) > 1), key=len, reverse=True)
+        self._tokens = functools.lru_cache(maxsize=PROMPT_MEMO)(self._tokenize)
+
+    @property
+    def max_options(self) -> int:
+        return MAX_OPTIONS
+
+    @property
+    def identity(self) -> str:
+        return "\0".join(["systemone", self.format.kind, self.format.template])
+
+    def _check_limits(self, questions: dict[str, Question]) -> None:
+        """Every question's options fit the model's labels (a noul counts 2, or lev's nine ratings)."""
+        for qid, question in questions.items():
+            if isinstance(question, ChoiceQuestion | ScoreQuestion):
+                needed = len(question.criteria)
+            else:
+                needed = RATING_POINTS if self.format.kind == "lev" else 2
+            if needed > self.max_options:
+                message = (
+                    f'"criteria" has {needed} options, at most {self.max_options} are supported by this '
+                    f"{self.format.kind} model"
+                )
+                raise TooManyOptions(qid, "criteria", needed, self.max_options, message)
+
+    def _user(self, value: Any) -> Any:
+        return decision_text.break_controls(value, self._controls)
+
+    def _tokenize(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.tokenize(text, add_bos=False, special=True))
+
+
+class DecisionPrompter(TemplatePrompter):
+    """Prompts and readings for one decision model, as its format defines them; built at load."""
+
+    def __init__(self, tokenizer: Tokenizer, fmt: DecisionFormat, control_texts: set[str]) -> None:
         if fmt.kind not in CAUSAL:
             raise DecisionError(f"{fmt.kind} reads each prompt whole: app/answering/encoders.py prompts it")
         self.labels = pick_labels(tokenizer, fmt.kind)
@@ -117,9 +163,7 @@ class DecisionPrompter:
             if len(marker) != 1:
                 raise DecisionError(f"a kev decision model needs {BOX_END} as one token")
             self._marker = marker[0]
-        self._template = decision_text.environment().from_string(fmt.template)
-        self._controls = sorted((t for t in control_texts if len(t) > 1), key=len, reverse=True)
-        self._tokens = functools.lru_cache(maxsize=PROMPT_MEMO)(self._tokenize)
+        super().__init__(tokenizer, fmt, control_texts)
         try:
             probes = [self._render(probe, {"probe": probe}, state) for state in PROBE_STATES for probe in _PROBES]
         except TemplateRefused as error:
@@ -143,10 +187,6 @@ class DecisionPrompter:
     @property
     def max_options(self) -> int:
         return len(self.labels) if self.labels else MAX_OPTIONS
-
-    @property
-    def identity(self) -> str:
-        return "\0".join(["systemone", self.format.kind, self.format.template])
 
     def state_tokens(self, state: str) -> tuple[int, ...]:
         """A state's part of its prefix, after the shared head (the content-free stand-ins' too)."""
@@ -175,20 +215,6 @@ class DecisionPrompter:
         return Plan(prefix, ("systemone", array("I", prefix).tobytes()), planned)
 
     # Rendering ---------------------------------------------------------------------------------
-
-    def _check_limits(self, questions: dict[str, Question]) -> None:
-        """Every question's options fit the model's labels (a noul counts 2, or lev's nine ratings)."""
-        for qid, question in questions.items():
-            if isinstance(question, ChoiceQuestion | ScoreQuestion):
-                needed = len(question.criteria)
-            else:
-                needed = RATING_POINTS if self.format.kind == "lev" else 2
-            if needed > self.max_options:
-                message = (
-                    f'"criteria" has {needed} options, at most {self.max_options} are supported by this '
-                    f"{self.format.kind} model"
-                )
-                raise TooManyOptions(qid, "criteria", needed, self.max_options, message)
 
     def _variants(self, qid: str, question: Question, questions: dict[str, Question], state: Text) -> list[_Prompt]:
         """Each variant of a question, rendered, with what its readout reads in label_keys order."""
@@ -313,12 +339,6 @@ class DecisionPrompter:
                 value["label"] = codes[i]
             found.append(value)
         return found
-
-    def _user(self, value: Any) -> Any:
-        return decision_text.break_controls(value, self._controls)
-
-    def _tokenize(self, text: str) -> tuple[int, ...]:
-        return tuple(self.tokenizer.tokenize(text, add_bos=False, special=True))
 
     def _state_prefix(self, state_json: str) -> tuple[int, ...]:
         state = json.loads(state_json)

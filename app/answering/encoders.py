@@ -19,53 +19,38 @@ word joiner.
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
 from app.answering import decision_text
+from app.answering.decision import TemplatePrompter
 from app.answering.decision_format import DecisionError, DecisionFormat, options_of
-from app.answering.prompter import Plan, Reading, Suffix, TemplateRefused, Tokenizer, TooManyOptions
+from app.answering.prompter import Plan, Reading, Suffix, TemplateRefused, Tokenizer
 from app.contract import NoulQuestion, Question, SystemOneRequest, label_keys
 
 log = logging.getLogger("onepass.decision")
 
-MAX_OPTIONS = 255
 COLUMN = {"choice": 0, "score": 1, "noul": 2}  # laya's and lfm2-d1-omni's output column per question type
 ORDER = {"noul": 1, "choice": 2, "score": 3}  # clef's decision order of a question's text
 OPTION_ORDER = 4  # clef's decision order of an option's text
 MAX_OPTION_TOKENS = 48  # laya: an option's tokens after its mask, at most
 D1OMNI_MAX_TOKENS = 16384  # lfm2-d1-omni's longest prompt
-PROMPT_MEMO = 128  # recent prompts' tokens kept: a repeated request tokenizes nothing again
 
 
-class EncoderPrompter:
+class EncoderPrompter(TemplatePrompter):
     """Prompts and readings for a decision model without memory; built at load."""
 
-    layout = "state-first"
     head_tokens: tuple[int, ...] = ()  # nothing is shared: every prompt is read whole
 
     def __init__(self, tokenizer: Tokenizer, fmt: DecisionFormat, control_texts: set[str], specials: Specials) -> None:
-        """`control_texts`: the vocabulary's control tokens' texts (Vocabulary.control_texts); `specials`:
-        the mask and separator tokens the format reads."""
-        self.tokenizer = tokenizer
-        self.format = fmt
-        self.decision_type = fmt.kind
+        """`specials`: the mask and separator tokens the format reads."""
         self._specials = specials
         if fmt.kind in ("laya", "lfm2-d1-omni") and specials.mask < 0:
             raise DecisionError(f"a {fmt.kind} decision model needs a mask token")
         if fmt.kind == "laya" and specials.sep < 0:
             raise DecisionError("a laya decision model needs a separator token")
-        self._template = decision_text.environment().from_string(fmt.template)
-        self._controls = sorted((t for t in control_texts if len(t) > 1), key=len, reverse=True)
-        self._tokens = functools.lru_cache(maxsize=PROMPT_MEMO)(self._tokenize)
+        super().__init__(tokenizer, fmt, control_texts)
         log.info("decision model (%s): every prompt is read whole (the model keeps no memory)", fmt.kind)
-
-    max_options = MAX_OPTIONS
-
-    @property
-    def identity(self) -> str:
-        return "\0".join(["systemone", self.format.kind, self.format.template])
 
     def state_tokens(self, state: str) -> tuple[int, ...]:
         return ()
@@ -73,13 +58,7 @@ class EncoderPrompter:
     def plan(self, request: SystemOneRequest) -> Plan:
         """Every question's whole prompt (clef: one for them all), and where its scores are read."""
         questions = request.questions
-        for qid, question in questions.items():
-            n = 2 if isinstance(question, NoulQuestion) else len(question.criteria)
-            if n > MAX_OPTIONS:
-                message = (
-                    f'"criteria" has {n} options, at most {MAX_OPTIONS} are supported by this {self.format.kind} model'
-                )
-                raise TooManyOptions(qid, "criteria", n, MAX_OPTIONS, message)
+        self._check_limits(questions)
         if self.format.kind == "clef":
             planned = self._joint(request)
         else:
@@ -230,12 +209,6 @@ class EncoderPrompter:
             return str(self._template.render(**self._user(values)))
         except Exception as error:  # an untrusted template may fail any way on any input
             raise TemplateRefused(loc, f"the model's systemone template did not render: {error}") from error
-
-    def _user(self, value: Any) -> Any:
-        return decision_text.break_controls(value, self._controls)
-
-    def _tokenize(self, text: str) -> tuple[int, ...]:
-        return tuple(self.tokenizer.tokenize(text, add_bos=False, special=True))
 
 
 class Specials:

@@ -26,7 +26,16 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from app.answering.prompter import Plan, QuestionSet, Reading, Suffix, Tokenizer, TooManyOptions
 from app.config import parse_layout
-from app.contract import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion, SystemOneRequest, Text, render_text
+from app.contract import (
+    MAX_OPTIONS,
+    ChoiceQuestion,
+    NoulQuestion,
+    Question,
+    ScoreQuestion,
+    SystemOneRequest,
+    Text,
+    render_text,
+)
 
 log = logging.getLogger("onepass.prompting")
 
@@ -39,7 +48,6 @@ SYSTEM_PROMPT = (
 )
 STATE_MARK = "\x00ONEPASS-STATE\x00"
 QUESTION_MARK = "\x00ONEPASS-QUESTION\x00"
-MAX_OPTIONS = 255
 STATE_TOKEN_MEMO = 64  # recent states whose tokens are kept (about 4 bytes x tokens each)
 MAX_LEVELS = 10
 

@@ -30,6 +30,7 @@ from app.calibrate.runner import (
 from app.config import LAYOUTS
 from app.config_sources import DEFAULT_CONFIG_PATH, ConfigError, load_settings
 from app.engine.devices import gpu_layers_problem
+from app.errors import ModelNotFound
 from app.progress import Progress
 from app.serving.loading import load_spec
 from app.serving.specs import ModelSpec, read_models_config
@@ -59,7 +60,11 @@ def main(argv: Sequence[str]) -> None:
         help="the prompt layout to fit in (default: the model's); both: fit in each, store both sets of fits, "
         "compare them and say which to serve",
     )
-    parser.add_argument("--serve-model", help="which configured model to fit (default: the default model)")
+    parser.add_argument(
+        "--serve-model",
+        help="which model to fit: any name a request's model may be (a model's name, an alias, jev-latest; "
+        "default: the default model)",
+    )
     ours, server_flags = parser.parse_known_args(argv)
     try:
         settings = load_settings(server_flags, dict(os.environ), DEFAULT_CONFIG_PATH)
@@ -67,10 +72,10 @@ def main(argv: Sequence[str]) -> None:
         examples = parse_examples(read_jsonl(ours.examples.read_text(encoding="utf-8")))
     except (ConfigError, ExampleError, ValueError, OSError) as error:
         sys.exit(f"onepass calibrate: {error}")
-    wanted = ours.serve_model or config.default_model
-    spec = next((s for s in config.models if wanted in (s.name, *s.aliases)), None)
-    if spec is None:
-        sys.exit(f"onepass calibrate: no model {wanted!r} (known: {[s.name for s in config.models]})")
+    try:
+        spec = config.spec(ours.serve_model or config.default_model)
+    except ModelNotFound as error:
+        sys.exit(f"onepass calibrate: {error}")
     problem = gpu_layers_problem(spec.settings.n_gpu_layers)
     if problem is not None:
         sys.exit(f"onepass calibrate: model {spec.name}: {problem}")

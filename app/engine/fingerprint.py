@@ -20,12 +20,9 @@ from typing import Any
 
 import blake3
 
-from app.paths import cache_home
+from app.paths import KEEP_RECORDS, cache_home, prune_records
 
 log = logging.getLogger("onepass.fingerprint")
-# Records kept: one per model file path, so the folder would grow with every file ever served (the
-# tests write new ones each run); beyond this the least recently used go, to be hashed again if needed.
-KEEP_RECORDS = 64
 
 
 def records_dir() -> Path:
@@ -66,7 +63,7 @@ def file_digest(path: Path) -> bytes:
         found = json.loads(record.read_text(encoding="utf-8"))
         fields = {k: v for k, v in found.items() if k != "check"}
         if found["check"] == _check(fields) and {k: fields[k] for k in key} == key:
-            os.utime(record)  # used now: the newest in _prune's order
+            os.utime(record)  # used now: the newest in prune_records' order
             return bytes.fromhex(fields["blake3"])
     began = time.perf_counter()
     digest = hash_file(path)
@@ -84,15 +81,8 @@ def _write_record(record: Path, fields: dict[str, Any]) -> None:
         with tempfile.NamedTemporaryFile("w", dir=record.parent, suffix=".tmp", delete=False) as out:
             json.dump({**fields, "check": _check(fields)}, out, sort_keys=True)
         os.replace(out.name, record)
-        _prune(record.parent)
+        prune_records(record.parent, KEEP_RECORDS)
     except OSError as error:
         log.warning("cannot record the digest of %s in %s: %s", fields["path"], record.parent, error)
         with contextlib.suppress(OSError, NameError):
             os.unlink(out.name)
-
-
-def _prune(folder: Path) -> None:
-    records = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-    for stale in records[KEEP_RECORDS:]:
-        with contextlib.suppress(OSError):
-            stale.unlink()

@@ -22,9 +22,9 @@ from app.config import Settings
 from app.contract import (
     BatchRequest,
     SystemOneRequest,
-    canonical_json,
     errors_for_response,
     limit_errors,
+    question_set_key,
     validation_error,
 )
 from app.errors import ApiError, Cancelled, InvalidRequest, ModelNotFound
@@ -105,11 +105,6 @@ def per_model(items: list[Item]) -> dict[str, int]:
     return counts
 
 
-def question_set(request: SystemOneRequest) -> str:
-    """A request's questions by content (ids and order aside), as the question-first layout's prefix has them."""
-    return canonical_json(sorted(canonical_json(q.model_dump(mode="json")) for q in request.questions.values()))
-
-
 def schedule(items: list[Item]) -> list[Item]:
     """The order to answer in: model by model, each model's requests with the same state together and
     within those the same question set, each group where its first request stood. A prefix is then
@@ -123,7 +118,7 @@ def schedule(items: list[Item]) -> list[Item]:
     for item in items:
         if item.request is not None:
             state = seen((item.model, item.request.state_text))
-            questions = seen((item.model, item.request.state_text, question_set(item.request)))
+            questions = seen((item.model, item.request.state_text, question_set_key(item.request.questions)))
             keyed.append(((seen(item.model), state, questions, item.index), item))
     return [item for _, item in sorted(keyed, key=lambda pair: pair[0])]
 

@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from app.answering.service import ModelService
+from app.calibrate.jobs import FitWork, calibration_job_of
 from app.calibrate.runner import ExampleError, parse_examples
 from app.calibration import FitStore
 from app.errors import ApiError, InvalidRequest
@@ -36,15 +37,16 @@ async def start_fitting(request: Request) -> JSONResponse:
     def lease() -> contextlib.AbstractContextManager[ModelService]:
         return registry.lease(name)
 
-    job = runtime.fit_jobs.start(name, lease, examples, question_set)
-    return JSONResponse(job.to_json(), status_code=202, headers={"Location": f"/v1/calibrations/jobs/{job.id}"})
+    job = runtime.fit_jobs.start(FitWork(name, lease, examples, question_set))
+    location = {"Location": f"/v1/calibrations/jobs/{job.id}"}
+    return JSONResponse(calibration_job_of(job).wire(), status_code=202, headers=location)
 
 
 async def fitting_job(request: Request) -> JSONResponse:
     job = runtime_of(request).fit_jobs.get(request.path_params["id"])
     if job is None:
         raise ApiError(404, "not_found", f"no fitting job {request.path_params['id']!r}")
-    return JSONResponse(job.to_json())
+    return JSONResponse(calibration_job_of(job).wire())
 
 
 def _fits_of(request: Request) -> tuple[str, FitStore]:

@@ -7,15 +7,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from app.contract import (
-    BatchJob,
-    BatchRequest,
-    BatchResponse,
-    ErrorResponse,
-    SystemOneRequest,
-    SystemOneResponse,
-    ValidationErrorResponse,
-)
+from app.contract import BatchRequest, ErrorResponse, SystemOneRequest, SystemOneResponse, ValidationErrorResponse
+from app.contract_jobs import BatchJob, BatchResponse, CalibrationJob
 
 REF = "#/components/schemas/{model}"
 
@@ -33,6 +26,7 @@ def build_openapi(version: str) -> dict[str, Any]:
         BatchRequest,
         BatchResponse,
         BatchJob,
+        CalibrationJob,
     ]
     inputs = (SystemOneRequest, BatchRequest)
     refs, schema = models_json_schema(
@@ -78,7 +72,7 @@ def build_openapi(version: str) -> dict[str, Any]:
                 }
             },
             "/health/live": {"get": {"operationId": "live", "responses": {"200": json_object}}},
-            **_calibration_paths(error, errors, json_object),
+            **_calibration_paths(_json(ref[CalibrationJob]), error, errors, json_object),
         },
         "components": {"schemas": schema.get("$defs", {})},
     }
@@ -100,7 +94,9 @@ def _batch_job_paths(job: dict[str, Any], error: dict[str, Any]) -> dict[str, An
     }
 
 
-def _calibration_paths(error: dict[str, Any], errors: dict[str, Any], json_object: dict[str, Any]) -> dict[str, Any]:
+def _calibration_paths(
+    fitting_job: dict[str, Any], error: dict[str, Any], errors: dict[str, Any], json_object: dict[str, Any]
+) -> dict[str, Any]:
     """Fitting calibration to your examples (docs/calibration.md): a job, its progress, the fits."""
     example = {
         "type": "object",
@@ -120,7 +116,7 @@ def _calibration_paths(error: dict[str, Any], errors: dict[str, Any], json_objec
             "question_set": {"type": "boolean", "description": "also try the opt-in question-set fit"},
         },
     }
-    job = {"description": "the job: done, total, ETA, and the report once finished", **json_object["content"]}
+    job = {"description": "the job: done, total, ETA, and the report once finished", **fitting_job}
     return {
         "/v1/calibrations": {
             "post": {

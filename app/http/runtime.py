@@ -11,12 +11,13 @@ from typing import Any
 
 from starlette.requests import Request
 
-from app.calibrate.jobs import FitJobs
+from app.calibrate.jobs import FitWork
 from app.config import Settings
 from app.config_sources import ConfigError, SettingsSource, reload_settings
 from app.errors import ApiError
 from app.http.admission import Admission
-from app.http.batch_jobs import BatchJobs
+from app.http.batch_jobs import BatchWork
+from app.jobs import JobRegistry
 from app.serving.registry import ModelRegistry
 from app.serving.specs import read_models_config
 
@@ -42,8 +43,8 @@ class Runtime:
     loaded: threading.Event = field(default_factory=threading.Event)
     api_keys: tuple[bytes, ...] = ()
     admission: Admission = field(default_factory=Admission)  # per model: requests admitted, not yet answered
-    fit_jobs: FitJobs = field(default_factory=FitJobs)
-    batch_jobs: BatchJobs = field(default_factory=BatchJobs)
+    fit_jobs: JobRegistry[FitWork] = field(default_factory=lambda: JobRegistry("fitting"))
+    batch_jobs: JobRegistry[BatchWork] = field(default_factory=lambda: JobRegistry("batch"))
 
     def accepts(self, authorization: bytes) -> bool:
         """Whether an Authorization header's value lets a request in (any value while auth is off)."""

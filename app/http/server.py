@@ -90,7 +90,7 @@ def _lifespan(
             if hangup:
                 loop.remove_signal_handler(signal.SIGHUP)
             runtime.fit_jobs.cancel_all(settings.shutdown_timeout)
-            runtime.batch_jobs.cancel_all(runtime.admission, settings.shutdown_timeout)
+            runtime.batch_jobs.cancel_all(settings.shutdown_timeout)
             if thread is not None:
                 thread.join()
                 if runtime.registry is not None:

@@ -18,9 +18,10 @@ from app.contract import SystemOneRequest, SystemOneResponse
 from app.errors import ApiError, Cancelled
 from app.fleet.routing import PREFIX_KEY_HEADER, affinity_key_of
 from app.http.batch import Run, answer_items, batch_items, is_batch, parse_items, parse_request, per_model
-from app.http.batch_jobs import BatchJob
+from app.http.batch_jobs import BatchWork, batch_job_of
 from app.http.body import parse_json, read_body
 from app.http.runtime import Runtime, runtime_of
+from app.jobs import BackgroundJob
 
 log = logging.getLogger("onepass.server")
 
@@ -101,9 +102,10 @@ async def _batch(request: Request, runtime: Runtime, payload: Any) -> JSONRespon
             message = f"{settings.max_batch_jobs} batch jobs are running; try again when one has ended"
             raise ApiError(503, "overloaded", message, {"Retry-After": "10"})
         run = Run(items, settings.batch_job_timeout, settings.max_queue)
-        job = runtime.batch_jobs.start(run, registry, runtime.admission)
+        job = runtime.batch_jobs.start(BatchWork(run, registry, runtime.admission))
         observed.update(job=job.id)
-        return JSONResponse(job.to_json(), status_code=202, headers={"Location": f"/v1/systemone/jobs/{job.id}"})
+        location = {"Location": f"/v1/systemone/jobs/{job.id}"}
+        return JSONResponse(batch_job_of(job).wire(), status_code=202, headers=location)
     run = Run(items, settings.batch_timeout, None)
     refused: list[ApiError] = []
     async with anyio.create_task_group() as group:
@@ -126,7 +128,7 @@ async def _batch(request: Request, runtime: Runtime, payload: Any) -> JSONRespon
     return JSONResponse({"results": results})
 
 
-def _job_of(request: Request) -> BatchJob:
+def _job_of(request: Request) -> BackgroundJob[BatchWork]:
     job = runtime_of(request).batch_jobs.get(request.path_params["id"])
     if job is None:
         raise ApiError(404, "not_found", f"no batch job {request.path_params['id']!r}")
@@ -135,14 +137,12 @@ def _job_of(request: Request) -> BatchJob:
 
 async def batch_job(request: Request) -> JSONResponse:
     """GET /v1/systemone/jobs/{id}: the job's progress, and its results once it has ended."""
-    return JSONResponse(_job_of(request).to_json())
+    return JSONResponse(batch_job_of(_job_of(request)).wire())
 
 
 async def cancel_batch_job(request: Request) -> JSONResponse:
     """DELETE /v1/systemone/jobs/{id}: stop the job at its next step; answered once it has stopped (or
     after request_timeout). Its answered results are kept, the others are null."""
     runtime, job = runtime_of(request), _job_of(request)
-    runtime.admission.stop(job.run.stop)
-    if job.thread is not None:
-        await anyio.to_thread.run_sync(job.thread.join, runtime.settings.request_timeout)
-    return JSONResponse(job.to_json())
+    await anyio.to_thread.run_sync(runtime.batch_jobs.cancel, job, runtime.settings.request_timeout)
+    return JSONResponse(batch_job_of(job).wire())

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.llama import Engine
-from app.paths import REPO_ROOT, cache_home
+from app.paths import KEEP_RECORDS, REPO_ROOT, cache_home, prune_records
 from app.platform.build_check import library_files
 from app.platform.cpu import detect, thread_counts
 
@@ -40,10 +40,6 @@ MARGIN = 0.03  # a setting leaves its default only when the other way is faster 
 # measured faster. Flash attention was faster in every measurement (it is llama.cpp's own default
 # too), but on a busy VM often by less than the margin, so on unless measured slower.
 DEFAULT = {"repack": False, "flash_attn": True}
-# Records kept: each build, model file and thread count gets its own (80 bytes each), so the
-# folder would grow with every rebuild; the oldest beyond this are deleted, to be measured
-# again if ever needed.
-KEEP_RECORDS = 64
 
 
 def cache_dir() -> Path:
@@ -90,7 +86,7 @@ def read_record(path: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(found, dict) or not isinstance(found.get("on"), bool):
         return None
-    with contextlib.suppress(OSError):  # used now: the newest in prune's order (least recently used goes first)
+    with contextlib.suppress(OSError):  # used now: the newest in prune_records' order (least recently used goes first)
         os.utime(path)
     return found
 
@@ -155,19 +151,7 @@ def write_record(path: Path, record: dict[str, Any]) -> None:
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     partial.write_text(json.dumps(record), encoding="utf-8")
     partial.replace(path)
-    prune(path.parent, KEEP_RECORDS)
-
-
-def prune(folder: Path, keep: int) -> None:
-    """Delete all but the `keep` records written or read most recently."""
-    records = []
-    for found in folder.glob("*.json"):
-        try:
-            records.append((found.stat().st_mtime_ns, found))
-        except OSError:  # deleted meanwhile by another process pruning
-            continue
-    for _, stale in sorted(records, reverse=True)[keep:]:
-        stale.unlink(missing_ok=True)
+    prune_records(path.parent, KEEP_RECORDS)
 
 
 def describe(model_path: Path, threads: int = 0) -> str:

@@ -14,13 +14,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Self
 
 from app.answering.service import ModelService
 from app.contract import SystemOneRequest, SystemOneResponse
 from app.errors import ModelNotFound, ModelUnavailable
 from app.serving.catalogue import CatalogueEntry
 from app.serving.loading import load_spec
-from app.serving.specs import DEFAULT_ALIAS, ModelsConfig, ModelSpec
+from app.serving.specs import ModelsConfig, ModelSpec
 
 log = logging.getLogger("onepass.models")
 
@@ -53,7 +54,7 @@ class ModelRegistry:
         self._offered = self._index(config)
 
     @classmethod
-    def serving(cls, service: ModelService, spec: ModelSpec | None = None) -> ModelRegistry:
+    def serving(cls, service: ModelService, spec: ModelSpec | None = None) -> Self:
         """A registry around one already loaded model (tests, embedding)."""
         spec = spec or ModelSpec(service.name, service.engine.path)
         registry = cls(ModelsConfig((spec,), spec.name, 1), loader=lambda _: service)
@@ -62,12 +63,7 @@ class ModelRegistry:
 
     @staticmethod
     def _index(config: ModelsConfig) -> _Offered:
-        offered = _Offered(config, {spec.name: spec for spec in config.models})
-        for spec in config.models:
-            for name in (spec.name, *spec.aliases):
-                offered.names[name] = spec.name
-        offered.names[DEFAULT_ALIAS] = config.default_model
-        return offered
+        return _Offered(config, {spec.name: spec for spec in config.models}, config.names())
 
     @property
     def default_name(self) -> str:

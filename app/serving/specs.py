@@ -11,6 +11,7 @@ from typing import Any
 
 from app.config import PER_MODEL_OPTIONS, Settings, parse_path
 from app.config_sources import ENV, FLAG, ConfigError, parse_value, read_toml
+from app.errors import ModelNotFound
 from app.serving.known_models import KnownModel, identify, read_known_models
 
 DEFAULT_ALIAS = "jev-latest"  # the SDKs' default model name: always the default model
@@ -61,6 +62,19 @@ class ModelsConfig:
     models: tuple[ModelSpec, ...]
     default_model: str
     models_max: int
+
+    def names(self) -> dict[str, str]:
+        """Every name a client may send (each model's own, its aliases, and jev-latest for the default
+        model), and the configured name of the model each means."""
+        names = {name: spec.name for spec in self.models for name in (spec.name, *spec.aliases)}
+        return {**names, DEFAULT_ALIAS: self.default_model}
+
+    def spec(self, name: str) -> ModelSpec:
+        """The model a name means (ModelNotFound for one the config does not offer)."""
+        names = self.names()
+        if name not in names:
+            raise ModelNotFound(name, list(names))
+        return next(spec for spec in self.models if spec.name == names[name])
 
 
 def read_models_config(settings: Settings, known: tuple[KnownModel, ...] | None = None) -> ModelsConfig:
