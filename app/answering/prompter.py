@@ -136,6 +136,9 @@ class Prompter(Protocol):
     def decision_type(self) -> str | None: ...  # a decision GGUF's type; None: onepass's own prompt
 
     @property
+    def layout(self) -> str: ...  # "state-first" or "question-first" (app/config.py's parse_layout)
+
+    @property
     def head_tokens(self) -> tuple[int, ...]: ...  # what every prompt starts with: the base snapshot
 
     @property

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from app.answering.dependence import dependence_of
 from app.answering.prompter import Plan, Prompter, Suffix, TemplateRefused, TooManyOptions
 from app.calibration import Asked, Calibrated, Calibration, Evidence
 from app.contract import CalibrationUsed, SystemOneRequest, SystemOneResponse, TimingMs, Usage, answer_of
@@ -60,6 +61,8 @@ class ModelService:
         self.states = states  # system (+ question set) + state
         self.question_sets = question_sets  # the question-first layout's: system + question set
         self.calibration = calibration
+        self.dependence = dependence_of(prompter)  # what answers depend on besides state and question
+        log.info("%s: %s", name, self.dependence.describe())
         started = time.perf_counter()
         self.base, _ = engine.prefill(prompter.head_tokens)
         spent = (time.perf_counter() - started) * 1000
@@ -175,11 +178,12 @@ class ModelService:
         self, decoded: Decoded, calibrated: dict[str, Calibrated], started: float, decoded_at: float
     ) -> SystemOneResponse:
         """The contract's response, with its usage and timings."""
-        answers = {}
+        answers, set_fit = {}, False
         for qid, asked in decoded.asked.items():
             found = calibrated[qid]
             fit = found.fit
             used = None if fit is None else CalibrationUsed(id=fit.id, method=fit.method, examples=fit.examples)
+            set_fit = set_fit or (fit is not None and fit.fit.reads_every_question)
             mass = asked.reading.mass(asked.readouts) if asked.readouts else None
             answers[qid] = answer_of(asked.question, found.probabilities, mass, found.raw, used)
         finished = time.perf_counter()
@@ -202,6 +206,7 @@ class ModelService:
             ),
             x_cache=decoded.prefix.source,
             x_layout="question-first" if plan.question_set is not None else "state-first",
+            x_depends_on=self.dependence.of([q for _, q, _ in plan.questions], question_set_fit=set_fit),
             x_timing_ms=TimingMs(
                 prefill=round(timing.prefill_ms, 3),
                 restore=round(timing.restore_ms, 3),
