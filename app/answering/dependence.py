@@ -48,20 +48,30 @@ class Invariances:
 
 
 _GIVEN_ID = frozenset[DependsOn]({"ids"})
-_OWN_LETTERS = "options take their letters by position"
+_LETTERED = "options lettered by position"
 TABLE: dict[str, Invariances] = {
     # onepass's own prompt, by layout: options labelled in sorted name order, ids never in the prompt
-    "state-first": Invariances("holds", "holds", "holds", "rounding", "each question's own suffix after the state"),
-    "question-first": Invariances(
-        "holds", "holds", "holds", "breaks", "every question, numbered in sorted order, comes before the state"
+    "state-first": Invariances(
+        "holds",
+        "holds",
+        "holds",
+        "rounding",
+        "options labelled in sorted order; each question read after the state alone",
     ),
-    "openjev": Invariances("holds", "holds", "breaks", "rounding", "the i-th letter for the i-th option", _GIVEN_ID),
+    "question-first": Invariances(
+        "holds",
+        "holds",
+        "holds",
+        "breaks",
+        "every question of the request, numbered in sorted order, is read before the state",
+    ),
+    "openjev": Invariances("holds", "holds", "breaks", "rounding", "the i-th option gets the i-th letter", _GIVEN_ID),
     "lev": Invariances(
         "holds",
         "holds",
         "breaks",
         "rounding",
-        "a choice is read in its order and the reverse, averaged: reordering two options changes neither",
+        "a choice is read in its order and reversed, averaged: two options read alike either way",
         _GIVEN_ID,
         options_from=3,
     ),
@@ -70,26 +80,34 @@ TABLE: dict[str, Invariances] = {
         "holds",
         "breaks",
         "rounding",
-        f"{_OWN_LETTERS}; the template is given every question of the request",
+        f"{_LETTERED}; the template is given every question of the request",
         frozenset({"ids", "question_order", "other_questions"}),
     ),
-    "pplx-decider": Invariances("holds", "holds", "breaks", "rounding", _OWN_LETTERS, _GIVEN_ID),
-    "lfm2-d1": Invariances(
-        "holds", "holds", "breaks", "rounding", "options are shown in the request's order", _GIVEN_ID
-    ),
-    "kev": Invariances("holds", "holds", "breaks", "rounding", "options are read in the request's order", _GIVEN_ID),
+    "pplx-decider": Invariances("holds", "holds", "breaks", "rounding", _LETTERED, _GIVEN_ID),
+    "lfm2-d1": Invariances("holds", "holds", "breaks", "rounding", "options shown in the request's order", _GIVEN_ID),
+    "kev": Invariances("holds", "holds", "breaks", "rounding", "options read in the request's order", _GIVEN_ID),
     "laya": Invariances(
-        "holds", "holds", "breaks", "holds", "options are read in the request's order; each prompt alone", _GIVEN_ID
+        "holds",
+        "holds",
+        "breaks",
+        "holds",
+        "options read in the request's order; each question's prompt read alone",
+        _GIVEN_ID,
     ),
     "lfm2-d1-omni": Invariances(
-        "holds", "holds", "breaks", "holds", "options are read in the request's order; each prompt alone", _GIVEN_ID
+        "holds",
+        "holds",
+        "breaks",
+        "holds",
+        "options read in the request's order; each question's prompt read alone",
+        _GIVEN_ID,
     ),
     "clef": Invariances(
         "holds",
         "breaks",
         "holds",
         "breaks",
-        "every question is read in one prompt, in the request's order; options sorted by name",
+        "every question read in one prompt, in the request's order; options sorted by name",
         _GIVEN_ID,
     ),
 }
