@@ -49,6 +49,14 @@ class Invariances:
 
 _GIVEN_ID = frozenset[DependsOn]({"ids"})
 _LETTERED = "options lettered by position"
+_READ_ALONE = Invariances(
+    "holds",
+    "holds",
+    "breaks",
+    "holds",
+    "options read in the request's order; each question's prompt read alone",
+    _GIVEN_ID,
+)
 TABLE: dict[str, Invariances] = {
     # onepass's own prompt, by layout: options labelled in sorted name order, ids never in the prompt
     "state-first": Invariances(
@@ -86,22 +94,8 @@ TABLE: dict[str, Invariances] = {
     "pplx-decider": Invariances("holds", "holds", "breaks", "rounding", _LETTERED, _GIVEN_ID),
     "lfm2-d1": Invariances("holds", "holds", "breaks", "rounding", "options shown in the request's order", _GIVEN_ID),
     "kev": Invariances("holds", "holds", "breaks", "rounding", "options read in the request's order", _GIVEN_ID),
-    "laya": Invariances(
-        "holds",
-        "holds",
-        "breaks",
-        "holds",
-        "options read in the request's order; each question's prompt read alone",
-        _GIVEN_ID,
-    ),
-    "lfm2-d1-omni": Invariances(
-        "holds",
-        "holds",
-        "breaks",
-        "holds",
-        "options read in the request's order; each question's prompt read alone",
-        _GIVEN_ID,
-    ),
+    "laya": _READ_ALONE,
+    "lfm2-d1-omni": _READ_ALONE,
     "clef": Invariances(
         "holds",
         "breaks",
