@@ -60,8 +60,8 @@ OTHER_STATE = "Everything arrived early, the box was perfect and the team was ki
 NOISE_SHARE = 0.05 if GPU_LAYERS != 0 else 0.01
 READS_ITS_STATE = 0.02
 # What a change the table does not grant must move an answer by at least: twenty times the most any
-# rounding moved one (5e-5). The smallest such change in these cases is clef's, 1.5e-3 and up (its
-# random joint head reads little of anything).
+# rounding moved one (5e-5). The changes below moved these cases' answers by 0.004 (clef's renamed
+# ids: its random joint head reads little of anything) to 0.71 (nimble's reordered options).
 CHANGED = 1e-3
 EXAMPLES = 12  # hypothesis examples per case and property
 
@@ -104,6 +104,10 @@ CASES = [
     *(Case(kind, kind, _built(kind)) for kind in ("kev", "laya", "lfm2-d1", "lfm2-d1-omni")),
     Case("clef", "clef", _built("clef"), ID),
 ]
+if GPU_LAYERS != 0:
+    # make test-gpu runs this file offloaded; the decision formats' suites (tests/test_decision*.py)
+    # are not in it, and no decision type has been tried on a device: onepass's own prompt only
+    CASES = CASES[:2]
 
 
 @dataclass
