@@ -14,12 +14,12 @@ as the state's prefix is found by rendering probes (app/answering/decision.py).
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from app.answering.prompter import Plan, Prompter, TemplateRefused, TooManyOptions
-from app.contract import DEPENDS_ON, ChoiceQuestion, DependsOn, Question, SystemOneRequest
+from app.answering.prompter import Dependence, Plan, Prompter, TemplateRefused, TooManyOptions
+from app.contract import DEPENDS_ON, DependsOn, SystemOneRequest
 
 log = logging.getLogger("onepass.dependence")
 
@@ -107,45 +107,13 @@ TABLE: dict[str, Invariances] = {
 }
 
 
-@dataclass(frozen=True)
-class Dependence:
-    """What one loaded model's answers depend on: its row of TABLE, with its template's part found."""
-
-    row: str
-    found: frozenset[DependsOn]
-    options_from: int
-
-    def of(self, questions: Sequence[Question], *, question_set_fit: bool = False) -> list[DependsOn]:
-        """What a request's answers may depend on (x_depends_on): the model's, where the request can
-        show it (an order of two questions or more, of a choice's options_from options or more), and
-        `other_questions` where a question-set fit answered (app/calibration/policy.py)."""
-        shown = {
-            "ids": True,
-            "question_order": len(questions) > 1,
-            "option_order": any(
-                isinstance(q, ChoiceQuestion) and len(q.criteria) >= self.options_from for q in questions
-            ),
-            "other_questions": True,
-        }
-        found = {what for what in self.found if shown[what]}
-        if question_set_fit:
-            found.add("other_questions")
-        return [what for what in DEPENDS_ON if what in found]
-
-    def describe(self) -> str:
-        if not self.found:
-            return f"answers depend on nothing but the state and the question ({self.row})"
-        names = ", ".join(what.replace("_", " ") for what in DEPENDS_ON if what in self.found)
-        return f"answers may depend on: {names} ({self.row}: {TABLE[self.row].why})"
-
-
 def dependence_of(prompter: Prompter) -> Dependence:
     """The prompter's row, its template's part found by probes."""
     row = prompter.decision_type or prompter.layout
     declared = TABLE[row]
     found = {what for what in DEPENDS_ON if declared.cell(what) == "breaks"}
     found |= {what for what in declared.template if _template_uses(prompter, what)}
-    return Dependence(row, frozenset(found), declared.options_from)
+    return Dependence(row, frozenset(found), declared.options_from, declared.why)
 
 
 _NOUL: dict[str, Any] = {"type": "noul", "instructions": "Is the text about the weather?", "criteria": {"true": "rain"}}

@@ -13,8 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from app.answering.dependence import dependence_of
-from app.answering.prompter import Plan, Prompter, Suffix, TemplateRefused, TooManyOptions
+from app.answering.prompter import Dependence, Plan, Prompter, Suffix, TemplateRefused, TooManyOptions
 from app.calibration import Asked, Calibrated, Calibration, Evidence
 from app.contract import CalibrationUsed, SystemOneRequest, SystemOneResponse, TimingMs, Usage, answer_of
 from app.engine.llama import Answered, Engine, Job, Readout, RestoreError, Snapshot, Timing
@@ -54,6 +53,7 @@ class ModelService:
         states: PrefixCache,
         question_sets: PrefixCache,
         calibration: Calibration,
+        dependence: Dependence,
     ) -> None:
         self.name = name
         self.engine = engine
@@ -61,7 +61,7 @@ class ModelService:
         self.states = states  # system (+ question set) + state
         self.question_sets = question_sets  # the question-first layout's: system + question set
         self.calibration = calibration
-        self.dependence = dependence_of(prompter)  # what answers depend on besides state and question
+        self.dependence = dependence  # what answers depend on besides state and question
         log.info("%s: %s", name, self.dependence.describe())
         started = time.perf_counter()
         self.base, _ = engine.prefill(prompter.head_tokens)

@@ -10,6 +10,7 @@ from pathlib import Path
 import blake3
 
 from app.answering.decision import WHOLE, DecisionError, DecisionPrompter, read_format
+from app.answering.dependence import dependence_of
 from app.answering.encoders import EncoderPrompter, Specials
 from app.answering.prompter import Prompter
 from app.answering.prompting import OwnPrompter
@@ -140,7 +141,7 @@ def assemble(
         DiskPriors(disk, engine.fingerprint, engine.kv_settings) if disk is not None else None,
     )
     policy = Calibration(calibration, calibration_temperature, priors, fits)
-    return ModelService(name, engine, prompter, states, question_sets, policy)
+    return ModelService(name, engine, prompter, states, question_sets, policy, dependence_of(prompter))
 
 
 def load_spec(spec: ModelSpec) -> ModelService:
