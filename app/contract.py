@@ -11,7 +11,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
@@ -219,6 +219,13 @@ class TimingMs(BaseModel):
     total: float
 
 
+# What, besides the state and a question itself, an answer may depend on: the question ids, the order
+# of the questions, the order of a choice's options, which other questions are asked (more than by
+# rounding). docs/exactness.md's table says which prompt, layout and decision type depends on which.
+DependsOn = Literal["ids", "question_order", "option_order", "other_questions"]
+DEPENDS_ON: tuple[DependsOn, ...] = get_args(DependsOn)
+
+
 class SystemOneResponse(BaseModel):
     model: str
     answers: dict[str, Answer]
@@ -227,6 +234,9 @@ class SystemOneResponse(BaseModel):
     x_timing_ms: TimingMs
     # The prompt layout that answered: question-first answers depend on the set of questions asked.
     x_layout: Literal["state-first", "question-first"] | None = None
+    # What this response's answers may depend on besides the state and each question (DependsOn), in
+    # DEPENDS_ON's order; empty: nothing, to rounding.
+    x_depends_on: list[DependsOn] | None = None
 
     def to_json(self) -> bytes:
         return self.model_dump_json(exclude_none=True).encode()

@@ -20,6 +20,7 @@ from app.answering.decision_format import DecisionError, DecisionFormat
 from app.answering.prompter import Plan
 from app.answering.service import ModelService
 from app.calibration import softmax
+from app.calibration.contextual import CONTENT_FREE_STATES
 from app.contract import SystemOneRequest, choice_confidence
 from app.engine.llama import Job
 from app.errors import InvalidRequest
@@ -390,6 +391,26 @@ def test_contextual_calibration_divides_each_variants_prior_before_the_files_tem
         assert list(answer["probabilities"].values()) == pytest.approx(expected, rel=1e-12)
         raw = [(a + b) / 2 for a, b in zip(softmax(forward_l), softmax(reverse_l), strict=True)]
         assert list(answer["x_raw"].values()) == pytest.approx(raw, rel=1e-12)  # no prior, no temperature
+    finally:
+        service.close()
+
+
+@pytest.mark.parametrize("kind", list(TEMPLATES))
+def test_a_prior_is_measured_on_the_template_rendered_about_a_content_free_state(folder: Path, kind: str) -> None:
+    """A question's content-free prompt is the base, a stand-in state's part of its prefix, then the
+    question's suffix (app/calibration/contextual.py): the template rendered about that stand-in, also
+    where the template prints the question's id (these do) after the state."""
+    service = serve(decision_gguf(folder, kind, TEMPLATES[kind]), calibration="contextual")
+    try:
+        for qid, question in QUESTIONS.items():
+            first = service.plan(request({qid: question})).suffixes()[0]
+            for stand_in in CONTENT_FREE_STATES:
+                inputs = values(kind, qid, question, stand_in)
+                if kind == "nimble":
+                    inputs["questions"] = [{"id": qid, "type": question["type"]}]
+                whole = service.engine.vocab.tokenize(render(TEMPLATES[kind], inputs), add_bos=False, special=True)
+                stand_in_part = decision_prompter(service).state_tokens(stand_in)
+                assert [*service.base.tokens, *stand_in_part, *first.tokens] == whole
     finally:
         service.close()
 

@@ -285,10 +285,14 @@ def test_a_question_set_fit_applies_only_when_the_request_asks_its_whole_set(
                 question_set=tuple(sorted(keys.values())),
             )
         )
-        both = service.answer(SystemOneRequest.model_validate(body("Both asked.", {"a": TEAM, "b": URGENT}))).wire()
-        alone = service.answer(SystemOneRequest.model_validate(body("Both asked.", {"a": TEAM}))).wire()
+        app = create_app(tiny_settings(tiny_chat_path), registry=ModelRegistry.serving(service))
+        with TestClient(app) as client:
+            both = client.post("/v1/systemone", json=body("Both asked.", {"a": TEAM, "b": URGENT})).json()
+            alone = client.post("/v1/systemone", json=body("Both asked.", {"a": TEAM})).json()
     finally:
         service.close()
+    # the fit read the other question: the response says that its answers depend on it
+    assert (both["x_depends_on"], alone["x_depends_on"]) == (["other_questions"], [])
     assert both["answers"]["a"]["x_calibration"]["method"] == "question_set/0.1"
     assert both["answers"]["a"]["probabilities"]["Alpha"] == pytest.approx(np.exp(2) / (np.exp(2) + 2))
     assert "x_calibration" not in both["answers"]["b"] and "x_calibration" not in alone["answers"]["a"]

@@ -165,7 +165,7 @@ class DecisionPrompter(TemplatePrompter):
             self._marker = marker[0]
         super().__init__(tokenizer, fmt, control_texts)
         try:
-            probes = [self._render(probe, {"probe": probe}, state) for state in PROBE_STATES for probe in _PROBES]
+            probes = [text for state in PROBE_STATES for text in self._probes(state)]
         except TemplateRefused as error:
             raise DecisionError(str(error)) from error
         tokens = [self._tokens(text) for text in probes]
@@ -303,20 +303,27 @@ class DecisionPrompter(TemplatePrompter):
             return [options, options[::-1]]
         return [options]
 
+    def _probes(self, state: Text) -> list[str]:
+        """The probe questions about `state`, rendered, each under an id of its own: the id of a template
+        that prints it is then no part of the state's prefix (nor of the content-free priors')."""
+        return [self._render(probe, {qid: probe}, state, qid, probe=True) for qid, probe in _PROBES.items()]
+
     def _render(
         self,
         question: Question,
         questions: dict[str, Question],
         state: Text,
-        qid: str = "probe",
+        qid: str,
         shown: list[Option] | None = None,
+        *,
+        probe: bool = False,
     ) -> str:
         shown = shown if shown is not None else self.variants_shown(question)[0]
         values = self.template_values(question, questions, state, qid, shown)
         try:
             return self.render_values(values)
         except Exception as error:  # an untrusted template may fail any way on any input
-            loc = ("state",) if qid == "probe" else ("questions", qid)
+            loc = ("state",) if probe else ("questions", qid)
             raise TemplateRefused(loc, f"the model's systemone template did not render: {error}") from error
 
     def render_values(self, values: dict[str, Any]) -> str:
@@ -342,7 +349,7 @@ class DecisionPrompter(TemplatePrompter):
 
     def _state_prefix(self, state_json: str) -> tuple[int, ...]:
         state = json.loads(state_json)
-        return _common([self._tokens(self._render(probe, {"probe": probe}, state)) for probe in _PROBES])
+        return _common([self._tokens(text) for text in self._probes(state)])
 
 
 def _common(sequences: Sequence[Sequence[int]]) -> tuple[int, ...]:
@@ -365,7 +372,9 @@ def _common_text(a: str, b: str) -> str:
     return a[:n]
 
 
-_PROBES: tuple[Question, ...] = (
-    NoulQuestion(type="noul", instructions="Is the text about the weather?"),
-    ChoiceQuestion(type="choice", instructions="Which colour does it name?", criteria={"red": None, "blue": None}),
-)
+_PROBES: dict[str, Question] = {  # ids that differ from their first letter
+    "probe": NoulQuestion(type="noul", instructions="Is the text about the weather?"),
+    "other": ChoiceQuestion(
+        type="choice", instructions="Which colour does it name?", criteria={"red": None, "blue": None}
+    ),
+}

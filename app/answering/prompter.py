@@ -12,8 +12,42 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from app.contract import Question, SystemOneRequest
+from app.contract import DEPENDS_ON, ChoiceQuestion, DependsOn, Question, SystemOneRequest
 from app.engine.llama import Readout
+
+
+@dataclass(frozen=True)
+class Dependence:
+    """What one loaded model's answers depend on: its row of app/answering/dependence.py's table, with
+    its template's part found."""
+
+    row: str
+    found: frozenset[DependsOn]
+    options_from: int
+    why: str  # the row's reason
+
+    def of(self, questions: Sequence[Question], *, question_set_fit: bool = False) -> list[DependsOn]:
+        """What a request's answers may depend on (x_depends_on): the model's, where the request can
+        show it (an order of two questions or more, of a choice's options_from options or more), and
+        `other_questions` where a question-set fit answered (app/calibration/policy.py)."""
+        shown = {
+            "ids": True,
+            "question_order": len(questions) > 1,
+            "option_order": any(
+                isinstance(q, ChoiceQuestion) and len(q.criteria) >= self.options_from for q in questions
+            ),
+            "other_questions": True,
+        }
+        found = {what for what in self.found if shown[what]}
+        if question_set_fit:
+            found.add("other_questions")
+        return [what for what in DEPENDS_ON if what in found]
+
+    def describe(self) -> str:
+        if not self.found:
+            return f"answers depend on nothing but the state and the question ({self.row})"
+        names = ", ".join(what.replace("_", " ") for what in DEPENDS_ON if what in self.found)
+        return f"answers may depend on: {names} ({self.row}: {self.why})"
 
 
 class Tokenizer(Protocol):
@@ -134,6 +168,9 @@ class Prompter(Protocol):
 
     @property
     def decision_type(self) -> str | None: ...  # a decision GGUF's type; None: onepass's own prompt
+
+    @property
+    def layout(self) -> str: ...  # "state-first" or "question-first" (app/config.py's parse_layout)
 
     @property
     def head_tokens(self) -> tuple[int, ...]: ...  # what every prompt starts with: the base snapshot

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from app.answering.prompter import Plan, Prompter, Suffix, TemplateRefused, TooManyOptions
+from app.answering.prompter import Dependence, Plan, Prompter, Suffix, TemplateRefused, TooManyOptions
 from app.calibration import Asked, Calibrated, Calibration, Evidence
-from app.contract import CalibrationUsed, SystemOneRequest, SystemOneResponse, TimingMs, Usage, answer_of
+from app.contract import Answer, CalibrationUsed, SystemOneRequest, SystemOneResponse, TimingMs, Usage, answer_of
 from app.engine.llama import Answered, Engine, Job, Readout, RestoreError, Snapshot, Timing
 from app.engine.tiers import PrefixCache, Resolved
 from app.errors import ApiError, Cancelled, InvalidRequest
@@ -53,6 +53,7 @@ class ModelService:
         states: PrefixCache,
         question_sets: PrefixCache,
         calibration: Calibration,
+        dependence: Dependence,
     ) -> None:
         self.name = name
         self.engine = engine
@@ -60,6 +61,8 @@ class ModelService:
         self.states = states  # system (+ question set) + state
         self.question_sets = question_sets  # the question-first layout's: system + question set
         self.calibration = calibration
+        self.dependence = dependence  # what answers depend on besides state and question
+        log.info("%s: %s", name, self.dependence.describe())
         started = time.perf_counter()
         self.base, _ = engine.prefill(prompter.head_tokens)
         spent = (time.perf_counter() - started) * 1000
@@ -175,13 +178,8 @@ class ModelService:
         self, decoded: Decoded, calibrated: dict[str, Calibrated], started: float, decoded_at: float
     ) -> SystemOneResponse:
         """The contract's response, with its usage and timings."""
-        answers = {}
-        for qid, asked in decoded.asked.items():
-            found = calibrated[qid]
-            fit = found.fit
-            used = None if fit is None else CalibrationUsed(id=fit.id, method=fit.method, examples=fit.examples)
-            mass = asked.reading.mass(asked.readouts) if asked.readouts else None
-            answers[qid] = answer_of(asked.question, found.probabilities, mass, found.raw, used)
+        answers = {qid: _answer(asked, calibrated[qid]) for qid, asked in decoded.asked.items()}
+        set_fit = any(found.fit is not None and found.fit.fit.reads_every_question for found in calibrated.values())
         finished = time.perf_counter()
         plan, timing = decoded.plan, decoded.timing
         log.info(
@@ -202,6 +200,7 @@ class ModelService:
             ),
             x_cache=decoded.prefix.source,
             x_layout="question-first" if plan.question_set is not None else "state-first",
+            x_depends_on=self.dependence.of([q for _, q, _ in plan.questions], question_set_fit=set_fit),
             x_timing_ms=TimingMs(
                 prefill=round(timing.prefill_ms, 3),
                 restore=round(timing.restore_ms, 3),
@@ -253,6 +252,14 @@ class ModelService:
         tokens = (*self.base.tokens, *plan.question_set.tokens)
         key = self.question_sets.key(*plan.question_set.key)
         return self.question_sets.resolve(key, tokens, self.base, built, check).snapshot
+
+
+def _answer(asked: Asked, found: Calibrated) -> Answer:
+    """One question's answer on the wire, with the fit that calibrated it, if any."""
+    fit = found.fit
+    used = None if fit is None else CalibrationUsed(id=fit.id, method=fit.method, examples=fit.examples)
+    mass = asked.reading.mass(asked.readouts) if asked.readouts else None
+    return answer_of(asked.question, found.probabilities, mass, found.raw, used)
 
 
 def asked_of(plan: Plan, jobs: list[Job], readouts: list[Readout], unread: frozenset[str]) -> dict[str, Asked]:

@@ -101,8 +101,8 @@ def markdown(runs: list[LayoutRun], chosen: Recommendation) -> list[str]:
     ]
     for run in runs:
         found = run.scores()
-        served = "-" if run.served_per_state is None else f"{run.served_per_state:.2f}"
-        fitting = "-" if run.seconds_per_state is None else f"{run.seconds_per_state:.2f}"
+        served = "-" if run.served_per_state is None else f"{run.served_per_state:.3g}"
+        fitting = "-" if run.seconds_per_state is None else f"{run.seconds_per_state:.3g}"
         accuracy = f"{found['accuracy']:.3f}" if found else "-"
         ece = f"{found['ece']:.3f}" if found else "-"
         lines.append(f"| {run.layout} | {accuracy} | {ece} | {served} | {fitting} |")

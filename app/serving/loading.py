@@ -11,6 +11,7 @@ import blake3
 
 from app.answering.decision import DecisionPrompter
 from app.answering.decision_format import WHOLE, DecisionError, read_format
+from app.answering.dependence import dependence_of
 from app.answering.encoders import EncoderPrompter, Specials
 from app.answering.prompter import Prompter
 from app.answering.prompting import OwnPrompter
@@ -143,7 +144,7 @@ def assemble(
         DiskPriors(disk, engine.fingerprint, engine.kv_settings) if disk is not None else None,
     )
     policy = Calibration(calibration, calibration_temperature, priors, fits)
-    return ModelService(name, engine, prompter, states, question_sets, policy)
+    return ModelService(name, engine, prompter, states, question_sets, policy, dependence_of(prompter))
 
 
 def load_spec(spec: ModelSpec) -> ModelService:
