@@ -324,6 +324,43 @@ def test_a_model_that_fails_to_load_keeps_health_503_with_the_reason(tmp_path: P
         assert response.status_code == 503
         assert "not found" in response.json()["error"]
         assert post(c, TICKET).status_code == 503
+        assert_unknown_models_are_404(c, "missing, jev-latest")
+
+
+def assert_unknown_models_are_404(c: TestClient, known: str = "tiny-chat, jev-latest") -> None:
+    """Every route that resolves a model name answers an unknown one 404, whatever the models' state."""
+    unknown = body_with(model="nope")
+    responses = {
+        "request": post(c, unknown),
+        "fitting": c.post("/v1/calibrations", json={"model": "nope", "examples": [{"state": "x", "questions": {}}]}),
+        "fits": c.get("/v1/calibrations?model=nope"),
+        "load": c.post("/v1/models/nope/load"),
+        "unload": c.post("/v1/models/nope/unload"),
+    }
+    for route, response in responses.items():
+        assert response.status_code == 404, route
+        assert response.json()["detail"]["error_type"] == "model_not_found", route
+        assert response.json()["detail"]["message"].endswith(f"known models: {known}"), route
+    batch = post(c, {"requests": [unknown, {"state": "x"}]})
+    assert batch.status_code == 200
+    assert [result["error"]["status"] for result in batch.json()["results"]] == [404, 422]
+
+
+def test_an_unknown_model_is_404_while_the_models_load(tiny_chat_path: Path) -> None:
+    release = threading.Event()
+
+    def slow_loader(settings: Settings) -> ModelRegistry:
+        assert release.wait(60), "the test never let the model load"
+        return ModelRegistry.serving(load_model(settings))
+
+    app = create_app(tiny_settings(tiny_chat_path), loader=slow_loader)
+    with TestClient(app) as c:
+        assert_unknown_models_are_404(c)
+        assert post(c, TICKET).status_code == 503  # a known name waits for its model
+        assert post(c, {"requests": [TICKET]}).status_code == 503
+        release.set()
+        assert app.state.runtime.loaded.wait(30)
+        assert_unknown_models_are_404(c)
 
 
 def test_unknown_routes_and_methods_use_the_error_shape(client: TestClient) -> None:
