@@ -365,4 +365,9 @@ def test_an_unknown_model_is_404_while_the_models_load(tiny_chat_path: Path) -> 
 
 def test_unknown_routes_and_methods_use_the_error_shape(client: TestClient) -> None:
     assert client.get("/nope").json()["detail"]["error_type"] == "not_found"
-    assert client.get("/v1/systemone").status_code == 405
+    wrong = client.get("/v1/systemone")
+    assert wrong.status_code == 405 and wrong.json()["detail"]["error_type"] == "method_not_allowed"
+    assert wrong.headers["allow"] == "POST"  # RFC 9110: a 405 names the methods the path has
+    # a path served by a route per method: every one of them
+    assert client.put("/v1/calibrations").headers["allow"] == "GET, HEAD, POST"
+    assert client.post("/v1/systemone/jobs/x").headers["allow"] == "DELETE, GET, HEAD"
