@@ -286,6 +286,8 @@ def test_models_lists_every_name_in_both_shapes(client: TestClient) -> None:
         assert {"name", "description", "release_date"} <= set(entry)
         assert all(key.startswith("x_") for key in set(entry) - {"name", "description", "release_date"})
     assert all(m["object"] == "model" and m["owned_by"] == "onepass" for m in data["data"])
+    # the calibration setting, not the fit an answer's x_calibration names
+    assert all(m["x_calibration_mode"] == "contextual" and "x_calibration" not in m for m in data["models"])
 
 
 def test_cache_stats_route_reports_hits(client: TestClient) -> None:
