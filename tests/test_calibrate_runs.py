@@ -18,12 +18,13 @@ from starlette.testclient import TestClient
 
 from app.calibrate.journal import SUFFIX as EVIDENCE_SUFFIX
 from app.calibrate.report import NO_MATPLOTLIB, reliability_png
-from app.calibrate.runner import fit_all, parse_examples
+from app.calibrate.runner import fit_all, parse_examples, read_jsonl
 from app.calibration import MIN_LABELLED, Calibration, question_key
 from app.contract import SystemOneRequest
 from app.http.server import create_app
 from app.paths import REPO_ROOT
 from app.serving.registry import ModelRegistry
+from bench.policy_examples import examples as policy_examples
 from tests.conftest import tiny_settings
 from tests.loading import load_model
 from tests.pipes import read_until
@@ -265,3 +266,11 @@ def test_the_report_says_when_it_has_no_reliability_diagram(tmp_path: Path, monk
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what `import matplotlib` meets where it is not installed
     assert reliability_png(reports, tmp_path / "missing.png") == NO_MATPLOTLIB
     assert not (tmp_path / "missing.png").exists()
+
+
+def test_the_shipped_examples_are_in_calibrates_format_as_their_generator_made_them() -> None:
+    text = (REPO_ROOT / "examples" / "calibration.jsonl").read_text(encoding="utf-8")
+    parsed = parse_examples(read_jsonl(text))
+    assert len(parsed) == 40 and all(set(example.answers) == set(example.request.questions) for example in parsed)
+    # docs/calibration.md names the command that made them
+    assert [json.loads(line) for line in text.splitlines()] == policy_examples(40, 0, ["tickets"])
