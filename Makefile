@@ -222,7 +222,7 @@ peer: $(PEER)
 
 native-server: $(NATIVE_SERVER)
 
-test-native: model model-decision $(NATIVE_SERVER)
+test-native: model model-decision $(DEV_STAMP) $(NATIVE_SERVER)
 	ONEPASS_NATIVE_SERVER=$(NATIVE_SERVER) $(BIN)/python -m pytest -q tests/test_native_server.py --may-skip=
 
 # onepass and llama.cpp's /v1/systemone on speed, the same requests to both on the converted default model: new
@@ -250,7 +250,7 @@ bench-fleet: $(BENCH_STAMP)
 
 # 64 concurrent clients against one server; fails on any error or changed answer.
 LOAD_ARGS ?=
-load: model
+load: model $(BENCH_STAMP)
 	$(BIN)/python -m bench.load $(LOAD_ARGS)
 
 # Fitted calibration on the pipeline workloads (bench/pipelines.py): answers them once with the default model
@@ -264,11 +264,11 @@ bench-calibration: model $(BENCH_STAMP)
 
 # Accuracy and calibration on tests/eval/items.jsonl: make eval EVAL_ARGS="--model models/other.gguf"
 EVAL_ARGS ?=
-eval: model
+eval: model $(BENCH_STAMP)
 	$(BIN)/python -m bench.eval $(EVAL_ARGS)
 
 # The same items through the decision path: the converted default model (make model-decision).
-eval-decision: model-decision
+eval-decision: model-decision $(BENCH_STAMP)
 	$(BIN)/python -m bench.eval --model $(DECISION_MODEL) $(EVAL_ARGS)
 
 # The GPU suite: the engine, cache, disk-tier, layout and property tests with every layer on the device,
@@ -294,14 +294,15 @@ test-gpu: model-small
 		$(GPU_VENV)/bin/python -m pytest -q $(GPU_TESTS) --may-skip=real-model,cpu-build
 
 # After make test-gpu (CI): make run, make check-gpu and make test-gpu in the Vulkan venv keep its wheel.
-test-build-choice: model-small
+test-build-choice: model-small $(DEV_STAMP)
 	ONEPASS_BUILD_CHOICE_VENV=.venv-vulkan GGML_VK_VISIBLE_DEVICES=0 ONEPASS_TEST_SMALL_MODEL=$(SMALL_MODEL) \
 		$(BIN)/python -m pytest -q tests/test_build_choice.py --may-skip=
 
 # Load a model with every layer offloaded, step by step, each step under its own timeout: the step that
-# fails or hangs is named. make check-gpu GPU_CHECK_MODEL=models/x.gguf
+# fails or hangs is named. make check-gpu GPU_CHECK_MODEL=models/x.gguf (the small model is fetched only
+# when it is the one checked: a GPU machine may have no network)
 GPU_CHECK_MODEL ?= $(SMALL_MODEL)
-check-gpu: model-small
+check-gpu: $(INSTALL_STAMP) $(if $(filter $(SMALL_MODEL),$(GPU_CHECK_MODEL)),model-small)
 	$(BIN)/python -m tools.check_gpu $(GPU_CHECK_MODEL)
 
 # What this venv builds and installs, from its recorded choice and the command line (no build).
