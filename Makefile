@@ -34,9 +34,23 @@ endif
 ONEPASS_CPUINFO ?=
 export ONEPASS_CPUINFO
 CPU_CMAKE_ARGS := $(shell ONEPASS_CPUINFO='$(ONEPASS_CPUINFO)' $(PYTHON) -m app.platform.cpu cmake-args)
-# CUDA: the GPU architectures to compile for (docs/gpu.md): Turing, Ampere (A100, RTX 30), Ada (RTX 40),
-# Hopper (H100, H200), Blackwell (RTX 50). Fewer compile faster: make setup GPU=cuda CUDA_ARCHS=89
-CUDA_ARCHS ?= 75;80;86;89;90;120
+# CUDA: the GPU architectures to compile for (docs/gpu.md), each one a long compile. Given (CUDA_ARCHS=89),
+# they win; a later target uses the recorded ones; a new choice (make setup GPU=cuda) builds for this
+# machine's GPUs where nvidia-smi reports their compute capability (tools/cuda_archs.py), else for the
+# default: Turing, Ampere (A100, RTX 30), Ada (RTX 40), Hopper (H100, H200), Blackwell (RTX 50).
+CUDA_ARCHS_DEFAULT := 75;80;86;89;90;120
+ifeq ($(GPU),cuda)
+ifneq ($(filter command line environment,$(origin CUDA_ARCHS)),)
+CUDA_ARCHS_WHY := given
+else ifeq ($(origin CUDA_ARCHS) $(origin GPU),file file)
+CUDA_ARCHS_WHY := recorded in $(BUILD_CHOICE)
+else
+CUDA_ARCHS_SEEN := $(shell $(PYTHON) -m tools.cuda_archs)
+CUDA_ARCHS := $(or $(CUDA_ARCHS_SEEN),$(CUDA_ARCHS_DEFAULT))
+CUDA_ARCHS_WHY := $(if $(CUDA_ARCHS_SEEN),this machine's GPUs as nvidia-smi reports them,the default: nvidia-smi reported no GPU)
+endif
+endif
+CUDA_ARCHS ?= $(CUDA_ARCHS_DEFAULT)
 # A CUDA toolkit on this machine (nvcc with cuBLAS) is used; without one, tools/cuda_toolkit.py puts
 # together one from NVIDIA's wheels on the package index (the build log says which).
 CUDA_TOOLKITS := $(HOME)/.cache/onepass/cuda
@@ -54,9 +68,11 @@ endif
 endif
 BUILD_ARGS := $(strip $(CPU_CMAKE_ARGS) $(GPU_CMAKE_ARGS_$(GPU)) $(CMAKE_ARGS) $(VULKAN_ARGS))
 
-# What `make setup` records: the build's every input a user chooses (CUDA_ARCHS too, or a later target
-# would build for the default architectures).
-RECORD_CHOICE := printf 'GPU := %s\nCMAKE_ARGS := %s\nCUDA_ARCHS := %s\n' '$(GPU)' '$(CMAKE_ARGS)' '$(CUDA_ARCHS)' > $(BUILD_CHOICE)
+# What `make setup` records: the build's every input a user chooses (for CUDA its architectures too, or a
+# later target would build for others; a build without CUDA records none, so that choosing CUDA later
+# finds this machine's GPUs).
+RECORD_CHOICE := printf 'GPU := %s\nCMAKE_ARGS := %s\n$(if $(filter cuda,$(GPU)),CUDA_ARCHS := %s\n)' \
+	'$(GPU)' '$(CMAKE_ARGS)' $(if $(filter cuda,$(GPU)),'$(CUDA_ARCHS)') > $(BUILD_CHOICE)
 
 # pip's own wheel cache ignores CMAKE_ARGS, so we keep our wheel in a folder named by the
 # version, the flags and this CPU's features: a shared or copied cache never hands a wheel
@@ -92,7 +108,10 @@ $(WHEEL_STAMP): | $(BIN)/python $(VULKAN_DEPS) $(ENGINE_SOURCE)/ONEPASS-ENGINE
 	@echo "building llama-cpp-python $(LLAMA_CPP_VERSION) (GPU=$(GPU)) into $(WHEEL_DIR) (minutes, once)"
 	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)
 	@set -e; toolkit=""; \
-	if [ "$(GPU)" = cuda ]; then toolkit="$$($(PYTHON) tools/cuda_toolkit.py --cache $(CUDA_TOOLKITS) --record $(WHEEL_DIR)/cuda-toolkit.json)"; fi; \
+	if [ "$(GPU)" = cuda ]; then \
+		echo "  CUDA architectures: $(CUDA_ARCHS) ($(CUDA_ARCHS_WHY); each one a long compile, CUDA_ARCHS=... to choose)"; \
+		toolkit="$$($(PYTHON) tools/cuda_toolkit.py --cache $(CUDA_TOOLKITS) --record $(WHEEL_DIR)/cuda-toolkit.json)"; \
+	fi; \
 	echo "  CMAKE_ARGS=$(BUILD_ARGS) $$toolkit"; \
 	CMAKE_ARGS="$(BUILD_ARGS) $$toolkit" CMAKE_BUILD_PARALLEL_LEVEL=$$(getconf _NPROCESSORS_ONLN) \
 		$(BIN)/python -m pip wheel --no-deps --no-cache-dir -w $(WHEEL_DIR) $(ENGINE_SOURCE)
@@ -310,6 +329,7 @@ build-info:
 	@echo "venv: $(VENV)"
 	@echo "GPU: $(GPU)"
 	@echo "CMAKE_ARGS: $(BUILD_ARGS)"
+	@echo "CUDA architectures: $(if $(filter cuda,$(GPU)),$(CUDA_ARCHS) ($(CUDA_ARCHS_WHY)),none)"
 	@echo "wheel: $(WHEEL_DIR)"
 	@echo "installed: $(if $(wildcard $(INSTALL_STAMP)),yes,no)"
 
