@@ -90,7 +90,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?=
 PORT ?=
 
-.PHONY: setup vulkan-deps bench-native test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet bench-calibration eval load check-gpu clean clean-build
+.PHONY: api-examples setup vulkan-deps bench-native test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet bench-calibration eval load check-gpu clean clean-build
 
 # `make setup` records the choice even when that build is installed already (choosing it again).
 setup: $(INSTALL_STAMP)
@@ -323,6 +323,11 @@ test-build-choice: model-small $(DEV_STAMP)
 GPU_CHECK_MODEL ?= $(SMALL_MODEL)
 check-gpu: $(INSTALL_STAMP) $(if $(filter $(SMALL_MODEL),$(GPU_CHECK_MODEL)),model-small)
 	$(BIN)/python -m tools.check_gpu $(GPU_CHECK_MODEL)
+
+# docs/api.md's examples, made again by the real server on a tiny model (tools/api_examples.py; a test
+# fails when the page differs from them).
+api-examples: $(DEV_STAMP)
+	$(BIN)/python -m tools.api_examples --write
 
 # What this venv builds and installs, from its recorded choice and the command line (no build).
 build-info:
