@@ -34,9 +34,23 @@ endif
 ONEPASS_CPUINFO ?=
 export ONEPASS_CPUINFO
 CPU_CMAKE_ARGS := $(shell ONEPASS_CPUINFO='$(ONEPASS_CPUINFO)' $(PYTHON) -m app.platform.cpu cmake-args)
-# CUDA: the GPU architectures to compile for (docs/gpu.md): Turing, Ampere (A100, RTX 30), Ada (RTX 40),
-# Hopper (H100, H200), Blackwell (RTX 50). Fewer compile faster: make setup GPU=cuda CUDA_ARCHS=89
-CUDA_ARCHS ?= 75;80;86;89;90;120
+# CUDA: the GPU architectures to compile for (docs/gpu.md), each one a long compile. Given (CUDA_ARCHS=89),
+# they win; a later target uses the recorded ones; a new choice (make setup GPU=cuda) builds for this
+# machine's GPUs where nvidia-smi reports their compute capability (tools/cuda_archs.py), else for the
+# default: Turing, Ampere (A100, RTX 30), Ada (RTX 40), Hopper (H100, H200), Blackwell (RTX 50).
+CUDA_ARCHS_DEFAULT := 75;80;86;89;90;120
+ifeq ($(GPU),cuda)
+ifneq ($(filter command line environment,$(origin CUDA_ARCHS)),)
+CUDA_ARCHS_WHY := given
+else ifeq ($(origin CUDA_ARCHS) $(origin GPU),file file)
+CUDA_ARCHS_WHY := recorded in $(BUILD_CHOICE)
+else
+CUDA_ARCHS_SEEN := $(shell $(PYTHON) -m tools.cuda_archs)
+CUDA_ARCHS := $(or $(CUDA_ARCHS_SEEN),$(CUDA_ARCHS_DEFAULT))
+CUDA_ARCHS_WHY := $(if $(CUDA_ARCHS_SEEN),this machine's GPUs as nvidia-smi reports them,the default: nvidia-smi reported no GPU)
+endif
+endif
+CUDA_ARCHS ?= $(CUDA_ARCHS_DEFAULT)
 # A CUDA toolkit on this machine (nvcc with cuBLAS) is used; without one, tools/cuda_toolkit.py puts
 # together one from NVIDIA's wheels on the package index (the build log says which).
 CUDA_TOOLKITS := $(HOME)/.cache/onepass/cuda
@@ -54,9 +68,11 @@ endif
 endif
 BUILD_ARGS := $(strip $(CPU_CMAKE_ARGS) $(GPU_CMAKE_ARGS_$(GPU)) $(CMAKE_ARGS) $(VULKAN_ARGS))
 
-# What `make setup` records: the build's every input a user chooses (CUDA_ARCHS too, or a later target
-# would build for the default architectures).
-RECORD_CHOICE := printf 'GPU := %s\nCMAKE_ARGS := %s\nCUDA_ARCHS := %s\n' '$(GPU)' '$(CMAKE_ARGS)' '$(CUDA_ARCHS)' > $(BUILD_CHOICE)
+# What `make setup` records: the build's every input a user chooses (for CUDA its architectures too, or a
+# later target would build for others; a build without CUDA records none, so that choosing CUDA later
+# finds this machine's GPUs).
+RECORD_CHOICE := printf 'GPU := %s\nCMAKE_ARGS := %s\n$(if $(filter cuda,$(GPU)),CUDA_ARCHS := %s\n)' \
+	'$(GPU)' '$(CMAKE_ARGS)' $(if $(filter cuda,$(GPU)),'$(CUDA_ARCHS)') > $(BUILD_CHOICE)
 
 # pip's own wheel cache ignores CMAKE_ARGS, so we keep our wheel in a folder named by the
 # version, the flags and this CPU's features: a shared or copied cache never hands a wheel
@@ -74,7 +90,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?=
 PORT ?=
 
-.PHONY: setup vulkan-deps bench-native test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet bench-calibration eval load check-gpu clean clean-build
+.PHONY: api-examples setup vulkan-deps bench-native test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet bench-calibration eval load check-gpu clean clean-build
 
 # `make setup` records the choice even when that build is installed already (choosing it again).
 setup: $(INSTALL_STAMP)
@@ -92,7 +108,10 @@ $(WHEEL_STAMP): | $(BIN)/python $(VULKAN_DEPS) $(ENGINE_SOURCE)/ONEPASS-ENGINE
 	@echo "building llama-cpp-python $(LLAMA_CPP_VERSION) (GPU=$(GPU)) into $(WHEEL_DIR) (minutes, once)"
 	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)
 	@set -e; toolkit=""; \
-	if [ "$(GPU)" = cuda ]; then toolkit="$$($(PYTHON) tools/cuda_toolkit.py --cache $(CUDA_TOOLKITS) --record $(WHEEL_DIR)/cuda-toolkit.json)"; fi; \
+	if [ "$(GPU)" = cuda ]; then \
+		echo "  CUDA architectures: $(CUDA_ARCHS) ($(CUDA_ARCHS_WHY); each one a long compile, CUDA_ARCHS=... to choose)"; \
+		toolkit="$$($(PYTHON) tools/cuda_toolkit.py --cache $(CUDA_TOOLKITS) --record $(WHEEL_DIR)/cuda-toolkit.json)"; \
+	fi; \
 	echo "  CMAKE_ARGS=$(BUILD_ARGS) $$toolkit"; \
 	CMAKE_ARGS="$(BUILD_ARGS) $$toolkit" CMAKE_BUILD_PARALLEL_LEVEL=$$(getconf _NPROCESSORS_ONLN) \
 		$(BIN)/python -m pip wheel --no-deps --no-cache-dir -w $(WHEEL_DIR) $(ENGINE_SOURCE)
@@ -222,7 +241,7 @@ peer: $(PEER)
 
 native-server: $(NATIVE_SERVER)
 
-test-native: model model-decision $(NATIVE_SERVER)
+test-native: model model-decision $(DEV_STAMP) $(NATIVE_SERVER)
 	ONEPASS_NATIVE_SERVER=$(NATIVE_SERVER) $(BIN)/python -m pytest -q tests/test_native_server.py --may-skip=
 
 # onepass and llama.cpp's /v1/systemone on speed, the same requests to both on the converted default model: new
@@ -250,7 +269,7 @@ bench-fleet: $(BENCH_STAMP)
 
 # 64 concurrent clients against one server; fails on any error or changed answer.
 LOAD_ARGS ?=
-load: model
+load: model $(BENCH_STAMP)
 	$(BIN)/python -m bench.load $(LOAD_ARGS)
 
 # Fitted calibration on the pipeline workloads (bench/pipelines.py): answers them once with the default model
@@ -264,11 +283,11 @@ bench-calibration: model $(BENCH_STAMP)
 
 # Accuracy and calibration on tests/eval/items.jsonl: make eval EVAL_ARGS="--model models/other.gguf"
 EVAL_ARGS ?=
-eval: model
+eval: model $(BENCH_STAMP)
 	$(BIN)/python -m bench.eval $(EVAL_ARGS)
 
 # The same items through the decision path: the converted default model (make model-decision).
-eval-decision: model-decision
+eval-decision: model-decision $(BENCH_STAMP)
 	$(BIN)/python -m bench.eval --model $(DECISION_MODEL) $(EVAL_ARGS)
 
 # The GPU suite: the engine, cache, disk-tier, layout and property tests with every layer on the device,
@@ -294,21 +313,28 @@ test-gpu: model-small
 		$(GPU_VENV)/bin/python -m pytest -q $(GPU_TESTS) --may-skip=real-model,cpu-build
 
 # After make test-gpu (CI): make run, make check-gpu and make test-gpu in the Vulkan venv keep its wheel.
-test-build-choice: model-small
+test-build-choice: model-small $(DEV_STAMP)
 	ONEPASS_BUILD_CHOICE_VENV=.venv-vulkan GGML_VK_VISIBLE_DEVICES=0 ONEPASS_TEST_SMALL_MODEL=$(SMALL_MODEL) \
 		$(BIN)/python -m pytest -q tests/test_build_choice.py --may-skip=
 
 # Load a model with every layer offloaded, step by step, each step under its own timeout: the step that
-# fails or hangs is named. make check-gpu GPU_CHECK_MODEL=models/x.gguf
+# fails or hangs is named. make check-gpu GPU_CHECK_MODEL=models/x.gguf (the small model is fetched only
+# when it is the one checked: a GPU machine may have no network)
 GPU_CHECK_MODEL ?= $(SMALL_MODEL)
-check-gpu: model-small
+check-gpu: $(INSTALL_STAMP) $(if $(filter $(SMALL_MODEL),$(GPU_CHECK_MODEL)),model-small)
 	$(BIN)/python -m tools.check_gpu $(GPU_CHECK_MODEL)
+
+# docs/api.md's examples, made again by the real server on a tiny model (tools/api_examples.py; a test
+# fails when the page differs from them).
+api-examples: $(DEV_STAMP)
+	$(BIN)/python -m tools.api_examples --write
 
 # What this venv builds and installs, from its recorded choice and the command line (no build).
 build-info:
 	@echo "venv: $(VENV)"
 	@echo "GPU: $(GPU)"
 	@echo "CMAKE_ARGS: $(BUILD_ARGS)"
+	@echo "CUDA architectures: $(if $(filter cuda,$(GPU)),$(CUDA_ARCHS) ($(CUDA_ARCHS_WHY)),none)"
 	@echo "wheel: $(WHEEL_DIR)"
 	@echo "installed: $(if $(wildcard $(INSTALL_STAMP)),yes,no)"
 

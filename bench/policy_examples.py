@@ -1,7 +1,7 @@
 """Labelled examples from three policy pipelines, in the shape `onepass calibrate` reads, for fitting runs
 as a user makes them: phishing emails, policy compliance and multilingual support tickets.
 
-    python -m bench.policy_examples --out examples.jsonl [--per-pipeline 80] [--seed 0]
+    .venv/bin/python -m bench.policy_examples --out examples.jsonl [--per-pipeline 80] [--seed 0] [--pipeline tickets]
 
 Unlike bench/pipelines.py, one pipeline's question is not the same question from item to item: in
 the compliance pipeline every case quotes its own policy, so "which clause was violated" offers that
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -237,9 +238,10 @@ def _ticket(rng: random.Random) -> tuple[str, dict[str, Any], dict[str, Any]]:
 PIPELINES = {"phishing": _phishing, "compliance": _compliance, "tickets": _ticket}
 
 
-def examples(per_pipeline: int, seed: int = 0) -> list[Example]:
+def examples(per_pipeline: int, seed: int = 0, pipelines: Sequence[str] = tuple(PIPELINES)) -> list[Example]:
     found = []
-    for name, make in PIPELINES.items():
+    for name in pipelines:
+        make = PIPELINES[name]
         rng = random.Random(f"{name}-{seed}")
         for _ in range(per_pipeline):
             state, questions, answers = make(rng)
@@ -252,8 +254,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--per-pipeline", type=int, default=80)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--pipeline", action="append", choices=tuple(PIPELINES), help="only this pipeline's (repeatable; default: all)"
+    )
     args = parser.parse_args()
-    found = examples(args.per_pipeline, args.seed)
+    found = examples(args.per_pipeline, args.seed, args.pipeline or tuple(PIPELINES))
     args.out.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in found), encoding="utf-8")
     print(f"{len(found)} examples written to {args.out}")
 

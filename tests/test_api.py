@@ -286,6 +286,8 @@ def test_models_lists_every_name_in_both_shapes(client: TestClient) -> None:
         assert {"name", "description", "release_date"} <= set(entry)
         assert all(key.startswith("x_") for key in set(entry) - {"name", "description", "release_date"})
     assert all(m["object"] == "model" and m["owned_by"] == "onepass" for m in data["data"])
+    # the calibration setting, not the fit an answer's x_calibration names
+    assert all(m["x_calibration_mode"] == "contextual" and "x_calibration" not in m for m in data["models"])
 
 
 def test_cache_stats_route_reports_hits(client: TestClient) -> None:
@@ -324,8 +326,50 @@ def test_a_model_that_fails_to_load_keeps_health_503_with_the_reason(tmp_path: P
         assert response.status_code == 503
         assert "not found" in response.json()["error"]
         assert post(c, TICKET).status_code == 503
+        assert_unknown_models_are_404(c, "missing, jev-latest")
+
+
+def assert_unknown_models_are_404(c: TestClient, known: str = "tiny-chat, jev-latest") -> None:
+    """Every route that resolves a model name answers an unknown one 404, whatever the models' state."""
+    unknown = body_with(model="nope")
+    responses = {
+        "request": post(c, unknown),
+        "fitting": c.post("/v1/calibrations", json={"model": "nope", "examples": [{"state": "x", "questions": {}}]}),
+        "fits": c.get("/v1/calibrations?model=nope"),
+        "load": c.post("/v1/models/nope/load"),
+        "unload": c.post("/v1/models/nope/unload"),
+    }
+    for route, response in responses.items():
+        assert response.status_code == 404, route
+        assert response.json()["detail"]["error_type"] == "model_not_found", route
+        assert response.json()["detail"]["message"].endswith(f"known models: {known}"), route
+    batch = post(c, {"requests": [unknown, {"state": "x"}]})
+    assert batch.status_code == 200
+    assert [result["error"]["status"] for result in batch.json()["results"]] == [404, 422]
+
+
+def test_an_unknown_model_is_404_while_the_models_load(tiny_chat_path: Path) -> None:
+    release = threading.Event()
+
+    def slow_loader(settings: Settings) -> ModelRegistry:
+        assert release.wait(60), "the test never let the model load"
+        return ModelRegistry.serving(load_model(settings))
+
+    app = create_app(tiny_settings(tiny_chat_path), loader=slow_loader)
+    with TestClient(app) as c:
+        assert_unknown_models_are_404(c)
+        assert post(c, TICKET).status_code == 503  # a known name waits for its model
+        assert post(c, {"requests": [TICKET]}).status_code == 503
+        release.set()
+        assert app.state.runtime.loaded.wait(30)
+        assert_unknown_models_are_404(c)
 
 
 def test_unknown_routes_and_methods_use_the_error_shape(client: TestClient) -> None:
     assert client.get("/nope").json()["detail"]["error_type"] == "not_found"
-    assert client.get("/v1/systemone").status_code == 405
+    wrong = client.get("/v1/systemone")
+    assert wrong.status_code == 405 and wrong.json()["detail"]["error_type"] == "method_not_allowed"
+    assert wrong.headers["allow"] == "POST"  # RFC 9110: a 405 names the methods the path has
+    # a path served by a route per method: every one of them
+    assert client.put("/v1/calibrations").headers["allow"] == "GET, HEAD, POST"
+    assert client.post("/v1/systemone/jobs/x").headers["allow"] == "DELETE, GET, HEAD"

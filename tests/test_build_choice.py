@@ -18,20 +18,64 @@ from pathlib import Path
 from app.paths import REPO_ROOT
 from tests.pipes import read_until
 from tests.skip_groups import skip_if
+from tools.cuda_archs import archs_of
 
 CHOICE_VENV = os.environ.get("ONEPASS_BUILD_CHOICE_VENV")
 
 
-def make(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def make(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["make", "--no-print-directory", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout
+        ["make", "--no-print-directory", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
 
 
-def info(*args: str) -> dict[str, str]:
-    done = make("-s", "build-info", *args)
+def info(*args: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    done = make("-s", "build-info", *args, env=env)
     assert done.returncode == 0, done.stderr
     return dict(line.split(": ", 1) for line in done.stdout.splitlines())
+
+
+def with_nvidia_smi(folder: Path, answer: str, status: int = 0) -> dict[str, str]:
+    """The environment with an nvidia-smi first on PATH that prints `answer` and exits with `status`."""
+    folder.mkdir(exist_ok=True)
+    fake = folder / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\nprintf '%s' '{answer}'\nexit {status}\n")
+    fake.chmod(0o755)
+    return {**os.environ, "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_compute_capabilities_become_distinct_architectures_lowest_first() -> None:
+    assert archs_of("9.0\n") == ["90"]
+    assert archs_of("12.0\n8.6\n 8.6 \n10.0\n") == ["86", "100", "120"]
+    assert archs_of("[N/A]\n") == [] and archs_of("") == []
+
+
+def test_a_cuda_build_is_for_this_machines_gpus_where_nvidia_smi_names_them(tmp_path: Path) -> None:
+    (tmp_path / "venv").mkdir()
+    venv = f"VENV={tmp_path / 'venv'}"
+    h200 = with_nvidia_smi(tmp_path / "one", "9.0\n")
+    chosen = info(venv, "GPU=cuda", env=h200)
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90" in chosen["CMAKE_ARGS"].split()
+    assert chosen["CUDA architectures"] == "90 (this machine's GPUs as nvidia-smi reports them)"
+    mixed = with_nvidia_smi(tmp_path / "mixed", "8.6\n9.0\n8.6\n")  # several GPUs: their distinct architectures
+    assert info(venv, "GPU=cuda", env=mixed)["CUDA architectures"].startswith("86;90 (")
+    failing = with_nvidia_smi(tmp_path / "failing", "NVIDIA-SMI has failed", status=9)
+    assert info(venv, "GPU=cuda", env=failing)["CUDA architectures"] == (
+        "75;80;86;89;90;120 (the default: nvidia-smi reported no GPU)"
+    )
+    assert info(venv, "GPU=cuda", "CUDA_ARCHS=89", env=h200)["CUDA architectures"] == "89 (given)"  # given wins
+    planned = make("-n", "setup", venv, "GPU=cuda", env=h200)  # -n: prints the build and the record, runs nothing
+    assert planned.returncode == 0, planned.stderr
+    assert "CUDA architectures: 90 (this machine's GPUs as nvidia-smi reports them;" in planned.stdout  # the log
+    assert "CUDA_ARCHS := %s" in planned.stdout and "'90'" in planned.stdout  # and the record
+    (tmp_path / "venv" / "build-choice.mk").write_text("GPU := cuda\nCMAKE_ARGS := \nCUDA_ARCHS := 89\n")
+    assert info(venv, env=h200)["CUDA architectures"] == f"89 (recorded in {tmp_path / 'venv'}/build-choice.mk)"
+    assert info(venv, "GPU=cuda", env=h200)["CUDA architectures"].startswith("90 (")  # choosing again: this GPU
 
 
 def test_a_recorded_choice_is_what_later_targets_build(tmp_path: Path) -> None:

@@ -17,12 +17,14 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.calibrate.journal import SUFFIX as EVIDENCE_SUFFIX
-from app.calibrate.runner import fit_all, parse_examples
+from app.calibrate.report import NO_MATPLOTLIB, reliability_png
+from app.calibrate.runner import fit_all, parse_examples, read_jsonl
 from app.calibration import MIN_LABELLED, Calibration, question_key
 from app.contract import SystemOneRequest
 from app.http.server import create_app
 from app.paths import REPO_ROOT
 from app.serving.registry import ModelRegistry
+from bench.policy_examples import examples as policy_examples
 from tests.conftest import tiny_settings
 from tests.loading import load_model
 from tests.pipes import read_until
@@ -253,3 +255,22 @@ def test_the_cli_reports_a_question_that_failed_and_stores_the_others(tiny_chat_
     assert len(list((tmp_path / "fits").rglob("*.fit.json"))) == len(stored)
     report = (tmp_path / "examples.report.md").read_text()
     assert "## Errors" in report and broken in report
+
+
+def test_the_report_says_when_it_has_no_reliability_diagram(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scored = {"ece": 0.1, "reliability": [{"from": 0.5, "to": 0.6, "n": 3, "confidence": 0.55, "accuracy": 0.67}]}
+    reports = [{"name": "q", "before": scored, "after": scored}]
+    assert reliability_png(reports, tmp_path / "drawn.png") == "Reliability diagram: drawn.png"
+    assert (tmp_path / "drawn.png").read_bytes().startswith(b"\x89PNG")
+    assert reliability_png([{"name": "q", "before": None}], tmp_path / "none.png").startswith("No reliability diagram")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what `import matplotlib` meets where it is not installed
+    assert reliability_png(reports, tmp_path / "missing.png") == NO_MATPLOTLIB
+    assert not (tmp_path / "missing.png").exists()
+
+
+def test_the_shipped_examples_are_in_calibrates_format_as_their_generator_made_them() -> None:
+    text = (REPO_ROOT / "examples" / "calibration.jsonl").read_text(encoding="utf-8")
+    parsed = parse_examples(read_jsonl(text))
+    assert len(parsed) == 40 and all(set(example.answers) == set(example.request.questions) for example in parsed)
+    # docs/calibration.md names the command that made them
+    assert [json.loads(line) for line in text.splitlines()] == policy_examples(40, 0, ["tickets"])

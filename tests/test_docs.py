@@ -639,3 +639,27 @@ def test_every_capitalised_name_is_one_the_code_knows() -> None:
                     continue
                 problems.append(f"{text.at(found.start())}: {name}: no variable of that name (a placeholder?)")
     assert not problems, report(sorted(set(problems)), "names in capitals that nothing defines")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Commands written as they work after `make run` alone
+
+# `make run` installs onepass into .venv only: `onepass ...` and `python -m app ...` find neither on PATH.
+VENV_PROGRAM = re.compile(r"\.venv(?:-[\w-]+)?/bin/(?:onepass|python3?)")
+
+
+def test_every_command_of_ours_is_the_venvs() -> None:
+    problems = []
+    for run in commands():
+        page, line = run.where.rsplit(":", 1)
+        if run.program == "make" or not is_ours(run.program) or page.startswith("docs/notes/"):
+            continue
+        if "pip install" in (REPO_ROOT / page).read_text(encoding="utf-8").splitlines()[int(line) - 1]:
+            continue  # installed into an environment of the reader's: its programs are on PATH there
+        given = words(run.text)
+        program = next((w for w in given if not re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", w)), "").lstrip("(")
+        if run.text == "onepass calibrate" or ("/" in program and "/bin/" not in program):
+            continue  # the subcommand's name in a sentence; a folder such as ~/.cache/onepass
+        if not VENV_PROGRAM.fullmatch(program):
+            problems.append(f"{run.where}: `{run.text}`: write it as .venv/bin/onepass or .venv/bin/python")
+    assert not problems, report(problems, "commands that are not found after `make run` alone")

@@ -220,6 +220,10 @@ def test_onepass_calibrate_writes_fits_a_report_and_warns_on_few_examples(tiny_c
     report = (tmp_path / "examples.report.md").read_text()
     assert report.startswith("# Calibration fitted to your examples: tiny-chat") and "reliability" in report
     assert (tmp_path / "examples.report.png").stat().st_size > 1000
+    assert (
+        "Reliability diagram: examples.report.png" in report
+        and "Reliability diagram: examples.report.png" in done.stdout
+    )
     stored = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")][-1]["fits"]
     assert stored and all(fit["examples"] == 20 for fit in stored)
     assert len(list((tmp_path / "fits").rglob(f"*{SUFFIX}"))) == len(stored)

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 import pytest
 from starlette.testclient import TestClient
 
-from app.answering.service import ModelService
+from app.answering.prompter import Plan
+from app.answering.service import Decoded, ModelService
 from app.config import Settings
 from app.contract import SystemOneRequest, SystemOneResponse
 from app.fleet.processes import READY, ServerProcess
@@ -75,13 +76,12 @@ class FaultyService(ModelService):
         self.__dict__.update(inner.__dict__)
         self.faults = 1
 
-    def plan(self, request: SystemOneRequest) -> Any:
-        plan = super().plan(request)
+    def decode(self, plan: Plan, cancelled: threading.Event | None, **reads: Any) -> Decoded:
         if self.faults:
             self.faults -= 1
             rendered = plan.suffixes()[0]
             object.__setattr__(rendered, "tokens", (*rendered.tokens[:-1], self.engine.vocab.n_vocab + 7))
-        return plan
+        return super().decode(plan, cancelled, **reads)
 
 
 @pytest.fixture
@@ -146,6 +146,24 @@ def test_a_full_queue_answers_503_with_retry_after(held: HeldService, tiny_chat_
         held.release.set()
         assert first.result(timeout=60).status_code == 200
         assert client.post("/v1/systemone", json=BODY).status_code == 200
+
+
+def test_a_prompt_too_long_is_422_while_its_model_is_full(held: HeldService, tiny_chat_path: Path) -> None:
+    too_long = BODY | {"state": "word " * 9000}  # more tokens than the tiny model's 8192-token context
+    with TestClient(app_with(held, tiny_chat_path, max_queue=0)) as client, ThreadPoolExecutor(1) as pool:
+        first = pool.submit(client.post, "/v1/systemone", json=BODY)
+        assert held.entered.wait(30)  # the model's one place is taken
+        assert client.post("/v1/systemone", json=BODY).status_code == 503
+        refused = client.post("/v1/systemone", json=too_long)
+        assert refused.status_code == 422
+        assert refused.json()["detail"][0]["loc"] == ["body", "state"]
+        assert refused.json()["detail"][0]["type"] == "too_long"
+        # in a batch answered in its response, too: the long request gets its 422 and takes no place
+        batch = client.post("/v1/systemone", json={"requests": [too_long]})
+        assert batch.status_code == 200
+        assert batch.json()["results"][0]["error"]["status"] == 422
+        held.release.set()
+        assert first.result(timeout=60).status_code == 200
 
 
 def test_admission_is_per_model_a_busy_model_does_not_turn_away_another(

@@ -131,9 +131,9 @@ def fit_layout(
         service.close()
     shown = [r.to_json() for r in reports]
     title = f"{spec.name}, {layout}" if several else spec.name
-    section = markdown(shown, title, len(examples), time.monotonic() - began, answered.reused)
     picture = report.with_suffix(f".{layout}.png" if several else ".png")
     drawn = reliability_png(shown, picture)
+    section = markdown(shown, title, len(examples), time.monotonic() - began, answered.reused) + f"\n{drawn}\n"
     for r in shown:
         if r["error"]:
             print(f"{r['name']}: {r['labelled']} labelled, NOT FITTED: {r['error']}")
@@ -145,10 +145,7 @@ def fit_layout(
         if r["warning"]:
             print(f"  warning: {r['warning']}", file=sys.stderr)
     print(f"{len(stored)} fits stored in {fits.folder} ({layout})")
-    if drawn:
-        print(f"diagram: {picture}")
-    else:
-        print("(no diagram: matplotlib is not installed)")
+    print(drawn)
     print(
         json.dumps(
             {

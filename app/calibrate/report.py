@@ -1,5 +1,5 @@
 """A fitting run's report: Markdown per question (examples, the choice, before and after, reliability),
-and a reliability diagram PNG where matplotlib is installed."""
+and a reliability diagram PNG where matplotlib is installed (the report says when it is not)."""
 
 from __future__ import annotations
 
@@ -72,18 +72,25 @@ def markdown(reports: list[dict[str, Any]], model: str, examples: int, seconds: 
     return "\n".join(lines) + "\n"
 
 
-def reliability_png(reports: list[dict[str, Any]], path: Path) -> bool:
-    """The diagram, one panel per question; False where matplotlib is missing (pip install matplotlib)."""
+# matplotlib is a dev extra, not a dependency of the server: the report's tables carry the same bins.
+NO_MATPLOTLIB = (
+    "No reliability diagram: matplotlib is not installed (`.venv/bin/python -m pip install matplotlib`, then run "
+    "the same command again: it reuses the examples answered). The tables above hold the same bins."
+)
+
+
+def reliability_png(reports: list[dict[str, Any]], path: Path) -> str:
+    """Draw the diagram at `path`, one panel per question; the report's line naming it, or saying why there is none."""
+    shown = [r for r in reports if r["before"] is not None]
+    if not shown:
+        return "No reliability diagram: no question was scored."
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return False
-    shown = [r for r in reports if r["before"] is not None]
-    if not shown:
-        return False
+        return NO_MATPLOTLIB
     columns = min(3, len(shown))
     rows = (len(shown) + columns - 1) // columns
     figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 4 * rows), squeeze=False)
@@ -109,4 +116,4 @@ def reliability_png(reports: list[dict[str, Any]], path: Path) -> bool:
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
-    return True
+    return f"Reliability diagram: {path.name}"

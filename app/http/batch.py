@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,14 +82,15 @@ class Item:
     ran: bool = False
 
 
-def parse_items(raw: list[Any], settings: Settings, registry: ModelRegistry) -> list[Item]:
-    """Every item validated on its own: a bad one gets its 422 or 404 as its result and nothing else fails."""
+def parse_items(raw: list[Any], settings: Settings, canonical: Callable[[str], str]) -> list[Item]:
+    """Every item validated on its own, its model name resolved by `canonical`: a bad one gets its 422 or
+    404 as its result and nothing else fails."""
     items = []
     for index, body in enumerate(raw):
         item = Item(index)
         try:
             item.request = parse_request(body, settings)
-            item.model = registry.canonical(item.request.model)
+            item.model = canonical(item.request.model)
         except (InvalidRequest, ModelNotFound) as error:
             item.request, item.result = None, error_result(error)
         items.append(item)
@@ -156,6 +157,7 @@ def answer_items(
     reserved first, all or none (503), here in the worker, which then gives each back: a worker that
     never starts holds none."""
     if places is not None:
+        _check(run, registry)
         admission.reserve(per_model(run.items), places)
     deadline = time.monotonic() + run.budget
 
@@ -181,6 +183,19 @@ def answer_items(
                 timeout = ApiError(504, "timeout", f"not answered within the batch's {run.budget:g} s")
                 item.result, late = error_result(timeout), late + 1
         run.progress.skip(late)
+
+
+def _check(run: Run, registry: ModelRegistry) -> None:
+    """Each request's 422 for its prompt (ModelRegistry.check) as its result, before places are reserved:
+    a request the model cannot answer takes none."""
+    for item in run.items:
+        if item.request is None:
+            continue
+        try:
+            registry.check(item.model, item.request)
+        except (InvalidRequest, ModelNotFound) as error:
+            item.request, item.result = None, error_result(error)
+            run.progress.step()
 
 
 def _answer_one(item: Item, run: Run, registry: ModelRegistry, admission: Admission, deadline: float) -> bool:

@@ -27,12 +27,12 @@ async def start_fitting(request: Request) -> JSONResponse:
     question_set = payload.get("question_set", False)
     if not isinstance(question_set, bool):
         raise InvalidRequest.at(("question_set",), "true or false", "bool_type", question_set)
-    registry = runtime.require_registry()
-    name = registry.canonical(str(payload.get("model", DEFAULT_ALIAS)))
+    name = runtime.canonical(str(payload.get("model", DEFAULT_ALIAS)))
     try:
         examples = parse_examples(payload["examples"])
     except ExampleError as error:
         raise InvalidRequest.at(("examples",), str(error), "value_error", None) from error
+    registry = runtime.require_registry()
 
     def lease() -> contextlib.AbstractContextManager[ModelService]:
         return registry.lease(name)
@@ -50,8 +50,9 @@ async def fitting_job(request: Request) -> JSONResponse:
 
 
 def _fits_of(request: Request) -> tuple[str, FitStore]:
-    registry = runtime_of(request).require_registry()
-    name = registry.canonical(request.query_params.get("model", DEFAULT_ALIAS))
+    runtime = runtime_of(request)
+    name = runtime.canonical(request.query_params.get("model", DEFAULT_ALIAS))
+    registry = runtime.require_registry()
     with registry.lease(name) as service:
         store = service.calibration.store
         if store is None:

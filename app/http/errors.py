@@ -10,6 +10,7 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.routing import Match
 
 from app.errors import ApiError, Cancelled, InvalidRequest, ModelNotFound, ModelUnavailable
 
@@ -36,12 +37,26 @@ def error_of(exc: Exception) -> tuple[int, Any, dict[str, str] | None]:
         return 503, {"error_type": "overloaded", "message": message}, {"Retry-After": "1"}
     if isinstance(exc, HTTPException):
         error_type = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return exc.status_code, {"error_type": error_type, "message": str(exc.detail)}, None
+        headers = dict(exc.headers) if exc.headers else None
+        return exc.status_code, {"error_type": error_type, "message": str(exc.detail)}, headers
     return 500, dict(INTERNAL_ERROR), None
+
+
+def allowed_methods(request: Request) -> str:
+    """RFC 9110's Allow for a 405: every method the path has. Starlette's names only the methods of the
+    first route whose path matched, and a path may have a route per method."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
 
 
 async def _answer(request: Request, exc: Exception) -> JSONResponse:
     status, detail, headers = error_of(exc)
+    if status == 405:
+        headers = {**(headers or {}), "Allow": allowed_methods(request)}
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 

@@ -15,15 +15,17 @@ async def list_models(request: Request) -> JSONResponse:
 
 
 async def load_model_route(request: Request) -> JSONResponse:
-    registry = runtime_of(request).require_registry()
-    name = registry.canonical(request.path_params["name"])
+    runtime = runtime_of(request)
+    name = runtime.canonical(request.path_params["name"])
+    registry = runtime.require_registry()
     await anyio.to_thread.run_sync(registry.load, name)
     return JSONResponse({"name": name, "loaded": True})
 
 
 async def unload_model_route(request: Request) -> JSONResponse:
-    registry = runtime_of(request).require_registry()
-    name = registry.canonical(request.path_params["name"])
+    runtime = runtime_of(request)
+    name = runtime.canonical(request.path_params["name"])
+    registry = runtime.require_registry()
     return JSONResponse({"name": name, "unloaded": registry.unload(name)})
 
 

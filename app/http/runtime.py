@@ -14,7 +14,7 @@ from starlette.requests import Request
 from app.calibrate.jobs import FitWork
 from app.config import Settings
 from app.config_sources import ConfigError, SettingsSource, reload_settings
-from app.errors import ApiError
+from app.errors import ApiError, ModelNotFound
 from app.http.admission import Admission
 from app.http.batch_jobs import BatchWork
 from app.jobs import JobRegistry
@@ -39,6 +39,7 @@ class Runtime:
     settings: Settings
     source: SettingsSource | None = None  # the argv and environment the settings came from, for reloads
     registry: ModelRegistry | None = None
+    names: dict[str, str] | None = None  # the configured names (ModelsConfig.names), known before any model loads
     load_error: str | None = None
     loaded: threading.Event = field(default_factory=threading.Event)
     api_keys: tuple[bytes, ...] = ()
@@ -83,6 +84,15 @@ class Runtime:
         report = {**changes, "settings_changed": reloaded.changed, "needs_restart": reloaded.needs_restart}
         log.info("config reloaded: %s", report)
         return report
+
+    def canonical(self, name: str) -> str:
+        """The configured model `name` means: ModelNotFound (404) for a name no model has, also while the
+        models load or after they failed to (when the configured names are known)."""
+        if self.registry is not None:
+            return self.registry.canonical(name)
+        if self.names is not None and name not in self.names:
+            raise ModelNotFound(name, list(self.names))
+        return self.require_registry().canonical(name)
 
     def require_registry(self) -> ModelRegistry:
         if self.registry is not None:

@@ -14,7 +14,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from app.config import Settings
-from app.config_sources import SettingsSource, package_version
+from app.config_sources import ConfigError, SettingsSource, package_version
 from app.errors import ApiError
 from app.fleet.routing import REPLICA_HEADER, replica_name
 from app.http.errors import EXCEPTION_HANDLERS
@@ -52,6 +52,15 @@ def default_loader(settings: Settings) -> ModelRegistry:
     return registry
 
 
+def _configured_names(settings: Settings) -> dict[str, str] | None:
+    """The names the models config offers, read before any model loads: an unknown name gets its 404 while
+    they load. None when the config cannot be read (the load then fails and says why)."""
+    try:
+        return read_models_config(settings).names()
+    except (ConfigError, ValueError, OSError):
+        return None
+
+
 def _lifespan(
     settings: Settings,
     source: SettingsSource | None,
@@ -67,6 +76,7 @@ def _lifespan(
         app.state.runtime = runtime  # for the metrics, and for tests and embedders to wait on
         thread = None
         if registry is None:
+            runtime.names = _configured_names(settings)
 
             def load_in_background() -> None:
                 try:

@@ -74,9 +74,11 @@ async def systemone(request: Request) -> Response:
     if is_batch(payload):
         return await _batch(request, runtime, payload)
     parsed = parse_request(payload, runtime.settings)
-    name = runtime.require_registry().canonical(parsed.model)  # 404 before any work
+    name = runtime.canonical(parsed.model)  # 404 before any work, also while the models load
     observed = request.scope["state"].get("observed", {})
     observed.update(model=name, questions=len(parsed.questions))
+    # 422 for a prompt the model's context cannot hold, before it takes a place a busy model lacks
+    await anyio.to_thread.run_sync(runtime.require_registry().check, name, parsed)
     response = await _answer_in_worker(request, runtime, name, parsed)
     observed.update(
         cache=response.x_cache, input_tokens=response.usage.input_tokens, timing_ms=response.x_timing_ms.model_dump()
@@ -91,12 +93,15 @@ async def _batch(request: Request, runtime: Runtime, payload: Any) -> JSONRespon
     answered in the response (more than max_sync_batch_items, or more for a model than it admits)."""
     settings = runtime.settings
     raw = batch_items(payload, settings)
-    registry = runtime.require_registry()
-    items = parse_items(raw, settings, registry)
-    wanted = per_model(items)
-    capacity = {name: registry.contexts_of(name) + settings.max_queue for name in wanted}
+    items = parse_items(raw, settings, runtime.canonical)
     observed = request.scope["state"].get("observed", {})
     observed.update(batch=len(items))
+    wanted = per_model(items)
+    if not wanted:  # every request failed validation: their results need no model
+        observed.update(errors=len(items))
+        return JSONResponse({"results": [item.result for item in items]})
+    registry = runtime.require_registry()
+    capacity = {name: registry.contexts_of(name) + settings.max_queue for name in wanted}
     if len(items) > settings.max_sync_batch_items or any(wanted[name] > capacity[name] for name in wanted):
         if runtime.batch_jobs.running() >= settings.max_batch_jobs:
             message = f"{settings.max_batch_jobs} batch jobs are running; try again when one has ended"

@@ -19,6 +19,10 @@ class CatalogueEntry:
     decision_type: str | None = None  # a decision GGUF's type (answering/decision_format.py); None: onepass's prompt
 
 
+# A setting shown on /v1/models under another name than x_<setting>: an answer's x_calibration is the fit it used.
+SETTING_FIELDS = {"calibration": "calibration_mode"}
+
+
 def models_listing(entries: list[CatalogueEntry]) -> dict[str, Any]:
     """GET /v1/models in both shapes clients expect: OpenAI's `data` and System One's `models`."""
     return {
@@ -44,7 +48,7 @@ def models_listing(entries: list[CatalogueEntry]) -> dict[str, Any]:
                 "x_loaded": e.loaded,
                 "x_error": e.error,
                 "x_decision_type": e.decision_type,
-                **{f"x_{key}": value for key, value in e.settings.items()},
+                **{f"x_{SETTING_FIELDS.get(key, key)}": value for key, value in e.settings.items()},
             }
             for e in entries
         ],

@@ -116,6 +116,20 @@ class ModelRegistry:
         with self.lease(name) as service:
             return service.answer(request, cancelled)
 
+    def check(self, name: str, request: SystemOneRequest) -> None:
+        """Raise the request's 422 (a prompt its context cannot hold, more options than labels) without
+        answering it, where the model is resident. A model not loaded yet cannot tokenize: its requests
+        are checked once it is, when they are answered."""
+        with self._cond:
+            resident = self._resident.get(self.canonical(name))
+            if resident is None:
+                return
+            resident.busy += 1  # not unloaded while we plan
+        try:
+            resident.service.plan(request)
+        finally:
+            self._release(resident)
+
     def loaded(self) -> dict[str, ModelService]:
         """The resident models by their configured name."""
         with self._cond:
