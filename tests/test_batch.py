@@ -87,6 +87,12 @@ class Doorman(ModelService):
             assert self.door.wait_for(lambda: len(self.entered) >= count, WAIT), self.entered
             return list(self.entered)
 
+    def wait_for(self, state: str) -> None:
+        """Until a request about `state` has entered (counting entries is not enough where requests
+        sent alone pass the same door)."""
+        with self.door:
+            assert self.door.wait_for(lambda: state in self.entered, WAIT), self.entered
+
 
 def app_with(service: ModelService, path: Path, **settings: Any) -> Any:
     return create_app(tiny_settings(path, **settings), registry=ModelRegistry.serving(service))

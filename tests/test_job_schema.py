@@ -81,7 +81,7 @@ def test_a_batch_job_matches_the_schema_running_done_failed_and_cancelled(
         first = "Ticket about schema 4: please help."
         doorman.held.add(first)
         failing = batch(client, [ticket(4, "schema 4"), ticket(5, "schema 5")]).json()
-        doorman.wait_entered(3)
+        doorman.wait_for(first)  # its turn taken: the fault strikes the request after it
         registry.broken = True
         doorman.open(first)
         failing_job = runtime_of(client).batch_jobs.get(failing["id"])
@@ -94,7 +94,7 @@ def test_a_batch_job_matches_the_schema_running_done_failed_and_cancelled(
 
         doorman.until_cancelled.add("Ticket about schema 6: please help.")
         stopping = batch(client, [ticket(6, "schema 6"), ticket(7, "schema 7")]).json()
-        doorman.wait_entered(4)
+        doorman.wait_for("Ticket about schema 6: please help.")
         cancelling = pool.submit(client.delete, f"/v1/systemone/jobs/{stopping['id']}")
         cancelled = published.check(job_path, cancelling.result(WAIT))
         assert (cancelled["status"], cancelled["results"]) == ("cancelled", [None, None])
