@@ -14,7 +14,7 @@ from app.calibration import Priors
 from app.contract import SystemOneRequest
 from app.engine.bindings import EngineError, gpu_offload_supported
 from app.engine.llama import Engine, Job, Readout, RestoreError
-from app.engine.pool import N_UBATCH
+from app.engine.pool import N_UBATCH, Context, KvSettings
 from app.engine.ram_tier import RamTier, cache_key
 from app.engine.snapshot import Snapshot
 from app.engine.suffix_tree import MAX_SEQUENCES
@@ -392,6 +392,25 @@ def test_a_hidden_state_is_what_the_output_layer_reads_and_asking_for_it_moves_n
         assert np.all(np.abs(rows @ with_state.hidden - with_state.label_logits) <= bound)
     assert alone[0].hidden is not None and probed[0].hidden is not None
     assert np.array_equal(alone[0].hidden, probed[0].hidden)  # whatever else the batch holds
+
+
+def test_a_context_reads_its_tapped_layer_in_a_prefill_only(tiny_plain_path: Path) -> None:
+    """A suffix decode leaves the layer unread (ggml computes its graph in one piece), a prefill reads it."""
+    engine = Engine(tiny_plain_path, n_ctx=512, threads=1, probe_layer="middle", contexts=0)
+    ctx = Context(engine.model, KvSettings(512), 1, tap=engine.probe_layer)
+    try:
+        assert ctx.tap is not None
+        tokens = engine.vocab.tokenize("The order arrived broken and I want my money back today.")
+        ctx.fill([(token, i, (0,), False) for i, token in enumerate(tokens)])
+        ctx.decode()
+        assert ctx.tap.rows(0).shape[0] == 0
+        ctx.clear()
+        ctx.fill([(token, i, (0,), False) for i, token in enumerate(tokens)])
+        ctx.decode(read_layer=True)
+        assert ctx.tap.rows(len(tokens)).shape == (len(tokens), engine.n_embd)
+    finally:
+        ctx.close()
+        engine.close()
 
 
 def test_a_prefill_from_a_base_keeps_its_states_mean_and_leaves_the_kv_alone(tiny_plain_path: Path) -> None:

@@ -31,8 +31,8 @@ def _ggml() -> ctypes.CDLL:
 
 
 class LayerTap:
-    """The output of layer `layer` over the rows of the last decode of the context it is set on
-    (set `callback` as that context's cb_eval; one tap per context)."""
+    """The output of layer `layer` over the rows of the last decode of the context it is set on that
+    had `reading` on (set `callback` as that context's cb_eval; one tap per context)."""
 
     def __init__(self, layer: int) -> None:
         self.layer = layer
@@ -40,10 +40,13 @@ class LayerTap:
         self._ggml = _ggml()
         self._parts: list[NDArray[np.float32]] = []
         self._unreadable = False
+        # Off, no tensor is wanted and ggml computes the graph in one piece, as with no callback: only
+        # a state's prefill needs the layer (its mean), so suffix decodes skip the copies and the split.
+        self.reading = False
         self.callback = llama.ggml_backend_sched_eval_callback(self._called)  # C keeps only a pointer
 
     def _called(self, tensor: ctypes.c_void_p, ask: bool, _user_data: ctypes.c_void_p) -> bool:
-        if self._ggml.ggml_get_name(tensor) != self._name:
+        if not self.reading or self._ggml.ggml_get_name(tensor) != self._name:
             return not ask  # asked: not wanted; called with data we did not ask for: go on
         if ask:
             return True

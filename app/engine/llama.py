@@ -209,7 +209,7 @@ class Engine:
             ctx.fill([(tok, start + i, (0,), False) for i, tok in enumerate(tokens[start:])])
             state_mean = None
             if len(tokens) > start:
-                ctx.decode()
+                ctx.decode(read_layer=True)
                 if ctx.tap is not None:
                     state_mean = ctx.tap.rows(len(tokens) - start).mean(axis=0)
                     state_mean.flags.writeable = False

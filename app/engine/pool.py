@@ -144,10 +144,11 @@ class Context:
             batch.logits[i] = wants_logits
         batch.n_tokens = len(entries)
 
-    def decode(self) -> None:
-        """Decode the batch `fill` loaded (the tap, if any, reads its layer's rows)."""
+    def decode(self, *, read_layer: bool = False) -> None:
+        """Decode the batch `fill` loaded; with `read_layer` the tap, if any, reads its layer's rows."""
         if self.tap is not None:
             self.tap.clear()
+            self.tap.reading = read_layer
         status = llama.llama_decode(self.ctx, self.batch)
         if status != 0:  # borrow clears the context on the way out
             raise EngineError(f"llama_decode failed with status {status}")
