@@ -1,4 +1,5 @@
-"""Fits kept as verified files: one folder per model file and prompt, one file per fit.
+"""Fits kept as verified files: one folder per model file, one file per fit, each fit marked with the
+prompt it was fitted under (its identity).
 
 A fit is found by its question's content (type, instructions, criteria; canonical JSON, so the
 order of a choice's options does not matter), never by the id a request gives the question. Files
@@ -38,7 +39,8 @@ def _digest(fields: dict[str, Any]) -> str:
 
 
 class FitStore:
-    """The fits of one model file and prompt (`identity`), in `folder`."""
+    """The fits of one model file and prompt (`identity`), in the model file's `folder`: a file there
+    marked with another identity (the same model file in the other layout) is passed over."""
 
     def __init__(self, folder: Path, identity: str) -> None:
         self.folder = folder
