@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from app.answering.prompting import OwnPrompter
-from app.answering.service import batch_jobs
+from app.answering.service import distinct_suffixes
 from app.config import Settings
 from app.contract import SystemOneRequest
 from app.engine.llama import Engine
@@ -56,19 +56,21 @@ def shared_suffixes(
             request = SystemOneRequest.model_validate(
                 {"model": "m", "state": state, "questions": {f"q{i}": q for i, q in enumerate(questions)}}
             )
-            jobs = batch_jobs(prompter.question(question) for question in request.questions.values())  # as served
+            suffixes = distinct_suffixes(
+                prompter.question(question) for question in request.questions.values()
+            )  # as served
             times: dict[bool, list[float]] = {True: [], False: []}
             for _ in range(runs):
                 for share in (True, False):
                     engine.shares_suffix_tokens = share
-                    times[share].append(engine.decode_suffixes(prefix, jobs).timing.decode_ms)
+                    times[share].append(engine.decode_suffixes(prefix, suffixes).timing.decode_ms)
                 progress.step(name)
             shared_ms, whole_ms = min(times[True]), min(times[False])
             rows.append(
                 {
                     "questions": name,
-                    "suffix_tokens": sum(len(job.tokens) for job in jobs),
-                    "rows_shared": len(suffix_rows([job.tokens for job in jobs], 0)[0]),
+                    "suffix_tokens": sum(len(suffix.tokens) for suffix in suffixes),
+                    "rows_shared": len(suffix_rows([suffix.tokens for suffix in suffixes], 0)[0]),
                     "decode_ms_whole": round(whole_ms, 1),
                     "decode_ms_shared": round(shared_ms, 1),
                     "saved": round(1 - shared_ms / whole_ms, 3),

@@ -24,7 +24,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from app.engine.llama import Engine, Job
+from app.engine.llama import Engine, SuffixTokens
 
 # Byte offsets of each block's float16 scales, by quantization type (ggml-common.h's block layouts).
 SCALE_OFFSETS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,)}
@@ -80,13 +80,13 @@ def speed(model: Path, tokens: int, rounds: int) -> dict[str, float]:
     try:
         ids = [engine.vocab.tokenize("x")[0]] * tokens  # the same ids in both files: the vocabularies are the same
         labels = [engine.vocab.tokenize(word)[0] for word in ("Yes", "No")]
-        jobs = [Job(tuple(ids[: 20 + i]), labels) for i in range(5)]
+        suffixes = [SuffixTokens(tuple(ids[: 20 + i]), labels) for i in range(5)]
         prefill, decode = [], []
         for _ in range(rounds):
             began = time.perf_counter()
             prefix, _ = engine.prefill(ids)
             prefill.append((time.perf_counter() - began) * 1000)
-            decode.append(engine.decode_suffixes(prefix, jobs).timing.decode_ms)
+            decode.append(engine.decode_suffixes(prefix, suffixes).timing.decode_ms)
         return {"prefill_ms": min(prefill), "decode_ms": min(decode), "prefill_median": statistics.median(prefill)}
     finally:
         engine.close()

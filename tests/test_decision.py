@@ -22,7 +22,7 @@ from app.answering.service import ModelService
 from app.calibration import softmax
 from app.calibration.contextual import CONTENT_FREE_STATES
 from app.contract import SystemOneRequest, choice_confidence
-from app.engine.llama import Job
+from app.engine.llama import SuffixTokens
 from app.errors import InvalidRequest
 from app.platform.tiny_gguf import write_tiny_gguf
 from tests.conftest import tiny_settings
@@ -141,17 +141,17 @@ def render(template: str, inputs: dict[str, Any]) -> str:
 
 def logits_as_served(service: ModelService, plan: Plan, codes: list[list[str]]) -> list[list[float]]:
     """Each variant's logits at its `codes`, decoded as the service decodes: the prefix, then every
-    suffix in one batch (in batch_jobs' order), so the numbers must agree exactly."""
+    suffix in one batch (in distinct_suffixes' order), so the numbers must agree exactly."""
     engine = service.engine
-    jobs = [
-        Job(v.tokens, [engine.vocab.tokenize(c, add_bos=False, special=False)[0] for c in cs])
+    suffixes = [
+        SuffixTokens(v.tokens, [engine.vocab.tokenize(c, add_bos=False, special=False)[0] for c in cs])
         for v, cs in zip(plan.suffixes(), codes, strict=True)
     ]
-    order = sorted(range(len(jobs)), key=lambda k: tuple(jobs[k].tokens))
+    order = sorted(range(len(suffixes)), key=lambda k: tuple(suffixes[k].tokens))
     prefix, _ = engine.prefill(plan.prefix, base=service.base)  # the system part first, as served
-    readouts = engine.decode_suffixes(prefix, [jobs[k] for k in order]).readouts
+    readouts = engine.decode_suffixes(prefix, [suffixes[k] for k in order]).readouts
     found: dict[int, list[float]] = {k: r.label_logits for k, r in zip(order, readouts, strict=True)}
-    return [found[k] for k in range(len(jobs))]
+    return [found[k] for k in range(len(suffixes))]
 
 
 def tempered(logits: list[float], t: float) -> list[float]:

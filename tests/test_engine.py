@@ -13,7 +13,7 @@ from app.answering.service import ModelService
 from app.calibration import Priors
 from app.contract import SystemOneRequest
 from app.engine.bindings import EngineError, gpu_offload_supported
-from app.engine.llama import Engine, Job, Readout, RestoreError
+from app.engine.llama import Engine, Readout, RestoreError, SuffixTokens
 from app.engine.pool import N_UBATCH, Context, KvSettings
 from app.engine.ram_tier import RamTier, cache_key
 from app.engine.snapshot import Snapshot
@@ -50,14 +50,14 @@ def fresh_service(path: Path, **overrides: object) -> ModelService:
 def test_restore_then_decode_equals_prefill_then_decode(tiny_service: ModelService) -> None:
     engine = tiny_service.engine
     prefix = engine.vocab.tokenize("Text:\n" + "a long state with many words " * 60, add_bos=True)
-    suffixes = [engine.vocab.tokenize("Question one\n"), engine.vocab.tokenize("Question two, longer\n")]
+    tokens = [engine.vocab.tokenize("Question one\n"), engine.vocab.tokenize("Question two, longer\n")]
     labels = [[300, 301, 302]] * 2
     one_shot, _ = engine.prefill(prefix)
     split, _ = engine.prefill(prefix, base=engine.prefill(prefix[:40])[0])
-    jobs = [Job(suffix, label_ids) for suffix, label_ids in zip(suffixes, labels, strict=True)]
-    cold = engine.decode_suffixes(one_shot, jobs).readouts
-    assert engine.decode_suffixes(split, jobs).readouts == cold
-    assert engine.decode_suffixes(one_shot, jobs).readouts == cold  # the snapshot is reusable
+    suffixes = [SuffixTokens(t, label_ids) for t, label_ids in zip(tokens, labels, strict=True)]
+    cold = engine.decode_suffixes(one_shot, suffixes).readouts
+    assert engine.decode_suffixes(split, suffixes).readouts == cold
+    assert engine.decode_suffixes(one_shot, suffixes).readouts == cold  # the snapshot is reusable
 
 
 def test_a_context_still_holding_the_prefix_skips_the_restore_and_answers_identically(
@@ -68,16 +68,16 @@ def test_a_context_still_holding_the_prefix_skips_the_restore_and_answers_identi
         head = engine.vocab.tokenize("System prompt. Text:\n", add_bos=True)
         base, _ = engine.prefill(head)
         a, _ = engine.prefill([*head, *engine.vocab.tokenize("the first state " * 20)], base=base)
-        jobs = [
-            Job(engine.vocab.tokenize("Question one\n"), [300, 301]),
-            Job(engine.vocab.tokenize("Two\n"), [302, 303]),
+        suffixes = [
+            SuffixTokens(engine.vocab.tokenize("Question one\n"), [300, 301]),
+            SuffixTokens(engine.vocab.tokenize("Two\n"), [302, 303]),
         ]
         restores = llama_calls.restores
-        kept = engine.decode_suffixes(a, jobs)  # the prefill left `a` in the context
+        kept = engine.decode_suffixes(a, suffixes)  # the prefill left `a` in the context
         b_prefix = [*head, *engine.vocab.tokenize("another state " * 30)]
         b, _ = engine.prefill(b_prefix, base=base)  # cut back to the base that `a` grew from
         assert llama_calls.restores == restores
-        restored = engine.decode_suffixes(a, jobs)  # the context holds `b` now: `a` is copied back in
+        restored = engine.decode_suffixes(a, suffixes)  # the context holds `b` now: `a` is copied back in
         assert llama_calls.restores == restores + 1
         assert restored.readouts == kept.readouts
         assert engine.prefill(b_prefix, base=base)[0].data == b.data  # base restored, not cut back to
@@ -189,12 +189,12 @@ def test_answers_are_valid_probabilities(tiny_service: ModelService) -> None:
 def test_a_truncated_snapshot_is_refused_and_the_context_left_clean(tiny_service: ModelService) -> None:
     engine = tiny_service.engine
     good, _ = engine.prefill(engine.vocab.tokenize("Text:\nsome state", add_bos=True))
-    jobs = [Job(engine.vocab.tokenize("Q\n"), [300, 301])]
-    expected = engine.decode_suffixes(good, jobs).readouts
+    suffixes = [SuffixTokens(engine.vocab.tokenize("Q\n"), [300, 301])]
+    expected = engine.decode_suffixes(good, suffixes).readouts
     broken = Snapshot(good.data[: len(good.data) // 2], good.tokens)
     with pytest.raises(RestoreError):
-        engine.decode_suffixes(broken, jobs)
-    assert engine.decode_suffixes(good, jobs).readouts == expected
+        engine.decode_suffixes(broken, suffixes)
+    assert engine.decode_suffixes(good, suffixes).readouts == expected
 
 
 def test_a_corrupted_cache_entry_is_dropped_and_the_answer_matches_a_cold_run(tiny_chat_path: Path) -> None:
@@ -309,14 +309,14 @@ def test_suffixes_that_begin_alike_share_rows_and_answer_exactly_as_decoded_whol
         prefix, _ = engine.prefill(engine.vocab.tokenize("Text:\n" + "the parcel came late " * 12, add_bos=True))
         common = engine.vocab.tokenize("Is it late")
         tails = ("? now", "! or", ". lost")  # their first tokens differ
-        jobs = [Job([*common, *engine.vocab.tokenize(tail)], [300, 301]) for tail in tails]
-        n_whole = sum(len(job.tokens) for job in jobs)
+        suffixes = [SuffixTokens([*common, *engine.vocab.tokenize(tail)], [300, 301]) for tail in tails]
+        n_whole = sum(len(suffix.tokens) for suffix in suffixes)
         assert n_whole < 64
         before = llama_calls.rows
-        shared = engine.decode_suffixes(prefix, jobs).readouts
+        shared = engine.decode_suffixes(prefix, suffixes).readouts
         assert llama_calls.rows - before == n_whole - 2 * len(common)
         engine.shares_suffix_tokens = False
-        assert engine.decode_suffixes(prefix, jobs).readouts == shared
+        assert engine.decode_suffixes(prefix, suffixes).readouts == shared
         assert llama_calls.rows - before == 2 * n_whole - 2 * len(common)
     finally:
         engine.close()
@@ -349,10 +349,10 @@ def test_a_stored_prior_is_used_only_when_it_is_whole_and_for_these_labels(
         store.saved = dict.fromkeys(store.saved, spoil)
     calls = 0
 
-    def counting(base: Snapshot, jobs: list[Job]) -> list[Readout]:
+    def counting(base: Snapshot, suffixes: list[SuffixTokens]) -> list[Readout]:
         nonlocal calls
         calls += 1
-        return fresh._measure(base, jobs)
+        return fresh._measure(base, suffixes)
 
     restarted = Priors(fresh._stand_ins, counting, store=store)
     assert restarted.prior(tiny_service.base, rendered.tokens, rendered.label_ids) == measured  # exact
@@ -366,13 +366,13 @@ def test_a_hidden_state_is_what_the_output_layer_reads_and_asking_for_it_moves_n
     engine = Engine(tiny_chat_path, n_ctx=1024, n_gpu_layers=GPU_LAYERS, threads=1, contexts=1)
     try:
         prefix, _ = engine.prefill(engine.vocab.tokenize("Text:\n" + "a state of some length " * 20, add_bos=True))
-        jobs = [
-            Job(engine.vocab.tokenize("Question one\n"), [300, 301, 302]),
-            Job(engine.vocab.tokenize("Question two, longer\n"), [303, 304]),
+        suffixes = [
+            SuffixTokens(engine.vocab.tokenize("Question one\n"), [300, 301, 302]),
+            SuffixTokens(engine.vocab.tokenize("Question two, longer\n"), [303, 304]),
         ]
-        plain = engine.decode_suffixes(prefix, jobs).readouts
-        probed = engine.decode_suffixes(prefix, jobs, hidden=True).readouts
-        alone = engine.decode_suffixes(prefix, jobs[:1], hidden=True).readouts
+        plain = engine.decode_suffixes(prefix, suffixes).readouts
+        probed = engine.decode_suffixes(prefix, suffixes, hidden=True).readouts
+        alone = engine.decode_suffixes(prefix, suffixes[:1], hidden=True).readouts
     finally:
         engine.close()
     assert all(r.hidden is None for r in plain)
@@ -383,9 +383,9 @@ def test_a_hidden_state_is_what_the_output_layer_reads_and_asking_for_it_moves_n
     # of n terms: n float32 roundings, plus one half-precision rounding per operand when offloaded,
     # relative to the sum of the products' magnitudes.
     unit = 2 * 2.0**-11 * (GPU_LAYERS != 0) + engine.n_embd * 2.0**-24
-    for job, with_state, without in zip(jobs, probed, plain, strict=True):
+    for suffix, with_state, without in zip(suffixes, probed, plain, strict=True):
         assert with_state.hidden is not None and with_state.hidden.shape == (engine.n_embd,)
-        rows = output[list(job.labels)].astype(np.float64)
+        rows = output[list(suffix.labels)].astype(np.float64)
         bound = unit * (np.abs(rows) @ np.abs(with_state.hidden.astype(np.float64)))
         assert np.all(np.abs(np.subtract(with_state.label_logits, without.label_logits)) <= 2 * bound)
         # the logits are the output matrix times this state

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from app.contract import SystemOneRequest
 from app.engine.bindings import gpu_offload_supported, llama_log
-from app.engine.llama import Engine, Job
+from app.engine.llama import Engine, SuffixTokens
 from tests.conftest import GPU_LAYERS, tiny_settings
 from tests.llama_calls import LlamaCalls
 from tests.loading import load_model
@@ -71,12 +71,14 @@ def test_a_snapshot_saved_from_device_kv_restores_exactly_into_a_pooled_context(
     try:
         prefix, _ = engine.prefill(engine.vocab.tokenize("A state whose KV lives on the device.", add_bos=True))
         labels = [engine.vocab.tokenize(word)[0] for word in ("Yes", "No")]
-        jobs = [Job(tuple(engine.vocab.tokenize(text)), labels) for text in (" Refund?", " Angry?", " Billing?")]
-        held = engine.decode_suffixes(prefix, jobs)  # in the context that prefilled it
+        suffixes = [
+            SuffixTokens(tuple(engine.vocab.tokenize(text)), labels) for text in (" Refund?", " Angry?", " Billing?")
+        ]
+        held = engine.decode_suffixes(prefix, suffixes)  # in the context that prefilled it
         restores = llama_calls.restores
         engine.prefill(engine.vocab.tokenize("Another state in between.", add_bos=True))
         engine.prefill(engine.vocab.tokenize("And a third, so both contexts hold others.", add_bos=True))
-        restored = engine.decode_suffixes(prefix, jobs)
+        restored = engine.decode_suffixes(prefix, suffixes)
         assert llama_calls.restores > restores  # copied back from the saved bytes
         assert [r.label_logits for r in restored.readouts] == [r.label_logits for r in held.readouts]
     finally:

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from app.answering.service import ModelService, batch_jobs
+from app.answering.service import ModelService, distinct_suffixes
 from app.calibration import softmax
 from app.config import Settings
 from app.config_sources import DEFAULT_CONFIG_PATH, load_settings
 from app.contract import SystemOneRequest, render_state
 from app.engine.disk_tier import DiskTier, SnapshotIdentity
-from app.engine.llama import Job
+from app.engine.llama import SuffixTokens
 from app.engine.ram_tier import RamTier
 from app.serving.loading import assemble, load_spec
 from app.serving.specs import read_models_config
@@ -121,7 +121,7 @@ def test_the_chat_prompt_makes_the_model_emit_labels_without_a_leading_space(rea
     (rendered,) = plan.suffixes()
     variants = [engine.vocab.tokenize(text, special=False)[0] for text in ("Yes", "No", " Yes", " No")]
     snapshot, _ = engine.prefill(plan.prefix)
-    (readout,) = engine.decode_suffixes(snapshot, [Job(rendered.tokens, variants)]).readouts
+    (readout,) = engine.decode_suffixes(snapshot, [SuffixTokens(rendered.tokens, variants)]).readouts
     p = softmax(readout.label_logits)
     assert p[0] + p[1] > 0.99, p  # " Yes"/" No" get almost nothing after "assistant\n"
 
@@ -193,11 +193,11 @@ def test_a_restored_long_prefix_equals_a_one_shot_prefill(real_model_path: Path)
         assert len(plan.prefix) > 1200
         # Restore (system snapshot + state prefill, then the saved snapshot) == prefill of the whole prefix at once.
         one_shot, _ = engine.prefill(plan.prefix)
-        jobs = batch_jobs(plan.suffixes())  # as served
+        suffixes = distinct_suffixes(plan.suffixes())  # as served
         key = service.states.key(*plan.key)
         cached, hit_again = service.states.ram.get_or_build(key, plan.prefix, lambda: pytest.fail("not cached"))
         assert hit_again
-        assert engine.decode_suffixes(one_shot, jobs).readouts == engine.decode_suffixes(cached, jobs).readouts
+        assert engine.decode_suffixes(one_shot, suffixes).readouts == engine.decode_suffixes(cached, suffixes).readouts
     finally:
         service.close()
 
@@ -234,17 +234,17 @@ def test_questions_that_begin_alike_share_rows_and_answer_as_if_decoded_whole(
         questions = {f"q{i}": noul(f"Does the ticket mention {topic}?") for i, topic in enumerate(("money", "a date"))}
         ask(service, TICKET, questions)
         plan = service.plan(SystemOneRequest.model_validate({"model": "m", "state": TICKET, "questions": questions}))
-        jobs = batch_jobs(plan.suffixes())  # as served
+        suffixes = distinct_suffixes(plan.suffixes())  # as served
         cached, _ = service.states.ram.get_or_build(
             service.states.key(*plan.key), plan.prefix, lambda: pytest.fail("not cached")
         )
-        n_whole = sum(len(job.tokens) for job in jobs)
+        n_whole = sum(len(suffix.tokens) for suffix in suffixes)
         assert n_whole < 64
         before = llama_calls.rows
-        shared = engine.decode_suffixes(cached, jobs).readouts
+        shared = engine.decode_suffixes(cached, suffixes).readouts
         assert llama_calls.rows - before < n_whole - 5  # "Question: Does the ticket mention" once
         engine.shares_suffix_tokens = False
-        assert engine.decode_suffixes(cached, jobs).readouts == shared
+        assert engine.decode_suffixes(cached, suffixes).readouts == shared
     finally:
         service.close()
 

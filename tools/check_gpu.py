@@ -28,7 +28,7 @@ from typing import Any
 from app.engine import bindings
 from app.engine.bindings import llama_log
 from app.engine.devices import backends, devices, gpu_layers_problem, gpus
-from app.engine.llama import Engine, Job
+from app.engine.llama import Engine, SuffixTokens
 from app.serving.known_models import default_model_path
 
 # Lines of llama.cpp's load log that say which device holds what.
@@ -121,7 +121,9 @@ def check(model: Path, timeout: float, layers: int = -1) -> dict[str, Any]:
     vocab = engine.vocab
     tokens = vocab.tokenize("The customer was charged twice and asks for a refund.", add_bos=True)
     labels = [vocab.tokenize(word)[0] for word in ("Yes", "No")]
-    jobs = [Job(tuple(vocab.tokenize(text)), labels) for text in (" Refund?", " Angry?", " Billing question?")]
+    suffixes = [
+        SuffixTokens(tuple(vocab.tokenize(text)), labels) for text in (" Refund?", " Angry?", " Billing question?")
+    ]
     with steps.step(f"one decode (prefill of {len(tokens)} tokens)"):
         prefix, timing = engine.prefill(tokens)
         say(f"  {timing.prefill_ms:.0f} ms")
@@ -129,14 +131,14 @@ def check(model: Path, timeout: float, layers: int = -1) -> dict[str, Any]:
         say(f"  snapshot of {prefix.n_tokens} tokens: {len(prefix.data)} bytes")
     with steps.step("restore into a cleared context and decode one suffix"):
         engine.prefill(vocab.tokenize("Something else entirely.", add_bos=True))  # the context now holds another
-        single = engine.decode_suffixes(prefix, jobs[:1])
+        single = engine.decode_suffixes(prefix, suffixes[:1])
         say(f"  restore {single.timing.restore_ms:.1f} ms, decode {single.timing.decode_ms:.1f} ms")
-    with steps.step(f"batched decode of {len(jobs)} suffixes"):
-        first = engine.decode_suffixes(prefix, jobs)
+    with steps.step(f"batched decode of {len(suffixes)} suffixes"):
+        first = engine.decode_suffixes(prefix, suffixes)
         say(f"  {first.n_decodes} decode(s), {first.timing.decode_ms:.1f} ms")
     with steps.step("bit-identity: a restored prefix answers as before"):
         engine.prefill(vocab.tokenize("Yet another state.", add_bos=True))
-        again = engine.decode_suffixes(prefix, jobs)
+        again = engine.decode_suffixes(prefix, suffixes)
         if [r.label_logits for r in again.readouts] != [r.label_logits for r in first.readouts]:
             raise AssertionError("the same prefix and suffixes gave other logits after a restore")
         say("  identical")

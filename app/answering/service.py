@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 from app.answering.prompter import Dependence, Plan, Prompter, Suffix, TemplateRefused, TooManyOptions
 from app.calibration import Asked, Calibrated, Calibration, Evidence
 from app.contract import Answer, CalibrationUsed, SystemOneRequest, SystemOneResponse, TimingMs, Usage, answer_of
-from app.engine.llama import Answered, Engine, Job, Readout, RestoreError, Snapshot, Timing
+from app.engine.llama import Answered, Engine, Readout, RestoreError, Snapshot, SuffixTokens, Timing
 from app.engine.tiers import PrefixCache, Resolved
 from app.errors import ApiError, Cancelled, InvalidRequest
 
@@ -31,7 +31,7 @@ class Decoded:
     base: Snapshot  # what the suffixes follow, and their priors are measured after
     asked: dict[str, Asked]  # question id -> its reading and what the decode read for each variant
     prefix: Resolved  # the state's snapshot, and which tier it came from
-    jobs: list[Job]
+    suffixes: list[SuffixTokens]
     timing: Timing
     n_decodes: int
 
@@ -156,23 +156,23 @@ class ModelService:
         # A decision template's state can merge with the end of its head: then prefill from the start.
         start = base if plan.prefix[: base.n_tokens] == base.tokens else None
         prefix = self.states.resolve(key, plan.prefix, start, built, check, state_mean)
-        jobs = batch_jobs(v for qid, _, reading in plan.questions if qid not in unread for v in reading.variants)
+        suffixes = distinct_suffixes(v for qid, _, r in plan.questions if qid not in unread for v in r.variants)
         if check():
             raise Cancelled("cancelled before the decode")
         try:
-            answered = self._decode_jobs(prefix.snapshot, jobs, hidden)
+            answered = self._decode_suffixes(prefix.snapshot, suffixes, hidden)
         except RestoreError as error:
             log.warning("%s: dropping a snapshot that failed to restore (%s); prefilling again", self.name, error)
             self.states.drop(key)
             prefix = self.states.resolve(key, plan.prefix, start, built, check, state_mean)
-            answered = self._decode_jobs(prefix.snapshot, jobs, hidden)
-        asked = asked_of(plan, jobs, answered.readouts, unread)
+            answered = self._decode_suffixes(prefix.snapshot, suffixes, hidden)
+        asked = asked_of(plan, suffixes, answered.readouts, unread)
         timing = Timing(
             prefill_ms=built.prefill_ms,
             restore_ms=built.restore_ms + answered.timing.restore_ms,
             decode_ms=answered.timing.decode_ms,
         )
-        return Decoded(plan, base, asked, prefix, jobs, timing, answered.n_decodes)
+        return Decoded(plan, base, asked, prefix, suffixes, timing, answered.n_decodes)
 
     def render(
         self, decoded: Decoded, calibrated: dict[str, Calibrated], started: float, decoded_at: float
@@ -195,7 +195,7 @@ class ModelService:
             model=self.name,
             answers=answers,
             usage=Usage(
-                input_tokens=len(plan.prefix) + sum(len(job.tokens) for job in decoded.jobs),
+                input_tokens=len(plan.prefix) + sum(len(suffix.tokens) for suffix in decoded.suffixes),
                 output_tokens=len(plan.questions),
             ),
             x_cache=decoded.prefix.source,
@@ -210,12 +210,12 @@ class ModelService:
             ),
         )
 
-    def _decode_jobs(self, prefix: Snapshot, jobs: list[Job], hidden: bool) -> Answered:
-        """The engine's readouts of `jobs` after `prefix`; none to read (every answer reads the state
+    def _decode_suffixes(self, prefix: Snapshot, suffixes: list[SuffixTokens], hidden: bool) -> Answered:
+        """The engine's readouts of `suffixes` after `prefix`; none to read (every answer reads the state
         alone) restores nothing."""
-        if not jobs:
+        if not suffixes:
             return Answered([], 0, Timing())
-        return self.engine.decode_suffixes(prefix, jobs, hidden=hidden)
+        return self.engine.decode_suffixes(prefix, suffixes, hidden=hidden)
 
     def _encode(self, plan: Plan, check: Callable[[], bool]) -> Decoded:
         """Each distinct whole prompt through a model without memory, once, read at every row a
@@ -242,7 +242,7 @@ class ModelService:
                 raise ApiError(500, "internal_error", f"{self.name} could not evaluate question {qid!r}: NaN scores")
             asked[qid] = Asked(question, reading, readouts)
         prefix = Resolved(self.base, "off")
-        return Decoded(plan, self.base, asked, prefix, [Job(t, (), ()) for t, _ in rows], timing, len(rows))
+        return Decoded(plan, self.base, asked, prefix, [SuffixTokens(t, (), ()) for t, _ in rows], timing, len(rows))
 
     def _base_for(self, plan: Plan, built: Timing, check: Callable[[], bool]) -> Snapshot:
         """What the state's prefix starts from: the base, or in the question-first layout the question
@@ -262,10 +262,12 @@ def _answer(asked: Asked, found: Calibrated) -> Answer:
     return answer_of(asked.question, found.probabilities, mass, found.raw, used)
 
 
-def asked_of(plan: Plan, jobs: list[Job], readouts: list[Readout], unread: frozenset[str]) -> dict[str, Asked]:
+def asked_of(
+    plan: Plan, suffixes: list[SuffixTokens], readouts: list[Readout], unread: frozenset[str]
+) -> dict[str, Asked]:
     """Each question of `plan`, in the request's order, with its variants' readouts among the decoded
-    jobs' (none for a question in `unread`)."""
-    readout_of = {(job.tokens, job.labels, job.marks): r for job, r in zip(jobs, readouts, strict=True)}
+    suffixes' (none for a question in `unread`)."""
+    readout_of = {(suffix.tokens, suffix.labels, suffix.marks): r for suffix, r in zip(suffixes, readouts, strict=True)}
     return {
         qid: Asked(
             question,
@@ -276,9 +278,9 @@ def asked_of(plan: Plan, jobs: list[Job], readouts: list[Readout], unread: froze
     }
 
 
-def batch_jobs(suffixes: Iterable[Suffix]) -> list[Job]:
-    """The decode's jobs: each distinct suffix once, in a canonical order (by its tokens), so neither
+def distinct_suffixes(suffixes: Iterable[Suffix]) -> list[SuffixTokens]:
+    """What the decode reads: each distinct suffix once, in a canonical order (by its tokens), so neither
     the order questions arrive in nor a repeated question changes the batch layout and with it
     the floating-point rounding."""
     distinct = sorted({(s.tokens, s.label_ids, s.marks) for s in suffixes})
-    return [Job(tokens, labels, marks) for tokens, labels, marks in distinct]
+    return [SuffixTokens(tokens, labels, marks) for tokens, labels, marks in distinct]

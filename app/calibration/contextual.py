@@ -33,14 +33,14 @@ from typing import Protocol
 
 from app.calibration.scoring import softmax
 from app.engine.disk_tier import DiskTier
-from app.engine.llama import Job, Readout
+from app.engine.llama import Readout, SuffixTokens
 from app.engine.ram_tier import CacheKey, cache_key
 from app.engine.snapshot import Snapshot
 
 CONTENT_FREE_STATES = ("N/A", "")
 MAX_PRIORS = 4096
 
-Measure = Callable[[Snapshot, list[Job]], list[Readout]]
+Measure = Callable[[Snapshot, list[SuffixTokens]], list[Readout]]
 
 
 class PriorStore(Protocol):
@@ -61,7 +61,7 @@ class Priors:
         store: PriorStore | None = None,
     ) -> None:
         """`content_free_tokens`: each stand-in state's tokens, as they follow the system prompt;
-        `measure`: decodes jobs after a base snapshot and returns their readouts."""
+        `measure`: decodes suffixes after a base snapshot and returns their readouts."""
         self._stand_ins = [tuple(tokens) for tokens in content_free_tokens]
         self._measure = measure
         self._store = store
@@ -93,7 +93,7 @@ class Priors:
         return [known[label] for label in labels]
 
     def _measured(self, base: Snapshot, suffix: tuple[int, ...], canonical: list[int]) -> dict[int, float]:
-        readouts = self._measure(base, [Job((*stand_in, *suffix), canonical) for stand_in in self._stand_ins])
+        readouts = self._measure(base, [SuffixTokens((*stand_in, *suffix), canonical) for stand_in in self._stand_ins])
         runs = [softmax(r.label_logits) for r in readouts]
         known = {label: math.fsum(p) / len(runs) for label, p in zip(canonical, zip(*runs, strict=True), strict=True)}
         if self._store is not None:  # repr-exact floats: read back, they are these numbers

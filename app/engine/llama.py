@@ -57,12 +57,12 @@ class Readout:
     label_mass: float  # probability the full next-token distribution puts on the labels
     # The model's last hidden vector there (what its output layer reads), when the decode asked for it.
     hidden: NDArray[np.float32] | None = field(default=None, compare=False)
-    # The model's output vectors at the job's marks (a decision head's projection), in their order.
+    # The model's output vectors at the suffix's marks (a decision head's projection), in their order.
     marked: tuple[NDArray[np.float32], ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
-class Job:
+class SuffixTokens:
     """Tokens to decode after the prefix, the label tokens to read after the last one, and `marks`:
     positions in `tokens` whose output vectors to read (a decision head reads several places)."""
 
@@ -218,31 +218,33 @@ class Engine:
             ctx.held = (*ctx.held, snapshot)
             return snapshot, timing
 
-    def decode_suffixes(self, prefix: Snapshot, jobs: Sequence[Job], *, hidden: bool = False) -> Answered:
-        """Restore `prefix`, decode every job after it, read each job's label logits (and with
+    def decode_suffixes(self, prefix: Snapshot, suffixes: Sequence[SuffixTokens], *, hidden: bool = False) -> Answered:
+        """Restore `prefix`, decode every suffix after it, read each suffix's label logits (and with
         `hidden`, its last hidden vector).
 
-        All jobs go into one llama_decode when they fit; otherwise into the fewest decodes
+        All suffixes go into one llama_decode when they fit; otherwise into the fewest decodes
         that respect the sequence limit and the context's free cells.
         """
         readouts: list[Readout] = []
         timing = Timing()
-        groups = plan_groups(self.n_ctx - prefix.n_tokens, [len(job.tokens) for job in jobs])
+        groups = plan_groups(self.n_ctx - prefix.n_tokens, [len(suffix.tokens) for suffix in suffixes])
         with self._pool.borrow(prefix) as ctx:
             began = time.perf_counter()
             ctx.hold(prefix)
             timing.restore_ms = _ms_since(began)
             began = time.perf_counter()
             for group in groups:
-                readouts.extend(self._decode_group(ctx, prefix.n_tokens, [jobs[i] for i in group], hidden))
+                readouts.extend(self._decode_group(ctx, prefix.n_tokens, [suffixes[i] for i in group], hidden))
             timing.decode_ms = _ms_since(began)
         return Answered(readouts, len(groups), timing)
 
-    def _decode_group(self, ctx: Context, n_prefix: int, jobs: Sequence[Job], hidden: bool) -> list[Readout]:
-        for seq in range(1, len(jobs) + 1):
+    def _decode_group(
+        self, ctx: Context, n_prefix: int, suffixes: Sequence[SuffixTokens], hidden: bool
+    ) -> list[Readout]:
+        for seq in range(1, len(suffixes) + 1):
             llama.llama_memory_seq_cp(ctx.memory, 0, seq, -1, -1)  # unified KV: shares the cells, copies nothing
-        entries, paths = suffix_rows([job.tokens for job in jobs], n_prefix, share=self.shares_suffix_tokens)
-        vectors = hidden or any(job.marks for job in jobs)
+        entries, paths = suffix_rows([suffix.tokens for suffix in suffixes], n_prefix, share=self.shares_suffix_tokens)
+        vectors = hidden or any(suffix.marks for suffix in suffixes)
         if vectors:
             # llama.cpp gives output vectors only for a batch whose every row is an output (it would
             # otherwise mark them all itself, and say so in the log on every decode).
@@ -251,15 +253,15 @@ class Engine:
         try:
             ctx.fill(entries)
             ctx.decode()
-            readouts = [self._read(ctx, path, job, hidden) for path, job in zip(paths, jobs, strict=True)]
+            readouts = [self._read(ctx, path, suffix, hidden) for path, suffix in zip(paths, suffixes, strict=True)]
         finally:
             llama.llama_set_embeddings(ctx.ctx, False)
-        for seq in range(1, len(jobs) + 1):
+        for seq in range(1, len(suffixes) + 1):
             llama.llama_memory_seq_rm(ctx.memory, seq, -1, -1)
         return readouts
 
-    def _read(self, ctx: Context, rows: Sequence[int], job: Job, hidden: bool) -> Readout:
-        """A job's readout; `rows`: the batch row of each of its tokens."""
+    def _read(self, ctx: Context, rows: Sequence[int], suffix: SuffixTokens, hidden: bool) -> Readout:
+        """A suffix's readout; `rows`: the batch row of each of its tokens."""
         batch_index = rows[-1]
         pointer = llama.llama_get_logits_ith(ctx.ctx, batch_index)
         if not pointer:
@@ -267,10 +269,10 @@ class Engine:
         logits = np.ctypeslib.as_array(pointer, shape=(self.vocab.n_vocab,))
         top = float(logits.max())
         log_total = top + math.log(float(np.exp(logits - top).sum(dtype=np.float64)))
-        label_logits = [float(logits[t]) for t in job.labels]
+        label_logits = [float(logits[t]) for t in suffix.labels]
         mass = math.fsum(math.exp(x - log_total) for x in label_logits)  # fsum: the label order cannot matter
         state = self._vector(ctx, batch_index) if hidden else None
-        marked = tuple(self._vector(ctx, rows[mark]) for mark in job.marks)
+        marked = tuple(self._vector(ctx, rows[mark]) for mark in suffix.marks)
         return Readout(label_logits, min(1.0, mass), state, marked)
 
     def _vector(self, ctx: Context, batch_index: int) -> NDArray[np.float32]:

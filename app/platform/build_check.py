@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from app.engine.bindings import installed_problem
-from app.engine.llama import Engine, Job
+from app.engine.llama import Engine, SuffixTokens
 from app.paths import REPO_ROOT, cache_home
 from app.platform.cpu import Cpu, detect, missing_features
 from app.platform.tiny_gguf import write_tiny_gguf
@@ -84,7 +84,9 @@ def decode_once() -> None:
             vocab = engine.vocab
             prefix, _ = engine.prefill(vocab.tokenize("a build check", add_bos=True))
             yes, no = vocab.tokenize("Yes"), vocab.tokenize("No")
-            answered = engine.decode_suffixes(prefix, [Job(tokens=vocab.tokenize(" Answer:"), labels=[yes[0], no[0]])])
+            answered = engine.decode_suffixes(
+                prefix, [SuffixTokens(tokens=vocab.tokenize(" Answer:"), labels=[yes[0], no[0]])]
+            )
             if any(math.isnan(logit) for logit in answered.readouts[0].label_logits):
                 raise SystemExit("llama.cpp decoded NaN logits")  # kernels that run but compute garbage
         finally:
