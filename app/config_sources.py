@@ -143,20 +143,22 @@ class SettingsSource:
 
 
 @dataclasses.dataclass(frozen=True)
-class Reloaded:
+class SettingsReload:
+    """What a reload gives: the settings to run with, and which changed now or wait for a restart."""
+
     settings: Settings  # what the server runs with now
     changed: list[str]  # settings that took effect
     needs_restart: list[str]  # settings that changed in the sources but keep their old value until a restart
 
 
-def reload_settings(current: Settings, source: SettingsSource) -> Reloaded:
+def reload_settings(current: Settings, source: SettingsSource) -> SettingsReload:
     """The same loader as at start, over the same argv and environment, so precedence holds across a
     reload (a flag still beats the file). Settings a running server cannot change keep their values."""
     fresh = source.load()
     differ = [f.name for f in OPTIONS if getattr(fresh, f.name) != getattr(current, f.name)]
     restart = {f.name for f in OPTIONS if f.metadata["restart"]}
     kept = {name: getattr(current, name) for name in differ if name in restart}
-    return Reloaded(
+    return SettingsReload(
         dataclasses.replace(fresh, **kept), [n for n in differ if n not in restart], [n for n in differ if n in restart]
     )
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from app.calibrate.runner import Parsed, fit_all, parse_examples, set_rows
+from app.calibrate.runner import UserExample, fit_all, parse_examples, set_rows
 from app.calibration import Calibration, Evidence, Example, FitRecord, Priors, question_key, ratio_of
 
 # A study of the candidates themselves reads the room's insides, as tests/test_fitting.py does.
@@ -55,7 +55,7 @@ def load_hidden(path: Path) -> dict[str, np.ndarray]:
 
 def parsed(
     name: str, workload: dict[str, Any], hidden: dict[str, np.ndarray], indices: list[int] | None = None
-) -> tuple[list[Parsed], list[dict[str, Evidence]]]:
+) -> tuple[list[UserExample], list[dict[str, Evidence]]]:
     """A workload's items (those at `indices`, default all) as examples and their evidence."""
     chosen = range(len(workload["items"])) if indices is None else indices
     items = [workload["items"][i] for i in chosen]
@@ -73,7 +73,7 @@ def parsed(
 
 
 def predict(
-    record: FitRecord | None, examples: list[Parsed], evidence: list[dict[str, Evidence]], qid: str, t0: float
+    record: FitRecord | None, examples: list[UserExample], evidence: list[dict[str, Evidence]], qid: str, t0: float
 ) -> np.ndarray:
     """Each held-out example's probabilities for `qid` in its label order, with `record`'s fit or today's."""
     found = []
@@ -97,8 +97,8 @@ def fitting_at(t0: float) -> Calibration:
 
 
 def measure(
-    train: tuple[list[Parsed], list[dict[str, Evidence]]],
-    test: tuple[list[Parsed], list[dict[str, Evidence]]],
+    train: tuple[list[UserExample], list[dict[str, Evidence]]],
+    test: tuple[list[UserExample], list[dict[str, Evidence]]],
     t0: float,
     question_set: bool,
 ) -> dict[str, Any]:
@@ -120,16 +120,16 @@ def measure(
 
 
 def readout_only(
-    pair: tuple[list[Parsed], list[dict[str, Evidence]]],
-) -> tuple[list[Parsed], list[dict[str, Evidence]]]:
+    pair: tuple[list[UserExample], list[dict[str, Evidence]]],
+) -> tuple[list[UserExample], list[dict[str, Evidence]]]:
     """The same examples without their hidden states: what the fits that read only the labels reach."""
     examples, evidence = pair
     return examples, [{q: replace(e, hidden=None) for q, e in readouts.items()} for readouts in evidence]
 
 
 def label_free(
-    train: tuple[list[Parsed], list[dict[str, Evidence]]],
-    test: tuple[list[Parsed], list[dict[str, Evidence]]],
+    train: tuple[list[UserExample], list[dict[str, Evidence]]],
+    test: tuple[list[UserExample], list[dict[str, Evidence]]],
     t0: float,
     size: int,
 ) -> dict[str, Any]:
@@ -143,7 +143,7 @@ def label_free(
     return found
 
 
-def ceiling(test: tuple[list[Parsed], list[dict[str, Evidence]]]) -> dict[str, float]:
+def ceiling(test: tuple[list[UserExample], list[dict[str, Evidence]]]) -> dict[str, float]:
     """An upper bound on what a question-set fit can reach: fitted on the held-out items themselves,
     nearly unpenalised, and scored on them. No real fit gets there; where this is low, the
     readouts do not carry the answer and no fit of this kind can."""

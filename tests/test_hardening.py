@@ -17,7 +17,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.answering.prompter import Plan
-from app.answering.service import Decoded, ModelService
+from app.answering.service import ModelService, RequestReadouts
 from app.config import Settings
 from app.contract import SystemOneRequest, SystemOneResponse
 from app.fleet.processes import READY, ServerProcess
@@ -76,7 +76,7 @@ class FaultyService(ModelService):
         self.__dict__.update(inner.__dict__)
         self.faults = 1
 
-    def decode(self, plan: Plan, cancelled: threading.Event | None, **reads: Any) -> Decoded:
+    def decode(self, plan: Plan, cancelled: threading.Event | None, **reads: Any) -> RequestReadouts:
         if self.faults:
             self.faults -= 1
             rendered = plan.suffixes()[0]

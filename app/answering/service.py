@@ -14,23 +14,23 @@ import numpy as np
 from numpy.typing import NDArray
 
 from app.answering.prompter import Dependence, Plan, Prompter, Suffix, TemplateRefused, TooManyOptions
-from app.calibration import Asked, Calibrated, Calibration, Evidence
+from app.calibration import AnswerProbabilities, Calibration, Evidence, QuestionReadouts
 from app.contract import Answer, CalibrationUsed, SystemOneRequest, SystemOneResponse, TimingMs, Usage, answer_of
-from app.engine.llama import Answered, Engine, Readout, RestoreError, Snapshot, SuffixTokens, Timing
-from app.engine.tiers import PrefixCache, Resolved
+from app.engine.llama import Engine, Readout, RestoreError, Snapshot, SuffixReadouts, SuffixTokens, Timing
+from app.engine.tiers import PrefixCache, ResolvedPrefix
 from app.errors import ApiError, Cancelled, InvalidRequest
 
 log = logging.getLogger("onepass.service")
 
 
 @dataclass(frozen=True)
-class Decoded:
-    """A request's plan as the engine answered it."""
+class RequestReadouts:
+    """A request's plan as the engine read it: each question's readouts, the prefix found, the timing."""
 
     plan: Plan
     base: Snapshot  # what the suffixes follow, and their priors are measured after
-    asked: dict[str, Asked]  # question id -> its reading and what the decode read for each variant
-    prefix: Resolved  # the state's snapshot, and which tier it came from
+    asked: dict[str, QuestionReadouts]  # question id -> its reading and what the decode read for each variant
+    prefix: ResolvedPrefix  # the state's snapshot, and which tier it came from
     suffixes: list[SuffixTokens]
     timing: Timing
     n_decodes: int
@@ -141,7 +141,7 @@ class ModelService:
         hidden: bool = False,
         state_mean: bool = False,
         unread: frozenset[str] = frozenset(),
-    ) -> Decoded:
+    ) -> RequestReadouts:
         """Resolve the prefix through the caches and decode every question's suffixes in one batch (with
         `hidden`, reading each one's hidden vector too; with `state_mean`, a prefix snapshot that has
         its state's mean vector where the engine reads one), but for the questions in `unread`, whose
@@ -166,16 +166,16 @@ class ModelService:
             self.states.drop(key)
             prefix = self.states.resolve(key, plan.prefix, start, built, check, state_mean)
             answered = self._decode_suffixes(prefix.snapshot, suffixes, hidden)
-        asked = asked_of(plan, suffixes, answered.readouts, unread)
+        asked = question_readouts(plan, suffixes, answered.readouts, unread)
         timing = Timing(
             prefill_ms=built.prefill_ms,
             restore_ms=built.restore_ms + answered.timing.restore_ms,
             decode_ms=answered.timing.decode_ms,
         )
-        return Decoded(plan, base, asked, prefix, suffixes, timing, answered.n_decodes)
+        return RequestReadouts(plan, base, asked, prefix, suffixes, timing, answered.n_decodes)
 
     def render(
-        self, decoded: Decoded, calibrated: dict[str, Calibrated], started: float, decoded_at: float
+        self, decoded: RequestReadouts, calibrated: dict[str, AnswerProbabilities], started: float, decoded_at: float
     ) -> SystemOneResponse:
         """The contract's response, with its usage and timings."""
         answers = {qid: _answer(asked, calibrated[qid]) for qid, asked in decoded.asked.items()}
@@ -210,14 +210,14 @@ class ModelService:
             ),
         )
 
-    def _decode_suffixes(self, prefix: Snapshot, suffixes: list[SuffixTokens], hidden: bool) -> Answered:
+    def _decode_suffixes(self, prefix: Snapshot, suffixes: list[SuffixTokens], hidden: bool) -> SuffixReadouts:
         """The engine's readouts of `suffixes` after `prefix`; none to read (every answer reads the state
         alone) restores nothing."""
         if not suffixes:
-            return Answered([], 0, Timing())
+            return SuffixReadouts([], 0, Timing())
         return self.engine.decode_suffixes(prefix, suffixes, hidden=hidden)
 
-    def _encode(self, plan: Plan, check: Callable[[], bool]) -> Decoded:
+    def _encode(self, plan: Plan, check: Callable[[], bool]) -> RequestReadouts:
         """Each distinct whole prompt through a model without memory, once, read at every row a
         question asks of it (a joint head's questions share one prompt)."""
         rows: dict[tuple[tuple[int, ...], tuple[int, ...]], set[int]] = {}
@@ -240,9 +240,11 @@ class ModelService:
             if not all(math.isfinite(x) for r in readouts for x in reading.scores(r)):
                 # a joint head gives NaN where it could not use the prompt's decision order
                 raise ApiError(500, "internal_error", f"{self.name} could not evaluate question {qid!r}: NaN scores")
-            asked[qid] = Asked(question, reading, readouts)
-        prefix = Resolved(self.base, "off")
-        return Decoded(plan, self.base, asked, prefix, [SuffixTokens(t, (), ()) for t, _ in rows], timing, len(rows))
+            asked[qid] = QuestionReadouts(question, reading, readouts)
+        prefix = ResolvedPrefix(self.base, "off")
+        return RequestReadouts(
+            plan, self.base, asked, prefix, [SuffixTokens(t, (), ()) for t, _ in rows], timing, len(rows)
+        )
 
     def _base_for(self, plan: Plan, built: Timing, check: Callable[[], bool]) -> Snapshot:
         """What the state's prefix starts from: the base, or in the question-first layout the question
@@ -254,7 +256,7 @@ class ModelService:
         return self.question_sets.resolve(key, tokens, self.base, built, check).snapshot
 
 
-def _answer(asked: Asked, found: Calibrated) -> Answer:
+def _answer(asked: QuestionReadouts, found: AnswerProbabilities) -> Answer:
     """One question's answer on the wire, with the fit that calibrated it, if any."""
     fit = found.fit
     used = None if fit is None else CalibrationUsed(id=fit.id, method=fit.method, examples=fit.examples)
@@ -262,14 +264,14 @@ def _answer(asked: Asked, found: Calibrated) -> Answer:
     return answer_of(asked.question, found.probabilities, mass, found.raw, used)
 
 
-def asked_of(
+def question_readouts(
     plan: Plan, suffixes: list[SuffixTokens], readouts: list[Readout], unread: frozenset[str]
-) -> dict[str, Asked]:
+) -> dict[str, QuestionReadouts]:
     """Each question of `plan`, in the request's order, with its variants' readouts among the decoded
     suffixes' (none for a question in `unread`)."""
     readout_of = {(suffix.tokens, suffix.labels, suffix.marks): r for suffix, r in zip(suffixes, readouts, strict=True)}
     return {
-        qid: Asked(
+        qid: QuestionReadouts(
             question,
             reading,
             [] if qid in unread else [readout_of[(v.tokens, v.label_ids, v.marks)] for v in reading.variants],

@@ -18,7 +18,7 @@ from app.calibrate.layouts import markdown as compared
 from app.calibrate.report import markdown, reliability_png
 from app.calibrate.runner import (
     ExampleError,
-    Parsed,
+    UserExample,
     answer_all,
     fit_all,
     journal_for,
@@ -99,7 +99,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 def fit_layout(
-    spec: ModelSpec, examples: list[Parsed], question_set: bool, report: Path, several: bool
+    spec: ModelSpec, examples: list[UserExample], question_set: bool, report: Path, several: bool
 ) -> tuple[LayoutRun, str, int]:
     """Answer the examples with the model in `spec`'s layout, fit and store each question's calibration;
     (the run, its section of the report, how many questions failed). Prints what it did."""

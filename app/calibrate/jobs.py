@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.answering.service import ModelService
-from app.calibrate.runner import Parsed, answer_all, fit_all, journal_for, store_all
+from app.calibrate.runner import UserExample, answer_all, fit_all, journal_for, store_all
 from app.contract_jobs import CalibrationJob, FitError, FitReport, StoredFit
 from app.jobs import BackgroundJob
 from app.progress import Progress
@@ -24,7 +24,7 @@ class FitWork:
 
     model: str
     lease: Lease
-    examples: list[Parsed]
+    examples: list[UserExample]
     question_set: bool
     progress: Progress = field(init=False)
     cancel: threading.Event = field(default_factory=threading.Event)

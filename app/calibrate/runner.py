@@ -50,7 +50,9 @@ class ExampleError(ValueError):
 
 
 @dataclass(frozen=True)
-class Parsed:
+class UserExample:
+    """One of the user's examples: a request, and the right answers it gives."""
+
     request: SystemOneRequest
     answers: dict[str, int]  # question id -> index of the right label (labelled questions only)
 
@@ -69,7 +71,7 @@ def right_index(question: Question, value: Any) -> int:
     return value
 
 
-def parse_examples(items: Iterable[Any], model: str = "jev-latest") -> list[Parsed]:
+def parse_examples(items: Iterable[Any], model: str = "jev-latest") -> list[UserExample]:
     found = []
     for n, item in enumerate(items, 1):
         try:
@@ -79,7 +81,7 @@ def parse_examples(items: Iterable[Any], model: str = "jev-latest") -> list[Pars
             answers = item.get("answers") or {}
             if not isinstance(answers, dict) or set(answers) - set(request.questions):
                 raise ValueError("answers must be an object keyed by the example's question ids")
-            found.append(Parsed(request, {q: right_index(request.questions[q], v) for q, v in answers.items()}))
+            found.append(UserExample(request, {q: right_index(request.questions[q], v) for q, v in answers.items()}))
         except (KeyError, ValueError) as error:
             raise ExampleError(f"example {n}: {error}") from None
     if not found:
@@ -132,7 +134,9 @@ class QuestionReport:
 
 
 @dataclass(frozen=True)
-class Answered:
+class ExampleEvidence:
+    """The evidence of each example, and how it was had."""
+
     evidence: list[dict[str, Evidence]]  # per example, by question id
     reused: int  # how many examples' evidence came from the journal rather than the model
     seconds: list[float] = field(default_factory=list)  # each example answered now: how long it took
@@ -150,11 +154,11 @@ def journal_for(service: ModelService) -> EvidenceJournal | None:
 
 def answer_all(
     service: ModelService,
-    examples: Sequence[Parsed],
+    examples: Sequence[UserExample],
     progress: Progress,
     stop: Callable[[], bool] = lambda: False,
     journal: EvidenceJournal | None = None,
-) -> Answered:
+) -> ExampleEvidence:
     """Each example's evidence, through the answering path and its cache, counted in `progress`. With
     a `journal`, evidence answered before is reused, and each newly answered example's is kept there
     as soon as it is answered, so an interrupted run resumes where it stopped."""
@@ -181,10 +185,10 @@ def answer_all(
                 log.warning("could not keep the answered evidence in %s: %s", journal.folder, error)
         found.append(evidence)
         progress.step()
-    return Answered(found, reused, seconds)
+    return ExampleEvidence(found, reused, seconds)
 
 
-def served_seconds(service: ModelService, examples: Sequence[Parsed], count: int) -> list[float]:
+def served_seconds(service: ModelService, examples: Sequence[UserExample], count: int) -> list[float]:
     """How long the first `count` examples with distinct states take as served with the fits stored
     now, each answered as a new state (its snapshot dropped first). Fits change what a new state costs:
     a question a state probe answers is not read out at all."""
@@ -205,7 +209,10 @@ def served_seconds(service: ModelService, examples: Sequence[Parsed], count: int
 
 
 def fit_all(
-    examples: Sequence[Parsed], evidence: Sequence[dict[str, Evidence]], calibration: Calibration, question_set: bool
+    examples: Sequence[UserExample],
+    evidence: Sequence[dict[str, Evidence]],
+    calibration: Calibration,
+    question_set: bool,
 ) -> tuple[list[QuestionReport], list[FitRecord]]:
     """Per question content: the choice among the candidates, and the records of the adopted fits.
     A question whose fitting raises is reported with its error; the others are fitted as ever."""
@@ -255,7 +262,7 @@ def _named(reports: list[QuestionReport]) -> list[QuestionReport]:
 
 
 def fit_question(
-    examples: Sequence[Parsed],
+    examples: Sequence[UserExample],
     evidence: Sequence[dict[str, Evidence]],
     calibration: Calibration,
     question_set: bool,
@@ -352,7 +359,9 @@ def store_all(
     return stored, [replace(r, error=failed[r.key]) if r.key in failed else r for r in reports]
 
 
-def set_rows(examples: Sequence[Parsed], evidence: Sequence[dict[str, Evidence]], indices: list[int]) -> list[SetRow]:
+def set_rows(
+    examples: Sequence[UserExample], evidence: Sequence[dict[str, Evidence]], indices: list[int]
+) -> list[SetRow]:
     """Each example's every question's ratios, by question key: what a question-set fit reads."""
     return [
         SetRow({question_key(q): ratio_of(evidence[i][qid]) for qid, q in examples[i].request.questions.items()})

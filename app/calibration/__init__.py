@@ -10,7 +10,7 @@ from app.calibration.contextual import CONTENT_FREE_STATES, DiskPriors, Priors, 
 from app.calibration.evidence import Evidence, Example, SetRow, example_of, ratio_of
 from app.calibration.fit import Fit, FitRecord
 from app.calibration.metrics import Scores
-from app.calibration.policy import Asked, Calibrated, Calibration, FitsFound, Mode
+from app.calibration.policy import AnswerProbabilities, Calibration, FitsFound, Mode, QuestionReadouts
 from app.calibration.scoring import softmax
 from app.calibration.store import FitStore, question_key
 
@@ -18,8 +18,7 @@ __all__ = [
     "CONTENT_FREE_STATES",
     "FOLDS",
     "MIN_LABELLED",
-    "Asked",
-    "Calibrated",
+    "AnswerProbabilities",
     "Calibration",
     "Choice",
     "DiskPriors",
@@ -32,6 +31,7 @@ __all__ = [
     "Mode",
     "PriorStore",
     "Priors",
+    "QuestionReadouts",
     "Scores",
     "SetRow",
     "TooFewExamples",

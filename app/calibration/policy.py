@@ -61,7 +61,7 @@ class Reading(Protocol):
 
 
 @dataclass(frozen=True)
-class Asked:
+class QuestionReadouts:
     """One question of a request as the decode read it: one readout per variant of its reading."""
 
     question: Question
@@ -85,7 +85,7 @@ class Asked:
 
 
 @dataclass(frozen=True)
-class Calibrated:
+class AnswerProbabilities:
     """A question's answer probabilities, its raw ones where calibration changed them (x_raw), and the
     user's fit that gave them (x_calibration)."""
 
@@ -151,8 +151,8 @@ class Calibration:
         )
 
     def calibrate(
-        self, base: Snapshot, asked: Mapping[str, Asked], fits: FitsFound, state_mean: Vector | None = None
-    ) -> dict[str, Calibrated]:
+        self, base: Snapshot, asked: Mapping[str, QuestionReadouts], fits: FitsFound, state_mean: Vector | None = None
+    ) -> dict[str, AnswerProbabilities]:
         """Each question's probabilities. `base`: the snapshot the suffixes followed (the priors are
         measured after it, the first time a question is seen); `state_mean`: the state's, where read."""
         fitted = self._fitted(base, asked, fits, state_mean)
@@ -161,13 +161,13 @@ class Calibration:
             record = fits.by_id.get(qid)
             if record is not None:
                 raw = question.raw() if question.readouts else None  # None: read from the state alone
-                found[qid] = Calibrated(fitted[qid], raw, record)
+                found[qid] = AnswerProbabilities(fitted[qid], raw, record)
             else:
                 found[qid] = self._unfitted(base, question)
         return found
 
     def evidence(
-        self, base: Snapshot, asked: Mapping[str, Asked], state_mean: Vector | None = None
+        self, base: Snapshot, asked: Mapping[str, QuestionReadouts], state_mean: Vector | None = None
     ) -> dict[str, Evidence]:
         """What fitting reads of each question: its raw probabilities and content-free prior, in label
         order, the hidden vector where the decode read it, and the state's mean vector where read.
@@ -192,12 +192,12 @@ class Calibration:
         """Batch calibration, fitted on states without labels."""
         return candidates.fit_batch(sample, self.temperature)
 
-    def _unfitted(self, base: Snapshot, asked: Asked) -> Calibrated:
+    def _unfitted(self, base: Snapshot, asked: QuestionReadouts) -> AnswerProbabilities:
         raw = asked.raw()
         reading, own = asked.reading, asked.reading.temperature
         if self.mode == "none" or not reading.plain:  # a decision head: its file's temperature, as llama.cpp
             if own is None:
-                return Calibrated(raw)
+                return AnswerProbabilities(raw)
             per_variant = [softmax([x / own for x in reading.scores(r)]) for r in asked.readouts]
         else:
             t = self.temperature if own is None else own
@@ -205,10 +205,10 @@ class Calibration:
                 divide(softmax(r.label_logits), self.priors.prior(base, v.tokens, v.label_ids), t)
                 for v, r in zip(reading.variants, asked.readouts, strict=True)
             ]
-        return Calibrated(reading.read(per_variant), raw)
+        return AnswerProbabilities(reading.read(per_variant), raw)
 
     def _fitted(
-        self, base: Snapshot, asked: Mapping[str, Asked], fits: FitsFound, state_mean: Vector | None
+        self, base: Snapshot, asked: Mapping[str, QuestionReadouts], fits: FitsFound, state_mean: Vector | None
     ) -> dict[str, list[float]]:
         if not fits.by_id:
             return {}

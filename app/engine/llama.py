@@ -79,14 +79,16 @@ class Timing:
 
 
 @dataclass
-class Answered:
+class SuffixReadouts:
+    """One readout per suffix decoded after a prefix, in their order, and what the decode took."""
+
     readouts: list[Readout]
     n_decodes: int
     timing: Timing = field(default_factory=Timing)
 
 
 @dataclass(frozen=True)
-class Encoded:
+class PromptVectors:
     """A whole prompt's output vectors at the rows asked for, and how long the model took."""
 
     vectors: list[NDArray[np.float32]]
@@ -218,7 +220,9 @@ class Engine:
             ctx.held = (*ctx.held, snapshot)
             return snapshot, timing
 
-    def decode_suffixes(self, prefix: Snapshot, suffixes: Sequence[SuffixTokens], *, hidden: bool = False) -> Answered:
+    def decode_suffixes(
+        self, prefix: Snapshot, suffixes: Sequence[SuffixTokens], *, hidden: bool = False
+    ) -> SuffixReadouts:
         """Restore `prefix`, decode every suffix after it, read each suffix's label logits (and with
         `hidden`, its last hidden vector).
 
@@ -236,7 +240,7 @@ class Engine:
             for group in groups:
                 readouts.extend(self._decode_group(ctx, prefix.n_tokens, [suffixes[i] for i in group], hidden))
             timing.decode_ms = _ms_since(began)
-        return Answered(readouts, len(groups), timing)
+        return SuffixReadouts(readouts, len(groups), timing)
 
     def _decode_group(
         self, ctx: Context, n_prefix: int, suffixes: Sequence[SuffixTokens], hidden: bool
@@ -284,7 +288,7 @@ class Engine:
         vector.flags.writeable = False
         return vector
 
-    def encode(self, tokens: Sequence[int], rows: Sequence[int], order: Sequence[int] = ()) -> Encoded:
+    def encode(self, tokens: Sequence[int], rows: Sequence[int], order: Sequence[int] = ()) -> PromptVectors:
         """A whole prompt through a model without memory, and its output vectors at `rows`. `order`:
         each token's decision order, for a joint decision head (clef), which then puts the score
         of option j in row j."""
@@ -310,7 +314,7 @@ class Engine:
             status = llama.llama_process(ctx.ctx, llama.LLAMA_PROCESS_TYPE_DECODE, prompt)
             if status != 0:
                 raise EngineError(f"llama_process failed with status {status}")
-            return Encoded([self._vector(ctx, row) for row in rows], _ms_since(began))
+            return PromptVectors([self._vector(ctx, row) for row in rows], _ms_since(began))
 
 
 def _ms_since(began: float) -> float:

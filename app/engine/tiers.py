@@ -19,7 +19,9 @@ Source = Literal["hit", "disk", "miss", "off"]
 
 
 @dataclass(frozen=True)
-class Resolved:
+class ResolvedPrefix:
+    """A prefix's snapshot, and where it came from."""
+
     snapshot: Snapshot
     source: Source  # where it came from: the RAM tier, the disk tier, a prefill; "off": no RAM tier
 
@@ -54,7 +56,7 @@ class PrefixCache:
         timing: Timing,
         cancelled: Callable[[], bool] = lambda: False,
         state_mean: bool = False,
-    ) -> Resolved:
+    ) -> ResolvedPrefix:
         """The snapshot after `tokens`; a prefill starts from `base` (a prefix of them) or from nothing.
         Reading a disk file counts as restoring in `timing`, a prefill as prefilling. `state_mean`: one
         with its state mean where the engine reads one (a prefill from `base` gives it, and both tiers
@@ -94,7 +96,7 @@ class PrefixCache:
             if self.disk is not None:
                 self.disk.save(key, snapshot, replace=True)
         source: Source = "off" if not self.ram.enabled else "hit" if hit else "disk" if from_disk else "miss"
-        return Resolved(snapshot, source)
+        return ResolvedPrefix(snapshot, source)
 
     def drop(self, key: CacheKey) -> None:
         """A snapshot that failed to restore: out of both tiers, so the next resolve prefills it anew."""
