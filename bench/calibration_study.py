@@ -22,7 +22,7 @@ from app.calibrate.runner import UserExample, fit_all, parse_examples, set_rows
 from app.calibration import Calibration, Evidence, Example, FitRecord, Priors, question_key, ratio_of
 
 # A study of the candidates themselves reads the room's insides, as tests/test_fitting.py does.
-from app.calibration.candidates import QuestionSet, fit_batch
+from app.calibration.candidates import QuestionSetCandidate, fit_batch
 from app.calibration.evidence import log_ratio
 from app.calibration.fit import softmax
 from app.calibration.metrics import scores
@@ -154,7 +154,7 @@ def ceiling(test: tuple[list[UserExample], list[dict[str, Evidence]]]) -> dict[s
         key = question_key(question)
         names = rows[0].ratios[key][0]
         right = [names.index(evidence[i][qid].labels[example.answers[qid]]) for i, example in enumerate(examples)]
-        fit = QuestionSet(key, penalty=1e-4).fit(
+        fit = QuestionSetCandidate(key, penalty=1e-4).fit(
             [Example((), (), (), r, row=row) for r, row in zip(right, rows, strict=True)]
         )
         p = np.asarray([fit.apply(names, (), (), None, row.ratios) for row in rows])

@@ -21,7 +21,7 @@ from app.calibrate.cli import main as calibrate_main
 from app.calibrate.layouts import LayoutRun, recommend
 from app.calibrate.runner import ExampleError, answer_all, fit_all, parse_examples, served_seconds
 from app.calibration import Fit, FitRecord, FitStore, example_of, question_key
-from app.calibration.candidates import Probe
+from app.calibration.candidates import ProbeCandidate
 from app.calibration.store import SUFFIX
 from app.contract import SystemOneRequest
 from app.http.server import create_app
@@ -416,7 +416,7 @@ def test_a_state_probe_answers_bit_for_bit_hit_miss_off_and_after_a_restart_from
             example_of(e["team"], p.answers["team"], sorted(e["team"].labels))
             for e, p in zip(evidence, parsed, strict=True)
         ]
-        fit = Probe(service.calibration.temperature, 0.001, "state_mean").fit(examples)
+        fit = ProbeCandidate(service.calibration.temperature, 0.001, "state_mean").fit(examples)
         assert service.calibration.store is not None
         requests = [SystemOneRequest.model_validate(body(e["state"], {"queue": TEAM})) for e in coloured(6, seed=1)]
         team = requests[0].questions["queue"]

@@ -8,7 +8,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from app.calibration.candidates import PROBE_MAX_LABELS, Probe, QuestionSet, Vector, fit_batch
+from app.calibration.candidates import (
+    PROBE_MAX_LABELS,
+    ProbeCandidate,
+    QuestionSetCandidate,
+    VectorCandidate,
+    fit_batch,
+)
 from app.calibration.choosing import MIN_LABELLED, TooFewExamples, choose, fold_count, folds, uncovered
 from app.calibration.evidence import Example, SetRow, log_ratio
 from app.calibration.fit import Fit, softmax
@@ -56,7 +62,7 @@ def test_what_is_already_calibrated_keeps_contextual_calibration() -> None:
 
 
 def test_a_fit_applies_by_label_name_whatever_the_order_of_the_options() -> None:
-    fit = Vector(temperature=1.0, penalty=0.03).fit(biased(80, 4, (1.0, 0.0, -0.5), 0.5))
+    fit = VectorCandidate(temperature=1.0, penalty=0.03).fit(biased(80, 4, (1.0, 0.0, -0.5), 0.5))
     raw, prior = (0.5, 0.3, 0.2), (0.4, 0.35, 0.25)
     forward = dict(zip(LABELS, fit.apply(LABELS, raw, prior), strict=True))
     order = [2, 0, 1]
@@ -97,7 +103,7 @@ def test_a_question_set_fit_reads_the_other_questions_answers() -> None:
             SetRow({"a": (("x", "y"), log_ratio(a_raw, (0.5, 0.5))), "b": (("u", "v"), log_ratio(b_raw, (0.5, 0.5)))})
         )
         rights.append(a)
-    fit = QuestionSet("b", penalty=0.1).fit(on_rows(rows[:100], rights[:100]))
+    fit = QuestionSetCandidate("b", penalty=0.1).fit(on_rows(rows[:100], rights[:100]))
     p = np.asarray([fit.apply(("u", "v"), (), (), None, row.ratios) for row in rows[100:]])
     assert scores(p, np.asarray(rights[100:])).accuracy >= 0.9
     examples = [
@@ -126,8 +132,8 @@ def test_an_ordinal_question_set_fit_shares_one_signal_across_a_scores_levels() 
             )
         )
         rights.append(level)
-    ordinal = QuestionSet("s", penalty=0.01, ordinal=True).fit(on_rows(rows[:30], rights[:30]))
-    free = QuestionSet("s", penalty=0.01).fit(on_rows(rows[:30], rights[:30]))
+    ordinal = QuestionSetCandidate("s", penalty=0.01, ordinal=True).fit(on_rows(rows[:30], rights[:30]))
+    free = QuestionSetCandidate("s", penalty=0.01).fit(on_rows(rows[:30], rights[:30]))
     weights = np.asarray(ordinal.weights)[:, :-1]
     assert weights == pytest.approx(np.outer(range(5), weights[1]), abs=1e-12)  # level k reads k times one vector
     held = np.asarray(rights[30:])
@@ -182,7 +188,7 @@ def test_a_probe_learns_what_the_hidden_state_says_and_the_readout_does_not() ->
 
 def test_a_probe_applies_by_label_name_and_survives_its_file_format() -> None:
     train = hidden_rule(60, 3)
-    fit = Fit.from_json(Probe(temperature=1.0, penalty=0.001).fit(train).to_json())
+    fit = Fit.from_json(ProbeCandidate(temperature=1.0, penalty=0.001).fit(train).to_json())
     e = train[0]
     forward = dict(zip(e.labels, fit.apply(e.labels, e.raw, e.prior, e.hidden), strict=True))
     backward = fit.apply(e.labels[::-1], e.raw[::-1], e.prior[::-1], e.hidden)

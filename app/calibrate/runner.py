@@ -22,8 +22,8 @@ from app.calibration import (
     FOLDS,
     MIN_LABELLED,
     Calibration,
-    Choice,
     Evidence,
+    FitChoice,
     FitRecord,
     FitStore,
     SetRow,
@@ -107,7 +107,7 @@ class QuestionReport:
     question: dict[str, Any]
     labelled: int
     unlabelled: int
-    choice: Choice | None  # None: not fitted on labels (none, too few, or an error)
+    choice: FitChoice | None  # None: not fitted on labels (none, too few, or an error)
     warning: str | None
     label_free: str | None = None  # the label-free method adopted for a question without labels
     error: str | None = None  # what went wrong fitting it: its fit is not stored, the others are
@@ -333,7 +333,7 @@ def _too_few(labelled: int, label_free: bool) -> str | None:
     return f"no labels: label-free calibration applies to {types} questions with at least {FEW_STATES} states"
 
 
-def _notes(labelled: int, choice: Choice) -> str | None:
+def _notes(labelled: int, choice: FitChoice) -> str | None:
     notes = []
     if labelled < FEW_EXAMPLES:
         notes.append(f"only {labelled} labelled examples: a fit needs about {FEW_EXAMPLES} to be trusted")

@@ -5,7 +5,7 @@ only (tests/test_layering.py says so). Calibration (policy.py) is what a loaded 
 runs (app/calibrate/) choose fits with it and keep them in its FitStore.
 """
 
-from app.calibration.choosing import FOLDS, MIN_LABELLED, Choice, TooFewExamples
+from app.calibration.choosing import FOLDS, MIN_LABELLED, FitChoice, TooFewExamples
 from app.calibration.contextual import CONTENT_FREE_STATES, DiskPriors, Priors, PriorStore
 from app.calibration.evidence import Evidence, Example, SetRow, example_of, ratio_of
 from app.calibration.fit import Fit, FitRecord
@@ -20,11 +20,11 @@ __all__ = [
     "MIN_LABELLED",
     "AnswerProbabilities",
     "Calibration",
-    "Choice",
     "DiskPriors",
     "Evidence",
     "Example",
     "Fit",
+    "FitChoice",
     "FitRecord",
     "FitStore",
     "FitsFound",

@@ -38,7 +38,7 @@ class Candidate(Protocol):
 
 
 @dataclass(frozen=True)
-class Batch:
+class BatchCandidate:
     """Label-free: the label prior as the mean of the raw probabilities over a sample of real states.
     Fitted once, on the sample, so every fold gets the same fit."""
 
@@ -50,7 +50,7 @@ class Batch:
 
 
 @dataclass(frozen=True)
-class Temperature:
+class TemperatureCandidate:
     temperature: float  # the model's calibration temperature: the start, and the fit without examples
     name: str = "temperature"
 
@@ -62,7 +62,7 @@ class Temperature:
 
 
 @dataclass(frozen=True)
-class Vector:
+class VectorCandidate:
     """A scale and a bias per label, regularised towards contextual calibration (scale 1/T0, bias 0)."""
 
     temperature: float
@@ -83,7 +83,7 @@ class Vector:
 
 
 @dataclass(frozen=True)
-class Probe:
+class ProbeCandidate:
     """A readout of a vector, learned from the examples: the question's own last hidden vector beside
     the vector fit's terms (`reads` "hidden": a probe fit), or the state's mean vector with biases
     alone ("state_mean": a state probe fit, which reads no readout, so that serving it skips the
@@ -140,7 +140,7 @@ class Probe:
 
 
 @dataclass(frozen=True)
-class QuestionSet:
+class QuestionSetCandidate:
     """The opt-in question-set fit of the question `key`: its logits from every asked question's ratios.
     `ordinal` (score questions): one weight vector scaled by the level, logit_k = k * (w . x) + c_k
     (the adjacent-category model), so the levels share what the features say instead of each level
@@ -219,16 +219,16 @@ def table(
     `per_label`, the vector fits, the probes where every example has its hidden vector, and where every
     example carries its set row the question-set fits of the question `key` (`ordered`: a score's
     levels, which adds the ordinal ones)."""
-    found: list[Candidate] = [Batch(fit_batch(sample, temperature)), Temperature(temperature)]
+    found: list[Candidate] = [BatchCandidate(fit_batch(sample, temperature)), TemperatureCandidate(temperature)]
     if not per_label:
         return found
-    found += [Vector(temperature, p) for p in VECTOR_PENALTIES]
+    found += [VectorCandidate(temperature, p) for p in VECTOR_PENALTIES]
     for reads in get_args(Reads):
         if probe_ready(examples, reads):
-            found += [Probe(temperature, p, reads) for p in PROBE_PENALTIES]
+            found += [ProbeCandidate(temperature, p, reads) for p in PROBE_PENALTIES]
     if all(e.row is not None for e in examples):
         for ordinal in (False, True) if ordered else (False,):
-            found += [QuestionSet(key, p, ordinal) for p in SET_PENALTIES]
+            found += [QuestionSetCandidate(key, p, ordinal) for p in SET_PENALTIES]
     return found
 
 

@@ -33,7 +33,7 @@ class TooFewExamples(ValueError):
 
 
 @dataclass(frozen=True)
-class Choice:
+class FitChoice:
     """What fitting one question decided: the fit to store (None: keep contextual) and its report."""
 
     fit: Fit | None
@@ -85,7 +85,7 @@ def choose(
     unlabelled: Sequence[Example] = (),
     key: str = "",
     ordered: bool = False,
-) -> Choice:
+) -> FitChoice:
     """Fit every candidate (candidates.table), keep the one with the lowest cross-validated log loss if
     it beats contextual calibration's log loss on the same examples. Examples that carry their set
     row add the question-set candidates of the question `key`; `ordered`: its labels are a score's
@@ -110,13 +110,13 @@ def choose(
     losses = {name: scores(p, right).log_loss for name, p in predicted.items()}
     best = min(losses, key=lambda name: (losses[name], name))
     if losses[best] >= before.log_loss:
-        return Choice(None, "contextual", False, before, before, losses, count, not_tried)
+        return FitChoice(None, "contextual", False, before, before, losses, count, not_tried)
     fit = next(c for c in tried if c.name == best).fit(examples)
     # The chosen fit's own confidence, corrected by one temperature on its held-out-fold answers.
     held_out = np.log(np.maximum(predicted[best], TINY))
     sharpen = float(candidates.newton(held_out[:, :, None], right, np.ones(1), np.full(1, 1e-6), np.ones(1))[0])
     after = scores(sharpened(predicted[best], sharpen), right)
-    return Choice(replace(fit, sharpen=sharpen), best, True, before, after, losses, count, not_tried)
+    return FitChoice(replace(fit, sharpen=sharpen), best, True, before, after, losses, count, not_tried)
 
 
 def _applied(fit: Fit, example: Example) -> list[float]:

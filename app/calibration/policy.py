@@ -31,8 +31,9 @@ Vector = NDArray[np.float32]
 Mode = Literal["none", "contextual"]
 
 
-class Variant(Protocol):
-    """One suffix of a question's prompt: its tokens after the prefix, and the label ids it reads."""
+class SuffixProtocol(Protocol):
+    """What calibration reads of a question's suffix (app/answering/prompter.py's Suffix): its tokens
+    after the prefix, and the label ids it reads."""
 
     @property
     def tokens(self) -> tuple[int, ...]: ...
@@ -41,11 +42,12 @@ class Variant(Protocol):
     def label_ids(self) -> tuple[int, ...]: ...
 
 
-class Reading(Protocol):
-    """How a question is asked and read (app/answering/prompter.py's Reading)."""
+class ReadingProtocol(Protocol):
+    """What calibration reads of how a question is asked and read (app/answering/prompter.py's
+    Reading, which the request path hands down: calibration stands below the prompters)."""
 
     @property
-    def variants(self) -> Sequence[Variant]: ...
+    def variants(self) -> Sequence[SuffixProtocol]: ...
 
     @property
     def temperature(self) -> float | None: ...  # a decision model's, from its file; None: the model's own
@@ -65,7 +67,7 @@ class QuestionReadouts:
     """One question of a request as the decode read it: one readout per variant of its reading."""
 
     question: Question
-    reading: Reading
+    reading: ReadingProtocol
     readouts: Sequence[Readout]
 
     def raw(self) -> list[float]:
@@ -184,7 +186,7 @@ class Calibration:
 
     def choose(
         self, examples: Sequence[Example], unlabelled: Sequence[Example], key: str, ordered: bool
-    ) -> choosing.Choice:
+    ) -> choosing.FitChoice:
         """The fit for one question's labelled examples (app/calibration/choosing.py), at this model's temperature."""
         return choosing.choose(examples, self.temperature, unlabelled, key, ordered)
 
