@@ -96,7 +96,7 @@ class Reading:
     column: int = 0
 
     @property
-    def plain(self) -> bool:
+    def one_logit_per_label(self) -> bool:
         """Each label is one token's logit: what contextual priors and fits read."""
         return self.head == "labels"
 

@@ -93,7 +93,7 @@ class ModelService:
         plan = self.plan(request)
         fits = self.calibration.fits_for(request.questions, same_set=plan.question_set is not None)
         decoded = self.decode(
-            plan, cancelled, hidden=fits.reads_hidden, state_mean=fits.reads_state_mean, unread=fits.state_only
+            plan, cancelled, hidden=fits.reads_hidden, state_mean=fits.reads_state_mean, state_only=fits.state_only
         )
         decoded_at = time.perf_counter()
         # a question seen for the first time has its content-free prior measured here
@@ -140,11 +140,11 @@ class ModelService:
         *,
         hidden: bool = False,
         state_mean: bool = False,
-        unread: frozenset[str] = frozenset(),
+        state_only: frozenset[str] = frozenset(),
     ) -> RequestReadouts:
         """Resolve the prefix through the caches and decode every question's suffixes in one batch (with
         `hidden`, reading each one's hidden vector too; with `state_mean`, a prefix snapshot that has
-        its state's mean vector where the engine reads one), but for the questions in `unread`, whose
+        its state's mean vector where the engine reads one), but for the questions in `state_only`, whose
         answers read the state's mean alone: they get no readout. A model without memory reads each
         prompt whole."""
         check = cancelled.is_set if cancelled is not None else (lambda: False)
@@ -156,7 +156,7 @@ class ModelService:
         # A decision template's state can merge with the end of its head: then prefill from the start.
         start = base if plan.prefix[: base.n_tokens] == base.tokens else None
         prefix = self.states.resolve(key, plan.prefix, start, built, check, state_mean)
-        suffixes = distinct_suffixes(v for qid, _, r in plan.questions if qid not in unread for v in r.variants)
+        suffixes = distinct_suffixes(v for qid, _, r in plan.questions if qid not in state_only for v in r.variants)
         if check():
             raise Cancelled("cancelled before the decode")
         try:
@@ -166,7 +166,7 @@ class ModelService:
             self.states.drop(key)
             prefix = self.states.resolve(key, plan.prefix, start, built, check, state_mean)
             answered = self._decode_suffixes(prefix.snapshot, suffixes, hidden)
-        asked = question_readouts(plan, suffixes, answered.readouts, unread)
+        asked = question_readouts(plan, suffixes, answered.readouts, state_only)
         timing = Timing(
             prefill_ms=built.prefill_ms,
             restore_ms=built.restore_ms + answered.timing.restore_ms,
@@ -265,16 +265,16 @@ def _answer(asked: QuestionReadouts, found: AnswerProbabilities) -> Answer:
 
 
 def question_readouts(
-    plan: Plan, suffixes: list[SuffixTokens], readouts: list[Readout], unread: frozenset[str]
+    plan: Plan, suffixes: list[SuffixTokens], readouts: list[Readout], state_only: frozenset[str]
 ) -> dict[str, QuestionReadouts]:
     """Each question of `plan`, in the request's order, with its variants' readouts among the decoded
-    suffixes' (none for a question in `unread`)."""
+    suffixes' (none for a question in `state_only`)."""
     readout_of = {(suffix.tokens, suffix.labels, suffix.marks): r for suffix, r in zip(suffixes, readouts, strict=True)}
     return {
         qid: QuestionReadouts(
             question,
             reading,
-            [] if qid in unread else [readout_of[(v.tokens, v.label_ids, v.marks)] for v in reading.variants],
+            [] if qid in state_only else [readout_of[(v.tokens, v.label_ids, v.marks)] for v in reading.variants],
         )
         for qid, question, reading in plan.questions
     }

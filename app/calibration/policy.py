@@ -53,7 +53,7 @@ class ReadingProtocol(Protocol):
     def temperature(self) -> float | None: ...  # a decision model's, from its file; None: the model's own
 
     @property
-    def plain(self) -> bool: ...  # each label is one token's logit: priors and fits read those
+    def one_logit_per_label(self) -> bool: ...  # each label is one token's logit: priors and fits read those
 
     def scores(self, readout: Readout) -> list[float]: ...  # each label's score in one variant's readout
 
@@ -178,7 +178,7 @@ class Calibration:
         found = {}
         for qid, question in asked.items():
             reading = question.reading
-            if not reading.plain:
+            if not reading.one_logit_per_label:
                 raise ValueError("this model's answers are not one token's logit per label: it takes no fit")
             prior = reading.read([self.priors.prior(base, v.tokens, v.label_ids) for v in reading.variants])
             found[qid] = Evidence(label_keys(question.question), question.raw(), prior, question.hidden(), state_mean)
@@ -197,7 +197,8 @@ class Calibration:
     def _unfitted(self, base: Snapshot, asked: QuestionReadouts) -> AnswerProbabilities:
         raw = asked.raw()
         reading, own = asked.reading, asked.reading.temperature
-        if self.mode == "none" or not reading.plain:  # a decision head: its file's temperature, as llama.cpp
+        # "none", or a decision head: its file's temperature where it has one, as llama.cpp
+        if self.mode == "none" or not reading.one_logit_per_label:
             if own is None:
                 return AnswerProbabilities(raw)
             per_variant = [softmax([x / own for x in reading.scores(r)]) for r in asked.readouts]
