@@ -198,7 +198,7 @@ class Settings:
     )
     session_cache_dir: Path = _option(
         DEFAULT_SNAPSHOT_DIR,
-        "folder of the snapshot disk tier, one subfolder per model (may be shared by several servers)",
+        "folder of the session cache's disk tier, one subfolder per model (may be shared by several servers)",
         parse_path,
         per_model=True,
     )
