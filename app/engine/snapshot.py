@@ -1,4 +1,4 @@
-"""A prefix snapshot: what the engine produces and restores, and what the session cache keeps."""
+"""A prefix snapshot: what the engine produces and restores, and what the prefix cache keeps."""
 
 from __future__ import annotations
 
