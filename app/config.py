@@ -224,7 +224,8 @@ class Settings:
     calibration_dir: Path = _option(
         DEFAULT_FITS_DIR,
         "folder of the calibrations fitted to your examples (POST /v1/calibrations, onepass calibrate), one "
-        "subfolder per model file, each fit valid only for the prompt it was fitted under (may be shared by several servers)",
+        "subfolder per model file, each fit valid only for the prompt it was fitted under (may be shared by "
+        "several servers)",
         parse_path,
         per_model=True,
     )
