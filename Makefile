@@ -310,7 +310,7 @@ test-gpu: model-small
 	$(MAKE) setup VENV=$(GPU_VENV) GPU=$(GPU_OF_VENV)
 	$(MAKE) VENV=$(GPU_VENV) $(GPU_VENV)/.dev-installed
 	$(GPU_TEST_ENV) ONEPASS_TEST_GPU_LAYERS=-1 ONEPASS_SKIP_REAL_MODEL=1 ONEPASS_TEST_SMALL_MODEL=$(SMALL_MODEL) \
-		$(GPU_VENV)/bin/python -m pytest -q $(GPU_TESTS) --may-skip=real-model,cpu-build
+		$(GPU_VENV)/bin/python -m pytest -q $(GPU_TESTS) --may-skip=real-model,cpu-build,not-cuda
 
 # After make test-gpu (CI): make run, make check-gpu and make test-gpu in the Vulkan venv keep its wheel.
 test-build-choice: model-small $(DEV_STAMP)

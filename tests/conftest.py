@@ -41,8 +41,10 @@ os.environ.setdefault("ONEPASS_REPACK", "off")
 os.environ.setdefault("ONEPASS_FLASH_ATTN", "off")
 os.environ.setdefault("ONEPASS_THREADS", str(os.cpu_count() or 1))  # as before measured thread counts
 
-# ONEPASS_TEST_GPU_LAYERS=-1 runs the tiny-model tests with every layer offloaded (on a GPU build).
+# ONEPASS_TEST_GPU_LAYERS=-1 runs the tiny-model tests with every layer offloaded (on a GPU build);
+# ONEPASS_TEST_FLASH_ATTN=on with flash attention (docs/gpu.md: what it measured on CUDA).
 GPU_LAYERS = int(os.environ.get("ONEPASS_TEST_GPU_LAYERS", "0"))
+FLASH_ATTN = os.environ.get("ONEPASS_TEST_FLASH_ATTN", "off")
 
 
 def tiny_settings(path: Path, **overrides: object) -> Settings:
@@ -52,7 +54,7 @@ def tiny_settings(path: Path, **overrides: object) -> Settings:
         "threads": 1,
         "n_gpu_layers": GPU_LAYERS,
         "repack": "off",
-        "flash_attn": "off",
+        "flash_attn": FLASH_ATTN,
         "session_cache_disk_bytes": 0,  # the disk tier's own tests turn it on, in a folder of theirs
     }
     values.update(overrides)

@@ -24,6 +24,7 @@ GROUPS: dict[str, str] = {
     "gpu": "every layer on a GPU device",
     "build-choice": "a chosen Vulkan build kept by make run, check-gpu and test-gpu",
     "cpu-build": "what only a build without a GPU backend does",
+    "not-cuda": "what the CPU's and Vulkan's kernels keep and CUDA's do not",
     "tmpfs": "the disk tier on a full or read-only disk",
     "emulated-cpu": "the build on an emulated AVX2-only EPYC",
     "emulated-cpu-inconclusive": "the emulated EPYC, where the build adds nothing a tiny decode is sure to run",
