@@ -28,6 +28,13 @@ from app.engine.llama import Engine, SuffixTokens
 
 # Byte offsets of each block's float16 scales, by quantization type (ggml-common.h's block layouts).
 SCALE_OFFSETS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,)}
+# The byte ranges of each k-quant block's sub-block scales, set to 1: random ones (up to 63, or 127 for
+# Q6_K) make weights a hundred times a trained model's, whose activations then outgrow float16, which a
+# GPU's kernels use on the way (NaN logits on CUDA).
+SUB_SCALES = {"Q4_K": (4, 16), "Q5_K": (4, 16), "Q6_K": (192, 208)}
+# Where the int8 values of a block whose values are its weights (Q8_0) begin: kept to a few units, for the
+# same reason.
+INT8_VALUES_FROM = {"Q8_0": 2}
 
 
 def record(model: Path) -> dict[str, Any]:
@@ -56,13 +63,18 @@ def write(spec: dict[str, Any], out: Path, seed: int = 0) -> Path:
         qtype = gguf.GGMLQuantizationType[tensor["type"]]
         ne0, rows = tensor["shape"][0], int(np.prod(tensor["shape"][1:], dtype=np.int64))
         if qtype == gguf.GGMLQuantizationType.F32:
-            data = (
-                np.ones((rows, ne0), np.float32) if rows == 1 else rng.normal(0, 0.02, (rows, ne0)).astype(np.float32)
-            )
+            norm = rows == 1 and not tensor["name"].endswith(".bias")  # a norm's weights: ones; a bias: small
+            data = np.ones((rows, ne0), np.float32) if norm else rng.normal(0, 0.02, (rows, ne0)).astype(np.float32)
             writer.add_tensor(tensor["name"], data.reshape(tensor["shape"][::-1]))
             continue
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         blocks = rng.integers(0, 256, (rows, ne0 // block, size), dtype=np.uint8)
+        if tensor["type"] in SUB_SCALES:
+            start, end = SUB_SCALES[tensor["type"]]
+            blocks[:, :, start:end] = 1
+        if tensor["type"] in INT8_VALUES_FROM:
+            start = INT8_VALUES_FROM[tensor["type"]]
+            blocks[:, :, start:] = rng.integers(-8, 9, (rows, ne0 // block, size - start), dtype=np.int8).view(np.uint8)
         for offset in SCALE_OFFSETS.get(tensor["type"], ()):
             scales = rng.uniform(1e-4, 2e-3, (rows, ne0 // block)).astype(np.float16)
             blocks[:, :, offset : offset + 2] = scales.view(np.uint8).reshape(rows, ne0 // block, 2)

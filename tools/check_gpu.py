@@ -5,8 +5,8 @@ python -m tools.check_gpu [MODEL.gguf] [--timeout SECONDS]
 
 Steps: loading llama.cpp (its CUDA libraries and its backends), the backends this build has, the
 model load with every layer offloaded (and where llama.cpp put them), the context, one decode, a
-state save, its restore, the batched decode of several suffixes, and bit-identity (a restored prefix
-answers as the freshly prefilled one). Each line is
+state save, its restore, the batched decode of several suffixes (its logits finite), and bit-identity (a
+restored prefix answers as the freshly prefilled one). Each line is
 printed and flushed as the step starts and ends. A step that raises exits 1 and one that outlives its
 timeout exits 2, both naming it (with the Python stack of a hung step).
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import logging
+import math
 import os
 import sys
 import threading
@@ -136,6 +137,10 @@ def check(model: Path, timeout: float, layers: int = -1) -> dict[str, Any]:
     with steps.step(f"batched decode of {len(suffixes)} suffixes"):
         first = engine.decode_suffixes(prefix, suffixes)
         say(f"  {first.n_decodes} decode(s), {first.timing.decode_ms:.1f} ms")
+        logits = [x for r in first.readouts for x in r.label_logits]
+        say(f"  label logits {', '.join(f'{x:.4g}' for x in logits)}")
+        if not all(math.isfinite(x) for x in logits):  # NaN never equals itself: say so, not "other logits"
+            raise ArithmeticError("the decode's logits are not finite: the model's numbers overflow on this device")
     with steps.step("bit-identity: a restored prefix answers as before"):
         engine.prefill(vocab.tokenize("Yet another state.", add_bos=True))
         again = engine.decode_suffixes(prefix, suffixes)
