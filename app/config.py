@@ -178,8 +178,8 @@ class Settings:
     )
     flash_attn: str = _option(
         "auto",
-        "llama.cpp's flash attention on the CPU: 'auto' times a prefill both ways at first start (cached "
-        "like repack), 'on' or 'off'",
+        "llama.cpp's flash attention: 'auto' times a prefill both ways at first start on the CPU (cached "
+        "like repack) and is on with layers on a CUDA GPU, off on other GPUs; 'on' or 'off'",
         parse_flash_attn,
         per_model=True,
         aliases=("-fa",),

@@ -10,9 +10,12 @@ from pathlib import Path
 import pytest
 
 from app.contract import SystemOneRequest
+from app.engine.bindings import shipped_backends
 from app.paths import prune_records
 from app.platform.tiny_gguf import write_tiny_gguf
 from app.platform.tuning import cache_dir, choose, choose_threads, describe, read_record, tuning_key
+from app.serving.loading import SpeedSettings, speed_settings_for
+from app.serving.specs import ModelSpec
 from tests.conftest import tiny_settings
 from tests.loading import load_model
 
@@ -128,3 +131,12 @@ def test_flash_attention_reaches_llama_cpp(q4_path: Path) -> None:
         finally:
             service.close()
     assert found[0] != found[1]
+
+
+def test_layers_on_a_gpu_take_auto_flash_attention_on_cuda_only_and_never_repacked_weights(q4_path: Path) -> None:
+    """Nothing is timed for them: 'auto' flash attention is on where the build's GPU backend is CUDA (measured
+    there, docs/gpu.md) and off on any other; 'on' and 'off' are as set."""
+    cuda = "cuda" in shipped_backends()
+    for flash_attn, expected in (("auto", cuda), ("on", True), ("off", False)):
+        spec = ModelSpec.from_settings(tiny_settings(q4_path, n_gpu_layers=-1, repack="on", flash_attn=flash_attn))
+        assert speed_settings_for(spec) == SpeedSettings(1, False, expected)

@@ -17,7 +17,7 @@ from app.answering.prompter import Prompter
 from app.answering.prompting import OwnPrompter
 from app.answering.service import ModelService
 from app.calibration import CONTENT_FREE_STATES, Calibration, DiskPriors, FitStore, Priors
-from app.engine.bindings import decision_order_setter
+from app.engine.bindings import decision_order_setter, shipped_backends
 from app.engine.devices import gpu_layers_problem
 from app.engine.disk_tier import DiskTier, SnapshotIdentity
 from app.engine.llama import Engine
@@ -82,8 +82,10 @@ class SpeedSettings:
 def speed_settings_for(spec: ModelSpec) -> SpeedSettings:
     """Threads, repacked weights and flash attention as configured, or measured (0 threads and
     "auto"; each with the settings before it as they will be). With layers on a GPU repacked
-    weights are never used, and flash attention only when set on: its exactness there is not
-    measured. A missing model file gets plain settings: the engine then reports it."""
+    weights are never used, and "auto" flash attention is on where the build's GPU backend is CUDA
+    (docs/gpu.md: on an H200 it kept hit, miss and cache off exact and restored snapshots many times
+    faster, its V cache no longer transposed), else off, as no other device has been measured. A
+    missing model file gets plain settings: the engine then reports it."""
     if not spec.path.is_file():
         return SpeedSettings(spec.settings.threads, False, False)
     threads = spec.settings.threads or choose_threads(spec.path)
@@ -91,6 +93,8 @@ def speed_settings_for(spec: ModelSpec) -> SpeedSettings:
         repack = False
     else:
         repack = spec.settings.repack == "on" or choose(spec.path, threads, "repack")
+    if spec.settings.n_gpu_layers != 0 and spec.settings.flash_attn == "auto":
+        return SpeedSettings(threads, repack, "cuda" in shipped_backends())
     if spec.settings.flash_attn != "auto" or spec.settings.n_gpu_layers != 0:
         return SpeedSettings(threads, repack, spec.settings.flash_attn == "on")
     return SpeedSettings(threads, repack, choose(spec.path, threads, "flash_attn", {"repack": repack}))
