@@ -50,6 +50,26 @@ def test_a_prefix_is_prefilled_once_then_a_ram_hit_and_after_a_restart_a_disk_hi
     assert restarted.resolve(key, tokens, base, Timing()).source == "miss"
 
 
+def test_a_snapshot_forgotten_on_purpose_is_a_miss_and_no_failed_restore(engine: Engine, tmp_path: Path) -> None:
+    """forget (a state to be answered as new: onepass calibrate's served cost) leaves both tiers as drop
+    does (a snapshot llama.cpp refused to restore), but counts and logs no rejected file."""
+    base, _ = engine.prefill(engine.vocab.tokenize("System part. "))
+    tokens = (*base.tokens, *engine.vocab.tokenize("A state to forget.", add_bos=False))
+    key = cache_key("forget", repr(tokens))
+    for leave, rejected in (("forget", {}), ("drop", {"restore": 1})):
+        disk = disk_for(engine, tmp_path / leave)
+        tiers = PrefixCache(engine, RamTier(4, 4096), disk)
+        tiers.resolve(key, tokens, base, Timing())
+        disk.close()  # the file written
+        disk = disk_for(engine, tmp_path / leave)
+        tiers = PrefixCache(engine, RamTier(4, 4096), disk)
+        assert tiers.resolve(key, tokens, base, Timing()).source == "disk"
+        getattr(tiers, leave)(key)
+        assert tiers.resolve(key, tokens, base, Timing()).source == "miss"
+        assert dict(disk.stats()["rejected"]) == rejected, leave
+        disk.close()
+
+
 def test_a_cancelled_request_stops_before_the_prefill_and_no_ram_tier_reads_off(engine: Engine) -> None:
     tokens = tuple(engine.vocab.tokenize("Another state entirely."))
     tiers = PrefixCache(engine, RamTier(4, 4096))

@@ -103,7 +103,7 @@ class ModelService:
     def forget_state(self, request: SystemOneRequest) -> None:
         """Drop the request's state snapshot from both tiers, so that it is answered next as a new state
         (what `onepass calibrate` measures a new state's cost by)."""
-        self.states.drop(self.states.key(*self.plan(request).key))
+        self.states.forget(self.states.key(*self.plan(request).key))
 
     def evidence(self, request: SystemOneRequest, *, hidden: bool = False) -> dict[str, Evidence]:
         """What fitting reads of each question, through the same path as `answer` (and its cache); with

@@ -222,6 +222,15 @@ class DiskTier:
         if self.enabled:
             self._reject(self._path(key), Rejected("restore"))
 
+    def forget(self, key: CacheKey) -> None:
+        """Delete a good snapshot on purpose (its state is to be answered as new): no rejection."""
+        if self.enabled:
+            path = self._path(key)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            with self._lock:
+                self._sizes.pop(path.name, None)
+
     # Writing
 
     def save(self, key: CacheKey, snapshot: Snapshot, *, replace: bool = False) -> None:

@@ -103,3 +103,9 @@ class PrefixCache:
         self.ram.evict(key)
         if self.disk is not None:
             self.disk.discard(key)
+
+    def forget(self, key: CacheKey) -> None:
+        """A good snapshot out of both tiers on purpose, so the next resolve prefills it anew."""
+        self.ram.evict(key)
+        if self.disk is not None:
+            self.disk.forget(key)
