@@ -21,7 +21,7 @@ from app.serving.specs import read_models_config
 def main(argv: Sequence[str] | None = None) -> None:
     given = list(sys.argv[1:] if argv is None else argv)
     if given[:1] == ["calibrate"]:
-        from app.calibrate.cli import main as calibrate  # loads a model itself: only for this command
+        from app.fitting.cli import main as calibrate  # loads a model itself: only for this command
 
         calibrate(given[1:])
         return

@@ -16,9 +16,9 @@ from typing import Any
 from unittest import mock
 
 from app.answering.service import ModelService
-from app.calibrate.cli import main as calibrate
 from app.calibration import Calibration, Evidence
 from app.contract import SystemOneRequest
+from app.fitting.cli import main as calibrate
 
 
 def main() -> None:

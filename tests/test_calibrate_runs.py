@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from app.calibrate.journal import SUFFIX as EVIDENCE_SUFFIX
-from app.calibrate.report import NO_MATPLOTLIB, reliability_png
-from app.calibrate.runner import fit_all, parse_examples, read_jsonl
 from app.calibration import MIN_LABELLED, Calibration, question_key
 from app.contract import SystemOneRequest
+from app.fitting.journal import SUFFIX as EVIDENCE_SUFFIX
+from app.fitting.report import NO_MATPLOTLIB, reliability_png
+from app.fitting.runner import fit_all, parse_examples, read_jsonl
 from app.http.server import create_app
 from app.paths import REPO_ROOT
 from app.serving.registry import ModelRegistry

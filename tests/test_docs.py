@@ -462,7 +462,7 @@ def argparse_cli(source: Path) -> Cli | None:
 def cli_of(module: str) -> Cli | None:
     """What `python -m module` takes; None where that is not known (not ours, not there, no argparse)."""
     if module == "app":  # the server; `onepass calibrate` takes flags of its own and every server flag
-        calibrate = argparse_cli(REPO_ROOT / "app" / "calibrate" / "cli.py")
+        calibrate = argparse_cli(REPO_ROOT / "app" / "fitting" / "cli.py")
         assert calibrate is not None
         return Cli(SERVER_FLAGS, {"calibrate": calibrate.flags | SERVER_FLAGS})
     source = module_file(module) if is_ours(module) else None
@@ -528,11 +528,11 @@ def test_every_flag_is_one_its_program_takes() -> None:
 
 def test_every_flag_of_onepass_calibrate_is_documented() -> None:
     """The server's flags are the generated table of docs/configuration.md; calibrate's are not."""
-    calibrate = argparse_cli(REPO_ROOT / "app" / "calibrate" / "cli.py")
+    calibrate = argparse_cli(REPO_ROOT / "app" / "fitting" / "cli.py")
     assert calibrate is not None
     named = {n for d in documents() for t in d.code for w in words(t.text) if (n := flag_name(w)) is not None}
     missing = [
-        f"app/calibrate/cli.py: onepass calibrate {f} is in no page" for f in sorted(calibrate.flags - HELP - named)
+        f"app/fitting/cli.py: onepass calibrate {f} is in no page" for f in sorted(calibrate.flags - HELP - named)
     ]
     assert not missing, report(missing, "flags of onepass calibrate that no page gives")
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.calibrate.runner import answer_all, fit_all, parse_examples
 from app.config import Settings
 from app.contract import SystemOneRequest
+from app.fitting.runner import answer_all, fit_all, parse_examples
 from app.progress import Progress
 from bench.pipelines import WORKLOADS
 from tests.loading import load_model

@@ -17,13 +17,13 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
-from app.calibrate.cli import main as calibrate_main
-from app.calibrate.layouts import LayoutRun, recommend
-from app.calibrate.runner import ExampleError, answer_all, fit_all, parse_examples, served_seconds
 from app.calibration import Fit, FitRecord, FitStore, example_of, question_key
 from app.calibration.candidates import ProbeCandidate
 from app.calibration.store import SUFFIX
 from app.contract import SystemOneRequest
+from app.fitting.cli import main as calibrate_main
+from app.fitting.layouts import LayoutRun, recommend
+from app.fitting.runner import ExampleError, answer_all, fit_all, parse_examples, served_seconds
 from app.http.server import create_app
 from app.paths import REPO_ROOT
 from app.progress import Progress

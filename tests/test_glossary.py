@@ -31,7 +31,7 @@ PARTICIPLE = re.compile(r"[A-Z][a-z]+ed")
 # Class names retired because each meant two things or said when its thing was made, with what
 # took their place: none comes back.
 RETIRED_CLASS_NAMES = {
-    "Answered": "SuffixReadouts (engine), ExampleEvidence (calibrate/runner.py)",
+    "Answered": "SuffixReadouts (engine), ExampleEvidence (fitting/runner.py)",
     "Asked": "QuestionReadouts",
     "Batch": "BatchCandidate",
     "Calibrated": "AnswerProbabilities",

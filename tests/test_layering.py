@@ -22,7 +22,7 @@ LAYERS: list[set[str]] = [
     {"calibration"},  # raw label probabilities to an answer's: contextual calibration, fits, their store
     {"answering", "platform"},  # one model's request path; this machine (CPU, build, tuning)
     {"serving"},  # settings per model, loading, the registry
-    {"calibrate"},  # fitting calibration to a user's examples
+    {"fitting"},  # fitting calibration to a user's examples: the fitting run (onepass calibrate, the jobs)
     {"http"},  # the HTTP edge
     {"__main__"},  # the CLI
 ]

@@ -2,7 +2,7 @@
 
 The room below the request path. Its one face is this module: code outside imports these names
 only (tests/test_layering.py says so). Calibration (policy.py) is what a loaded model asks; fitting
-runs (app/calibrate/) choose fits with it and keep them in its FitStore.
+runs (app/fitting/) choose fits with it and keep them in its FitStore.
 """
 
 from app.calibration.choosing import FOLDS, MIN_LABELLED, FitChoice, TooFewExamples

@@ -7,8 +7,7 @@ whole file against this process (format, llama.cpp build, model, KV settings, ke
 blake3 of the header, the tokens, the payload and the state's mean vector) and compares the tokens
 with the wanted prefix: a file that fails is deleted, counted by reason and the request prefills as a
 miss. The state's mean (Snapshot.state_mean, what a state probe fit reads) follows the payload where
-the snapshot has one; a file without it reads as a snapshot without it (an older onepass wrote none,
-and rejects a file that has one as longer than its header says).
+the snapshot has one; a file without it reads as a snapshot without it.
 
 Several processes may share the folder, so any file may vanish between two steps: a reader
 only ever opens whole files (rename is atomic), two writers of one key each rename a whole
@@ -225,11 +224,10 @@ class DiskTier:
     def forget(self, key: CacheKey) -> None:
         """Delete a good snapshot on purpose (its state is to be answered as new): no rejection."""
         if self.enabled:
-            path = self._path(key)
             with contextlib.suppress(OSError):
-                path.unlink()
+                self._path(key).unlink()
             with self._lock:
-                self._sizes.pop(path.name, None)
+                self._sizes.pop(self._path(key).name, None)
 
     # Writing
 

@@ -9,10 +9,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from app.answering.service import ModelService
-from app.calibrate.jobs import FitWork, calibration_job_of
-from app.calibrate.runner import ExampleError, parse_examples
 from app.calibration import FitStore
 from app.errors import ApiError, InvalidRequest
+from app.fitting.jobs import FitWork, calibration_job_of
+from app.fitting.runner import ExampleError, parse_examples
 from app.http.body import parse_json, read_body
 from app.http.runtime import runtime_of
 from app.serving.specs import DEFAULT_ALIAS

@@ -11,10 +11,10 @@ from typing import Any
 
 from starlette.requests import Request
 
-from app.calibrate.jobs import FitWork
 from app.config import Settings
 from app.config_sources import ConfigError, SettingsSource, reload_settings
 from app.errors import ApiError, ModelNotFound
+from app.fitting.jobs import FitWork
 from app.http.admission import Admission
 from app.http.batch_jobs import BatchWork
 from app.jobs import JobRegistry

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.answering.service import ModelService
-from app.calibrate.runner import UserExample, answer_all, fit_all, journal_for, store_all
 from app.contract_jobs import CalibrationJob, FitError, FitReport, StoredFit
+from app.fitting.runner import UserExample, answer_all, fit_all, journal_for, store_all
 from app.jobs import BackgroundJob
 from app.progress import Progress
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.answering.service import ModelService
-from app.calibrate.journal import EvidenceJournal
 from app.calibration import (
     FOLDS,
     MIN_LABELLED,
@@ -32,6 +31,7 @@ from app.calibration import (
     ratio_of,
 )
 from app.contract import ChoiceQuestion, NoulQuestion, Question, SystemOneRequest, canonical_json
+from app.fitting.journal import EvidenceJournal
 from app.progress import Progress
 
 log = logging.getLogger("onepass.calibrate")

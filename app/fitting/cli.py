@@ -13,10 +13,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from app.calibrate.layouts import LayoutRun, recommend
-from app.calibrate.layouts import markdown as compared
-from app.calibrate.report import markdown, reliability_png
-from app.calibrate.runner import (
+from app.config import LAYOUTS
+from app.config_sources import DEFAULT_CONFIG_PATH, ConfigError, load_settings
+from app.engine.devices import gpu_layers_problem
+from app.errors import ModelNotFound
+from app.fitting.layouts import LayoutRun, recommend
+from app.fitting.layouts import markdown as compared
+from app.fitting.report import markdown, reliability_png
+from app.fitting.runner import (
     ExampleError,
     UserExample,
     answer_all,
@@ -27,10 +31,6 @@ from app.calibrate.runner import (
     served_seconds,
     store_all,
 )
-from app.config import LAYOUTS
-from app.config_sources import DEFAULT_CONFIG_PATH, ConfigError, load_settings
-from app.engine.devices import gpu_layers_problem
-from app.errors import ModelNotFound
 from app.progress import Progress
 from app.serving.loading import load_spec
 from app.serving.specs import ModelSpec, read_models_config
