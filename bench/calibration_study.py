@@ -3,7 +3,7 @@
 Reads bench/results/calibration-evidence.json (python -m bench.evidence: every workload's examples
 answered once by the served default model) and, per workload, splits it by item: the first
 `--train` examples to fit on, the rest held out. On the held-out items it compares what a question
-gets today (contextual calibration) with the fits `onepass calibrate` would adopt (app/calibrate/runner.py),
+gets today (contextual calibration) with the fits `onepass calibrate` would adopt (app/fitting/runner.py),
 per question and with the opt-in question-set fit, and with batch calibration (label-free) on
 unlabelled samples of several sizes. Writes bench/results/calibration-study.{json,md,png}.
 """
@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from app.calibrate.runner import UserExample, fit_all, parse_examples, set_rows
 from app.calibration import Calibration, Evidence, Example, FitRecord, Priors, question_key, ratio_of
 
 # A study of the candidates themselves reads the room's insides, as tests/test_fitting.py does.
@@ -26,15 +25,13 @@ from app.calibration.candidates import QuestionSetCandidate, fit_batch
 from app.calibration.evidence import log_ratio
 from app.calibration.fit import softmax
 from app.calibration.metrics import scores
+from app.fitting.runner import UserExample, fit_all, parse_examples, set_rows
 from app.paths import REPO_ROOT
 from bench.evidence import OUT as EVIDENCE
-from bench.evidence import hidden_key, hidden_path
+from bench.evidence import hidden_key, hidden_path, state_mean_key
 from bench.output import table, write_atomically
 
 RESULTS = REPO_ROOT / "bench" / "results"
-GUARDRAIL = (
-    RESULTS / "calibration-evidence-guardrail.json"
-)  # the guardrail workload, answered again with more varied states
 TEST = RESULTS / "calibration-evidence-test.json"
 SIZES = (10, 20, 50, 100)
 
@@ -66,8 +63,8 @@ def parsed(
     for index, item in zip(chosen, items, strict=True):
         found = {}
         for qid, e in item["evidence"].items():
-            state = hidden.get(hidden_key(name, index, qid))
-            found[qid] = Evidence(e["labels"], e["raw"], e["prior"], state)
+            vector = hidden.get(hidden_key(name, index, qid))
+            found[qid] = Evidence(e["labels"], e["raw"], e["prior"], vector, hidden.get(state_mean_key(name, index)))
         evidence.append(found)
     return examples, evidence
 
@@ -83,7 +80,7 @@ def predict(
             found.append(softmax(log_ratio(e.raw, e.prior) / t0))
             continue
         by_key = {question_key(q): ratio_of(readouts[i]) for i, q in example.request.questions.items()}
-        found.append(np.asarray(record.fit.apply(e.labels, e.raw, e.prior, e.hidden, by_key)))
+        found.append(np.asarray(record.fit.apply(e.labels, e.raw, e.prior, e.hidden, by_key, e.state_mean)))
     return np.asarray(found)
 
 
@@ -124,7 +121,9 @@ def readout_only(
 ) -> tuple[list[UserExample], list[dict[str, Evidence]]]:
     """The same examples without their hidden states: what the fits that read only the labels reach."""
     examples, evidence = pair
-    return examples, [{q: replace(e, hidden=None) for q, e in readouts.items()} for readouts in evidence]
+    return examples, [
+        {q: replace(e, hidden=None, state_mean=None) for q, e in readouts.items()} for readouts in evidence
+    ]
 
 
 def label_free(

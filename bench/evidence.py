@@ -4,7 +4,8 @@
 as `make run` configures it and writes bench/results/calibration-evidence.json: per example and
 question the raw label probabilities and the content-free prior, in the answer's label order, and
 the right label; and beside it (`*.hidden.npz`, not committed: megabytes) each question's hidden
-state, which the probe fits read. bench/calibration_study.py fits and measures on them in seconds.
+state and each state's mean (the middle layer's, Snapshot.state_mean), which the probe fits read.
+bench/calibration_study.py fits and measures on them in seconds.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ def hidden_key(workload: str, item: int, qid: str) -> str:
     return f"{workload}/{item}/{qid}"
 
 
+def state_mean_key(workload: str, item: int) -> str:
+    """The key of an item's state mean (Snapshot.state_mean: one per state, what a state probe reads)."""
+    return f"{workload}/{item}/state-mean"
+
+
 def load_served(model: Path) -> tuple[ModelSpec, ModelService]:
     """`model` as `make run` configures it (state-first), with a small RAM cache and no disk tier."""
     flags = ["--n-ctx", "4096", "--session-cache-disk-bytes", "0", "--session-cache-entries", "4"]
@@ -72,8 +78,9 @@ def collect(
             evidence = service.evidence(request, hidden=True)
             rows = found["workloads"].setdefault(workload.name, {"questions": workload.questions, "items": []})
             for qid, e in evidence.items():
-                assert e.hidden is not None
+                assert e.hidden is not None and e.state_mean is not None
                 hidden[hidden_key(workload.name, len(rows["items"]), qid)] = np.asarray(e.hidden, dtype=np.float32)
+                hidden[state_mean_key(workload.name, len(rows["items"]))] = np.asarray(e.state_mean, dtype=np.float32)
             rows["items"].append(
                 {
                     "state": example["state"],
