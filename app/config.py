@@ -248,7 +248,11 @@ class Settings:
     api_key_file: Path | None = _option(
         None, "file with one accepted API key per line (adds to --api-key)", _optional_path
     )
-    max_body_bytes: int = _option(8 * 1024 * 1024, "largest request body accepted, e.g. 8M (413 beyond)", parse_size)
+    max_body_bytes: int = _option(
+        8 * 1024 * 1024,
+        "largest request body accepted, e.g. 8M (413 beyond); where a model takes images, 8 images' room more",
+        parse_size,
+    )
     max_questions: int = _option(256, "most questions in one request (422 beyond)", _integer(1))
     max_text_chars: int = _option(
         20_000, "longest instruction, option or level text in characters (422 beyond)", _integer(1)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictStr, ValidationError
+
+from app.images import NO_MEDIA, Media
 
 # A text field may be a string, an object or an array; the last two are rendered as canonical JSON.
 Text = StrictStr | dict[str, Any] | list[Any]
@@ -67,24 +69,56 @@ class ScoreQuestion(_Model):
 Question = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
 
 
+class ImageAsset(_Model):
+    """Jev's image asset: its bytes as base64 (`format` is then required, though the bytes decide), or
+    the multipart part holding them (`data_base64` is then ignored)."""
+
+    type: Literal["image"] = "image"
+    format: Literal["png", "jpg", "jpeg"] | None = None
+    data_base64: StrictStr | None = None
+    part: StrictStr | None = None
+
+
 class SystemOneRequest(_Model):
+    """A request; once app/assets.py has read its images, `media` holds them, the fields that carried
+    them are gone (image parts of a chat-message state too), and the texts keep their placeholders."""
+
     model: StrictStr
     state: Text
     questions: Annotated[dict[Annotated[str, Field(min_length=1)], Question], Field(min_length=1)]
-    assets: Any = None
+    assets: Annotated[dict[str, ImageAsset], Field(min_length=1)] | None = None  # placeholder: image (Jev's)
+    images: list[StrictStr] | None = None  # data URLs, before the state (llama.cpp's; `files` is its alias)
+    files: list[StrictStr] | None = None
+    _media: Media = PrivateAttr(default=NO_MEDIA)
 
     @cached_property
     def state_text(self) -> str:
         """The state as the prompt, the cache key and the routing key see it (render_state): rendered
-        once per request."""
+        once per request. Image placeholders are kept as sent."""
         return render_state(self.state)
 
-    @field_validator("assets")
-    @classmethod
-    def _no_assets(cls, assets: Any) -> Any:
-        if assets is not None:
-            raise ValueError("image assets need a vision model; onepass serves text-only models")
-        return assets
+    @property
+    def media(self) -> Media:
+        """The images, in prompt order, and the placeholders the texts refer to them by."""
+        return self._media
+
+    def carrying(self, state: Text, media: Media) -> SystemOneRequest:
+        """This request with its images read: `state` without its image parts, `media` holding them."""
+        request = SystemOneRequest(model=self.model, state=state, questions=self.questions)
+        request._media = media
+        return request
+
+    def texts(self) -> Iterator[Text]:
+        """Where placeholders are looked for, in the order that decides the images' order: the state,
+        then each question's texts (question_texts)."""
+        yield self.state
+        for question in self.questions.values():
+            yield from (text for _, text in question_texts(question) if text is not None)
+
+    def render(self, value: Text, marker: Callable[[int], str]) -> str:
+        """A text as render_text has it, each image placeholder replaced by marker(its image's index)
+        (a media marker, or "" where the images go before the state)."""
+        return render_text(self.media.substitute(value, marker))
 
 
 def label_keys(question: Question) -> list[str]:
@@ -103,10 +137,19 @@ def question_set_key(questions: Mapping[str, Question]) -> str:
     return canonical_json(sorted({canonical_json(q.model_dump(mode="json")) for q in questions.values()}))
 
 
+# Jev 1.14's box question locates a thing in an image: no head here answers that.
+NO_BOX = "onepass has no box head: no model here reads a box; ask a noul, choice or score question"
+
+
 def errors_for_response(error: ValidationError, prefix: tuple[str | int, ...] = ("body",)) -> list[dict[str, Any]]:
-    """pydantic's errors in the FastAPI shape: loc starts with "body"; everything JSON-safe."""
+    """pydantic's errors in the FastAPI shape: loc starts with "body"; everything JSON-safe. A box
+    question gets its own type and message."""
     details = []
     for item in error.errors(include_url=False):
+        if item["type"] == "union_tag_invalid" and item.get("ctx", {}).get("tag") == "box":
+            loc = [*prefix, *item["loc"]]
+            details.append({"loc": loc, "msg": NO_BOX, "type": "box_unsupported", "input": item["input"]})
+            continue
         detail: dict[str, Any] = {
             "loc": [*prefix, *item["loc"]],
             "msg": item["msg"],
@@ -128,6 +171,20 @@ def validation_error(loc: tuple[str | int, ...], msg: str, type_: str, input_: A
     return [{"loc": ["body", *loc], "msg": msg, "type": type_, "input": input_}]
 
 
+def question_texts(question: Question) -> list[tuple[tuple[str | int, ...], Text | None]]:
+    """A question's texts, each with where it is, in order: its instructions, then its criteria (a
+    choice's option names, then their descriptions)."""
+    texts: list[tuple[tuple[str | int, ...], Text | None]] = [(("instructions",), question.instructions)]
+    if isinstance(question, NoulQuestion) and question.criteria is not None:
+        texts += [(("criteria", "true"), question.criteria.true), (("criteria", "false"), question.criteria.false)]
+    elif isinstance(question, ChoiceQuestion):
+        texts += [(("criteria", name), name) for name in question.criteria]
+        texts += [(("criteria", name), text) for name, text in question.criteria.items()]
+    elif isinstance(question, ScoreQuestion):
+        texts += [(("criteria", i), level) for i, level in enumerate(question.criteria)]
+    return texts
+
+
 def limit_errors(request: SystemOneRequest, max_questions: int, max_text_chars: int) -> list[dict[str, Any]]:
     """422 details for a request beyond the server's limits, found before any inference."""
     errors: list[dict[str, Any]] = []
@@ -139,15 +196,7 @@ def limit_errors(request: SystemOneRequest, max_questions: int, max_text_chars: 
             len(request.questions),
         )
     for qid, question in request.questions.items():
-        texts: list[tuple[tuple[str | int, ...], Text | None]] = [(("instructions",), question.instructions)]
-        if isinstance(question, NoulQuestion) and question.criteria is not None:
-            texts += [(("criteria", "true"), question.criteria.true), (("criteria", "false"), question.criteria.false)]
-        elif isinstance(question, ChoiceQuestion):
-            texts += [(("criteria", name), name) for name in question.criteria]
-            texts += [(("criteria", name), text) for name, text in question.criteria.items()]
-        elif isinstance(question, ScoreQuestion):
-            texts += [(("criteria", i), level) for i, level in enumerate(question.criteria)]
-        for loc, text in texts:
+        for loc, text in question_texts(question):
             length = len(render_text(text)) if text is not None else 0
             if length > max_text_chars:
                 errors += validation_error(

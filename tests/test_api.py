@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
 import json
@@ -18,6 +19,7 @@ from app.config import Settings
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
 from tests.conftest import tiny_settings
+from tests.image_files import png
 from tests.loading import load_model
 
 TICKET: dict[str, Any] = json.loads((Path(__file__).parent.parent / "examples" / "ticket.json").read_text())
@@ -190,9 +192,18 @@ def test_invalid_requests_get_422_pointing_at_the_field(client: TestClient, body
     assert any(item["loc"][: len(loc)] == loc for item in items), items
 
 
-def test_assets_are_rejected_with_a_vision_message(client: TestClient) -> None:
-    items = details(post(client, body_with(assets={"img": {"type": "image", "data_base64": "AAAA"}})))
-    assert "vision model" in items[0]["msg"]
+def test_an_image_asset_is_rejected_with_a_vision_message(client: TestClient) -> None:
+    image = {"type": "image", "format": "png", "data_base64": base64.b64encode(png()).decode()}
+    items = details(post(client, body_with(state="<img>", assets={"img": image})))
+    assert items == [
+        {
+            "loc": ["body", "assets"],
+            "msg": "image assets need a vision model; 'tiny-chat' has no vision projector, and no model here "
+            "takes images",
+            "type": "images_unsupported",
+            "input": 1,
+        }
+    ]
 
 
 @pytest.mark.parametrize("raw", [b"{not json", b"", b'{"model": NaN}', b"\xff\xfe"])

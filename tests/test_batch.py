@@ -5,6 +5,7 @@ never stands between a single request and a context."""
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from app.http.server import create_app
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
 from tests.conftest import tiny_settings
+from tests.image_files import png
 from tests.llama_calls import LlamaCalls
 from tests.test_hardening import FaultyService
 
@@ -30,6 +32,9 @@ TICKET: dict[str, Any] = json.loads((Path(__file__).parent.parent / "examples" /
 SUBJECTS = ["charged twice", "parcel lost", "app crashes", "password reset", "refund late", "rude agent", "wrong size"]
 URGENT = {"type": "noul", "instructions": "Is it urgent?"}
 WAIT = 30  # seconds: every wait in these tests is bounded
+
+
+PHOTO = {"type": "image", "format": "png", "data_base64": base64.b64encode(png()).decode()}
 
 
 def ticket(i: int, subject: str | None = None, **changes: Any) -> dict[str, Any]:
@@ -157,16 +162,18 @@ def test_each_bad_request_fails_alone_with_the_error_it_gets_alone(
         "not an object",  # 422 model_type
         ticket(3, "a lost card", questions={f"q{i}": URGENT for i in range(4)}),  # 422: max_questions
         ticket(4, " ".join(f"word{i}" for i in range(9000))),  # 422: the prompt does not fit the context
-        ticket(6, "a lost card", assets=[{"url": "x"}]),  # 422: no vision
+        ticket(6, "a lost card", assets=[{"url": "x"}]),  # 422: assets is a map
         ticket(7, "a stolen card"),
+        ticket(8, "<photo> a torn box", assets={"<photo>": PHOTO}),  # 422: no vision
     ]
     with TestClient(app_with(tiny_service, tiny_chat_path, max_questions=3)) as client:
         results = batch(client, requests).json()["results"]
         assert [settled(result) for result in results] == [alone(client, body) for body in requests]
     statuses = [result["error"]["status"] if "error" in result else 200 for result in results]
-    assert statuses == [200, 404, 422, 422, 422, 422, 200]
+    assert statuses == [200, 404, 422, 422, 422, 422, 200, 422]
     assert results[1]["error"]["detail"]["error_type"] == "model_not_found"
     assert results[4]["error"]["detail"][0]["loc"] == ["body", "state"]
+    assert results[7]["error"]["detail"][0]["type"] == "images_unsupported"
 
 
 def test_a_fault_inside_llama_cpp_fails_that_request_only(tiny_service: ModelService, tiny_chat_path: Path) -> None:

@@ -16,7 +16,18 @@ BENCH = APP.parent / "bench"
 
 # Lowest first. The ground floor is app/'s own modules; a subpackage may import those and the
 # subpackages of lower layers, never one of its own layer or above.
-GROUND = {"config", "config_sources", "contract", "contract_jobs", "errors", "images", "jobs", "paths", "progress"}
+GROUND = {
+    "assets",
+    "config",
+    "config_sources",
+    "contract",
+    "contract_jobs",
+    "errors",
+    "images",
+    "jobs",
+    "paths",
+    "progress",
+}
 LAYERS: list[set[str]] = [
     {"engine", "fleet"},  # llama.cpp and the snapshot tiers; the replicas' routing key and processes
     {"calibration"},  # raw label probabilities to an answer's: contextual calibration, fits, their store

@@ -14,6 +14,7 @@ ids, content keys).
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import dataclasses
 import difflib
@@ -21,9 +22,11 @@ import json
 import logging
 import re
 import shlex
+import struct
 import sys
 import tempfile
 import threading
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +98,33 @@ BATCH: dict[str, Any] = {
         },
     ]
 }
+
+
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def red_pixel() -> bytes:
+    """A 1 x 1 red PNG, its pixel data a stored zlib block: the same bytes whatever zlib this is."""
+    row = b"\x00\xff\x00\x00"  # filter 0, then red
+    stored = (
+        b"\x78\x01\x01" + struct.pack("<HH", len(row), 0xFFFF ^ len(row)) + row + struct.pack(">I", zlib.adler32(row))
+    )
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", header) + png_chunk(b"IDAT", stored) + png_chunk(b"IEND", b"")
+
+
+PARCEL = {"damaged": {"type": "noul", "instructions": "Is the parcel in <photo> damaged?"}}
+BOUNDARY = "------------------------d74496d66958873e"  # curl's kind of boundary
+
+
+def curl_form(fields: list[tuple[str, str, str, bytes]]) -> tuple[str, bytes]:
+    """What `curl -F name=@file;type=...` sends for (name, file name, type, bytes) each: its Content-Type and body."""
+    body = b""
+    for name, filename, kind, data in fields:
+        disposition = f'Content-Disposition: form-data; name="{name}"; filename="{filename}"'
+        body += f"--{BOUNDARY}\r\n{disposition}\r\nContent-Type: {kind}\r\n\r\n".encode() + data + b"\r\n"
+    return f"multipart/form-data; boundary={BOUNDARY}", body + f"--{BOUNDARY}--\r\n".encode()
 
 
 def ticket(n: int, model: str = "jev-latest") -> dict[str, Any]:
@@ -287,6 +317,7 @@ def examples(folder: Path) -> dict[str, str]:
     server = Server(folder)
     with server.running() as client:
         _answers(client, shown)
+        _images(client, shown)
         _batches(client, server, shown)
         _calibrations(client, server, shown)
         _models(client, shown)  # after the gated ones: it unloads the model, which loads again as a new gate
@@ -318,6 +349,33 @@ def _answers(client: TestClient, shown: dict[str, str]) -> None:
     shown["answer-again"] = (
         "The same request again is answered from the cache, with the same numbers:\n"
         f'`"x_cache": {json.dumps(again["x_cache"])}`, `"x_timing_ms": {json.dumps(again["x_timing_ms"])}`.\n'
+    )
+
+
+def _images(client: TestClient, shown: dict[str, str]) -> None:
+    image = {"type": "image", "format": "png", "data_base64": base64.b64encode(red_pixel()).decode()}
+    body = {"model": "jev-latest", "state": "A parcel: <photo>", "questions": PARCEL, "assets": {"<photo>": image}}
+    inline = client.post("/v1/systemone", json=body)
+    assert inline.status_code == 422, inline.text
+    parted = {**body, "assets": {"<photo>": {"type": "image", "part": "asset-0"}}}
+    content_type, form = curl_form(
+        [
+            ("request", "request.json", "application/json", json.dumps(parted).encode()),
+            ("asset-0", "parcel.png", "image/png", red_pixel()),
+        ]
+    )
+    sent = client.post("/v1/systemone", content=form, headers={"Content-Type": content_type})
+    assert sent.json() == inline.json(), sent.text
+    command = (
+        "curl -s localhost:8080/v1/systemone -F 'request=@request.json;type=application/json' -F 'asset-0=@parcel.png'"
+    )
+    shown["images"] = blocks(
+        "An image as base64 in the JSON body:\n",
+        block(curl("POST", "/v1/systemone", body)),
+        "or as the SDK sends it, a part of a multipart body (`request.json`: the same request, its asset "
+        '`{"type": "image", "part": "asset-0"}`; `parcel.png`: the image), answered alike:\n',
+        block(command),
+        json_block(inline.json()),
     )
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import socket
+from collections.abc import Sequence
 
 from app.contract import Text, render_state
+from app.images import Image
 
 PREFIX_KEY_HEADER = "X-Onepass-Prefix-Key"  # on every answer; a client may echo it for the proxy to hash
 REPLICA_HEADER = "X-Onepass-Replica"  # on every response: which replica answered
@@ -27,9 +29,14 @@ def affinity_key(state: Text) -> str:
     return affinity_key_of(render_state(state))
 
 
-def affinity_key_of(state_text: str) -> str:
-    """affinity_key of a state already rendered (SystemOneRequest.state_text)."""
-    return hashlib.sha256(state_text.encode()).hexdigest()[:16]
+def affinity_key_of(state_text: str, images: Sequence[Image] = ()) -> str:
+    """affinity_key of a state already rendered (SystemOneRequest.state_text); with images, over the
+    state's text followed by each image's SHA-256 in prompt order, so one image state keeps to one
+    replica (a proxy cannot compute this key from the body: clients echo it)."""
+    digest = hashlib.sha256(state_text.encode())
+    for image in images:
+        digest.update(b"\0" + image.sha256.encode())
+    return digest.hexdigest()[:16]
 
 
 def replica_name(configured: str | None, port: int | None = None) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from app.assets import request_of
 from app.config import Settings
 from app.contract import (
     BatchRequest,
@@ -42,12 +43,10 @@ def is_batch(payload: Any) -> bool:
     return isinstance(payload, dict) and "requests" in payload and not {"state", "questions"} & payload.keys()
 
 
-def parse_request(payload: Any, settings: Settings) -> SystemOneRequest:
-    """The contract's request, or a 422 listing what is wrong with it."""
-    try:
-        parsed = SystemOneRequest.model_validate(payload)
-    except ValidationError as error:
-        raise InvalidRequest(errors_for_response(error)) from error
+def parse_request(payload: Any, settings: Settings, parts: Mapping[str, bytes] | None = None) -> SystemOneRequest:
+    """The contract's request, its images read (`parts`: a multipart body's image parts), or a 422
+    listing what is wrong with it."""
+    parsed = request_of(payload, parts)
     problems = limit_errors(parsed, settings.max_questions, settings.max_text_chars)
     if problems:
         raise InvalidRequest(problems)

@@ -1,4 +1,5 @@
-"""Request bodies: read within a size limit, Content-Encoding (zstd, gzip) undone, then strict JSON."""
+"""Request bodies: read within a size limit, Content-Encoding (zstd, gzip) undone, then strict JSON,
+or multipart/form-data whose `request` part is (app/http/multipart.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from starlette.requests import Request
 
 from app.errors import ApiError, InvalidRequest
+from app.http.multipart import media_type, parse_multipart, request_and_images
 
 try:  # the official SDK compresses bodies with zstd when it can
     from compression.zstd import ZstdDecompressor  # type: ignore[import-not-found]
@@ -118,3 +120,12 @@ def parse_json(body: bytes) -> Any:
         raise _invalid(["body", getattr(error, "pos", 0)], "JSON decode error", "json_invalid", str(error)) from error
     check_tree(payload)
     return payload
+
+
+def parse_payload(body: bytes, content_type: str) -> tuple[Any, dict[str, bytes]]:
+    """The JSON of a body, and its image parts by name: a multipart/form-data body's JSON is its
+    `request` part; any other body is JSON whatever its Content-Type says (and has no parts)."""
+    if media_type(content_type) != "multipart/form-data":
+        return parse_json(body), {}
+    request, parts = request_and_images(parse_multipart(body, content_type))
+    return parse_json(request), parts

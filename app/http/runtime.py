@@ -17,6 +17,7 @@ from app.errors import ApiError, ModelNotFound
 from app.fitting.jobs import FitWork
 from app.http.admission import Admission
 from app.http.batch_jobs import BatchWork
+from app.images import IMAGES_BODY_BYTES
 from app.jobs import JobRegistry
 from app.serving.registry import ModelRegistry
 from app.serving.specs import read_models_config
@@ -84,6 +85,12 @@ class Runtime:
         report = {**changes, "settings_changed": reloaded.changed, "needs_restart": reloaded.needs_restart}
         log.info("config reloaded: %s", report)
         return report
+
+    def body_limit(self) -> int:
+        """The largest body read: max_body_bytes, plus room for the largest images a request may carry
+        as base64 where a model served takes images."""
+        vision = self.registry is not None and bool(self.registry.vision_models())
+        return self.settings.max_body_bytes + (IMAGES_BODY_BYTES if vision else 0)
 
     def canonical(self, name: str) -> str:
         """The configured model `name` means: ModelNotFound (404) for a name no model has, also while the

@@ -15,11 +15,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from app.contract import SystemOneRequest, SystemOneResponse
-from app.errors import ApiError, Cancelled
+from app.errors import ApiError, Cancelled, InvalidRequest
 from app.fleet.routing import PREFIX_KEY_HEADER, affinity_key_of
 from app.http.batch import Run, answer_items, batch_items, is_batch, parse_items, parse_request, per_model
 from app.http.batch_jobs import BatchWork, batch_job_of
-from app.http.body import parse_json, read_body
+from app.http.body import parse_payload, read_body
 from app.http.runtime import Runtime, runtime_of
 from app.jobs import BackgroundJob
 
@@ -70,10 +70,15 @@ async def _answer_in_worker(
 
 async def systemone(request: Request) -> Response:
     runtime = runtime_of(request)
-    payload = parse_json(await read_body(request, runtime.settings.max_body_bytes))
+    body = await read_body(request, runtime.body_limit())
+    payload, parts = parse_payload(body, request.headers.get("content-type", ""))
     if is_batch(payload):
+        if parts:
+            message = "a batch's images come as data_base64 or data URLs, not as parts of a multipart body"
+            raise InvalidRequest.at(("requests",), message, "multipart_invalid", None)
         return await _batch(request, runtime, payload)
-    parsed = parse_request(payload, runtime.settings)
+    # in a worker thread: reading images (CRCs, a PNG's pixel data inflated) is CPU work, not the event loop's
+    parsed = await anyio.to_thread.run_sync(parse_request, payload, runtime.settings, parts)
     name = runtime.canonical(parsed.model)  # 404 before any work, also while the models load
     observed = request.scope["state"].get("observed", {})
     observed.update(model=name, questions=len(parsed.questions))
@@ -84,7 +89,7 @@ async def systemone(request: Request) -> Response:
         cache=response.x_cache, input_tokens=response.usage.input_tokens, timing_ms=response.x_timing_ms.model_dump()
     )
     # for a proxy in front of several replicas: clients may echo it (deploy/haproxy.cfg hashes it)
-    headers = {PREFIX_KEY_HEADER: affinity_key_of(parsed.state_text)}
+    headers = {PREFIX_KEY_HEADER: affinity_key_of(parsed.state_text, parsed.media.images)}
     return Response(response.to_json(), media_type="application/json", headers=headers)
 
 
@@ -93,7 +98,7 @@ async def _batch(request: Request, runtime: Runtime, payload: Any) -> JSONRespon
     answered in the response (more than max_sync_batch_items, or more for a model than it admits)."""
     settings = runtime.settings
     raw = batch_items(payload, settings)
-    items = parse_items(raw, settings, runtime.canonical)
+    items = await anyio.to_thread.run_sync(parse_items, raw, settings, runtime.canonical)  # images: as above
     observed = request.scope["state"].get("observed", {})
     observed.update(batch=len(items))
     wanted = per_model(items)

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Self
 
 from app.answering.service import ModelService
-from app.contract import SystemOneRequest, SystemOneResponse
-from app.errors import ModelNotFound, ModelUnavailable
+from app.contract import SystemOneRequest, SystemOneResponse, validation_error
+from app.errors import InvalidRequest, ModelNotFound, ModelUnavailable
 from app.serving.catalogue import CatalogueEntry
 from app.serving.loading import load_spec
 from app.serving.specs import ModelsConfig, ModelSpec
@@ -113,13 +113,29 @@ class ModelRegistry:
     def answer(
         self, name: str, request: SystemOneRequest, cancelled: threading.Event | None = None
     ) -> SystemOneResponse:
+        self._check_images(name, request)
         with self.lease(name) as service:
             return service.answer(request, cancelled)
 
+    def vision_models(self) -> list[str]:
+        """The configured models that take images."""
+        return [spec.name for spec in self._offered.config.models if spec.takes_images]
+
+    def _check_images(self, name: str, request: SystemOneRequest) -> None:
+        """A 422 for images sent to a model that does not take them, naming the models that do."""
+        media, model = request.media, self.canonical(name)
+        if not media.images or self._offered.specs[model].takes_images:
+            return
+        vision = self.vision_models()
+        others = f"the models here that do: {', '.join(vision)}" if vision else "no model here takes images"
+        message = f"image assets need a vision model; {model!r} has no vision projector, and {others}"
+        raise InvalidRequest(validation_error((media.fields[0],), message, "images_unsupported", len(media.images)))
+
     def check(self, name: str, request: SystemOneRequest) -> None:
-        """Raise the request's 422 (a prompt its context cannot hold, more options than labels) without
-        answering it, where the model is resident. A model not loaded yet cannot tokenize: its requests
-        are checked once it is, when they are answered."""
+        """Raise the request's 422 (images to a model without vision; a prompt its context cannot hold,
+        more options than labels) without answering it. A model not loaded yet cannot tokenize: its
+        prompt is checked once it is, when the request is answered."""
+        self._check_images(name, request)
         with self._cond:
             resident = self._resident.get(self.canonical(name))
             if resident is None:

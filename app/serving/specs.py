@@ -40,6 +40,12 @@ class ModelSpec:
         values = {f.name: getattr(settings, f.name) for f in PER_MODEL_OPTIONS}
         return cls(settings.model_name, settings.model, settings=Settings(**values))
 
+    @property
+    def takes_images(self) -> bool:
+        """Whether the model reads images (a vision projector loaded with it): no model served here
+        does yet, so a request with images gets a 422 (ModelRegistry.check)."""
+        return False
+
     def describe(self) -> dict[str, Any]:
         """The per-model settings as plain JSON values (for /v1/models and the start log)."""
         values: dict[str, Any] = {"path": str(self.path)}

@@ -1,0 +1,204 @@
+"""A request's images, read off the wire: Jev's `assets` (base64 or a multipart part each) and
+llama.cpp's forms (`files`/`images` data URLs, `image_url` parts of a state of chat messages), each
+checked (app/images.py) and put in prompt order in the request's Media.
+
+Prompt order: llama.cpp's forms first, as its /v1/systemone loads them (`files`, `images`, then the
+state's parts), then Jev's assets in the order their placeholders are first found in the state and
+the questions' texts (SystemOneRequest.texts; an object's values in the order of its sorted keys, as
+the prompt renders it). Every problem found is reported, each a 422 detail at its place.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from app.contract import ImageAsset, SystemOneRequest, Text, errors_for_response, validation_error
+from app.errors import InvalidRequest
+from app.images import MAX_BASE64_CHARS, MAX_IMAGES, Image, ImageRefused, Media, read_image
+
+Loc = tuple[str | int, ...]
+DATA_URL_FORM = "images are data URLs: data:image/...;base64,..."
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where one image comes from: its place in the body, and a data URL or an asset."""
+
+    loc: Loc
+    url: Any = None  # a data URL, if it is one
+    placeholder: str = ""
+    asset: ImageAsset | None = None
+
+
+class _Problems:
+    """The 422 details found so far."""
+
+    def __init__(self) -> None:
+        self.details: list[dict[str, Any]] = []
+
+    def add(self, loc: Loc, message: str, kind: str, value: Any) -> None:
+        self.details += validation_error(loc, message, kind, value)
+
+
+def request_of(payload: Any, parts: Mapping[str, bytes] | None = None) -> SystemOneRequest:
+    """The contract's request from a parsed body and its multipart parts (none for a JSON body), its
+    images read into its media; a 422 listing every problem otherwise."""
+    try:
+        request = SystemOneRequest.model_validate(payload)
+    except ValidationError as error:
+        raise InvalidRequest(errors_for_response(error)) from error
+    parts = parts or {}
+    state, message_images = _without_image_parts(request.state)
+    if not (request.assets or request.images or request.files or message_images or parts):
+        return request
+    problems = _Problems()
+    sources = [_Source(("files", i), url) for i, url in enumerate(request.files or [])]
+    sources += [_Source(("images", i), url) for i, url in enumerate(request.images or [])]
+    sources += [_Source(loc, url) for loc, url in message_images]
+    sources += _assets_in_order(request, state, problems)
+    if len(sources) > MAX_IMAGES:
+        message = f"{len(sources)} images; a request takes at most {MAX_IMAGES}"
+        raise InvalidRequest(validation_error(sources[MAX_IMAGES].loc, message, "too_long", len(sources)))
+    images = [_image(source, parts, problems) for source in sources]
+    _claimed_once(sources, parts, problems)
+    if problems.details:
+        raise InvalidRequest(problems.details)
+    placeholders = tuple((s.placeholder, i) for i, s in enumerate(sources) if s.asset is not None)
+    fields = tuple(dict.fromkeys(str(source.loc[0]) for source in sources))
+    media = Media(tuple(image for image in images if image is not None), placeholders, fields)
+    return request.carrying(state, media)
+
+
+def _without_image_parts(state: Text) -> tuple[Text, list[tuple[Loc, Any]]]:
+    """The state without the `image_url` parts of its chat messages (a list of messages, or an object
+    whose `messages` is one), as llama.cpp takes them out, and each part's URL with its place."""
+    wrapped = isinstance(state, dict) and "messages" in state
+    messages = state["messages"] if isinstance(state, dict) and wrapped else state
+    if not isinstance(messages, list):
+        return state, []
+    found: list[tuple[Loc, Any]] = []
+    kept_messages = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+            kept_messages.append(message)
+            continue
+        content = []
+        for j, part in enumerate(message["content"]):
+            if isinstance(part, dict) and part.get("type") == "image_url" and "image_url" in part:
+                url = part["image_url"]
+                url = url["url"] if isinstance(url, dict) and "url" in url else url
+                found.append((("state", *(("messages",) if wrapped else ()), i, "content", j), url))
+            else:
+                content.append(part)
+        kept_messages.append({**message, "content": content})
+    if not found:
+        return state, []
+    return ({**state, "messages": kept_messages} if isinstance(state, dict) else kept_messages), found
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string value in a text, in the order the prompt renders them (an object by sorted keys)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key in sorted(value):
+            yield from _strings(value[key])
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def _assets_in_order(request: SystemOneRequest, state: Text, problems: _Problems) -> list[_Source]:
+    """The assets in the order their placeholders are first found; one found nowhere, or without its
+    bytes, is a problem."""
+    named: dict[str, ImageAsset] = {}
+    for name, asset in (request.assets or {}).items():
+        if not name:
+            problems.add(("assets", name), "a placeholder is a non-empty string", "string_too_short", name)
+        elif asset.part is None and asset.data_base64 is None:
+            problems.add(("assets", name), "an image asset has data_base64 (with format) or part", "missing", None)
+        elif asset.part is None and asset.format is None:
+            problems.add(
+                ("assets", name, "format"), "format (png, jpg or jpeg) comes with data_base64", "missing", None
+            )
+        else:
+            named[name] = asset
+    names = list(named)
+    finder = Media(placeholders=tuple((name, i) for i, name in enumerate(names)))
+    first: dict[int, None] = {}  # each asset's index, in the order first found
+    for text in itertools.chain([state], itertools.islice(request.texts(), 1, None)):  # the state without its parts
+        for string in _strings(text):
+            first.update(dict.fromkeys(finder.mentioned(string)))
+    for i, name in enumerate(names):
+        if i not in first:
+            message = f"the placeholder {name!r} is found nowhere in the state, the instructions or the criteria"
+            problems.add(("assets", name), message, "asset_unused", name)
+    return [_Source(("assets", names[i]), placeholder=names[i], asset=named[names[i]]) for i in first]
+
+
+def _image(source: _Source, parts: Mapping[str, bytes], problems: _Problems) -> Image | None:
+    """The source's image, or None with its problem added."""
+    asset, where = source.asset, ""
+    try:
+        if asset is None:
+            data = _data_url(source.url)
+        elif asset.part is not None:
+            if asset.part not in parts:
+                message = f"no part of the body is named {asset.part!r} (its parts: {', '.join(parts) or 'none'})"
+                problems.add((*source.loc, "part"), message, "part_missing", asset.part)
+                return None
+            data, where = parts[asset.part], f"the part {asset.part!r}: "
+        else:
+            data = _base64(asset.data_base64 or "")
+        return read_image(data)
+    except ImageRefused as refused:
+        problems.add(source.loc, where + refused.message, refused.kind, None)
+        return None
+
+
+def _data_url(url: Any) -> bytes:
+    """The bytes of a data URL, as llama.cpp reads one: `data:image/<type>[;...];base64,<data>`."""
+    if not isinstance(url, str):
+        raise ImageRefused("data_url_invalid", DATA_URL_FORM)
+    header, comma, data = url.partition(",")
+    if not url.startswith("data:") or not comma or "," in data:
+        raise ImageRefused("data_url_invalid", DATA_URL_FORM)
+    if not header.startswith("data:image/"):
+        raise ImageRefused("data_url_invalid", f"{header[:40]!r}: only images are taken ({DATA_URL_FORM})")
+    if not header.endswith("base64"):
+        raise ImageRefused("data_url_invalid", f"the data URL is not base64 ({DATA_URL_FORM})")
+    return _base64(data)
+
+
+def _base64(text: str) -> bytes:
+    """Standard base64, whitespace ignored (wrapped lines); too long is refused before it is decoded."""
+    compact = "".join(text.split())
+    if len(compact) > MAX_BASE64_CHARS:
+        message = f"the image's base64 is {len(compact)} characters; the limit is {MAX_BASE64_CHARS}"
+        raise ImageRefused("image_too_large", message)
+    try:
+        return base64.b64decode(compact, validate=True)
+    except (binascii.Error, ValueError) as error:
+        raise ImageRefused("base64_decode", f"the image is not valid base64: {error}") from error
+
+
+def _claimed_once(sources: list[_Source], parts: Mapping[str, bytes], problems: _Problems) -> None:
+    """Each part is the image of exactly one asset (as Jev has it: the SDK sends a part per placeholder)."""
+    claims: dict[str, list[str]] = {}
+    for source in sources:
+        if source.asset is not None and source.asset.part is not None:
+            claims.setdefault(source.asset.part, []).append(source.placeholder)
+    for part, placeholders in claims.items():
+        if len(placeholders) > 1:
+            message = f"the part {part!r} is claimed by {len(placeholders)} assets; each part is one asset's"
+            problems.add(("assets", placeholders[1], "part"), message, "part_reused", part)
+    for part in parts:
+        if part not in claims:
+            problems.add((part,), f"no asset names the part {part!r}", "part_unclaimed", part)
