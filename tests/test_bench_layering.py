@@ -27,7 +27,8 @@ LAYERS: list[set[str]] = [
     # make bench; what reads the eval set or compares its reports, or compares onepass with llama.cpp
     {"run", "compare_evals", "native_template", "native_decision"},
     {"native_speed"},  # onepass and llama.cpp's /v1/systemone on speed: reads native_decision's agreement
-    {"new_state_cost"},  # where native_speed's new states go in onepass: its questions, in-process
+    # in-process measures on native_speed's questions: where its new states go, what the layer tap costs
+    {"new_state_cost", "tap_cost"},
 ]
 
 

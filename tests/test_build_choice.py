@@ -69,7 +69,9 @@ def test_a_cuda_build_is_for_this_machines_gpus_where_nvidia_smi_names_them(tmp_
         "75;80;86;89;90;120 (the default: nvidia-smi reported no GPU)"
     )
     assert info(venv, "GPU=cuda", "CUDA_ARCHS=89", env=h200)["CUDA architectures"] == "89 (given)"  # given wins
-    planned = make("-n", "setup", venv, "GPU=cuda", env=h200)  # -n: prints the build and the record, runs nothing
+    # -n prints the build and the record and runs nothing; an empty wheel cache, so that the build is planned
+    # even where this machine has built that wheel before
+    planned = make("-n", "setup", venv, "GPU=cuda", f"WHEEL_CACHE={tmp_path / 'wheels'}", env=h200)
     assert planned.returncode == 0, planned.stderr
     assert "CUDA architectures: 90 (this machine's GPUs as nvidia-smi reports them;" in planned.stdout  # the log
     assert "CUDA_ARCHS := %s" in planned.stdout and "'90'" in planned.stdout  # and the record
