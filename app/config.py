@@ -141,6 +141,12 @@ class Settings:
     context_path: Path | None = _option(
         None, "text file prepended to every prompt as system context", _optional_path, per_model=True
     )
+    mmproj: Path | None = _option(
+        None,
+        "the model's vision projector, a GGUF (llama-server's --mmproj): with it the model takes images",
+        _optional_path,
+        per_model=True,
+    )
     n_ctx: int = _option(
         8192,
         "context length in tokens: system + state + question suffixes",

@@ -17,6 +17,7 @@ from app.errors import InvalidRequest
 from app.fleet.routing import affinity_key, affinity_key_of
 from app.http.runtime import Runtime
 from app.images import IMAGES_BODY_BYTES, MAX_IMAGES, Image, read_image
+from app.serving.catalogue import models_listing
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
 from tests.image_files import jpeg, png
@@ -151,14 +152,14 @@ def test_the_routing_key_covers_the_images_in_order_and_is_unchanged_without_the
     assert len(keys) == 4
 
 
-@pytest.fixture
-def spec_with_eyes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A model that takes images, as the engine will serve (ModelSpec.takes_images is False for all today)."""
-    monkeypatch.setattr(ModelSpec, "takes_images", property(lambda spec: spec.name.startswith("eyes")))
-
-
 def registry_of(*names: str) -> ModelRegistry:
-    specs = tuple(ModelSpec(name, Path(f"{name}.gguf")) for name in names)
+    """Models named "eyes..." take images: a vision projector is set for them."""
+    specs = tuple(
+        ModelSpec(
+            name, Path(f"{name}.gguf"), settings=Settings(mmproj=Path("p.gguf") if name.startswith("eyes") else None)
+        )
+        for name in names
+    )
     return ModelRegistry(ModelsConfig(specs, names[0], 1), loader=lambda spec: pytest.fail("nothing loads"))
 
 
@@ -169,7 +170,7 @@ def refusal(registry: ModelRegistry, payload: dict[str, Any]) -> dict[str, Any]:
     return detail
 
 
-def test_images_to_a_model_without_vision_get_a_422_naming_the_models_that_have_it(spec_with_eyes: None) -> None:
+def test_images_to_a_model_without_vision_get_a_422_naming_the_models_that_have_it() -> None:
     payload = asked("<a>", assets={"<a>": asset(RED)})
     assert refusal(registry_of("text", "eyes-1", "eyes-2"), payload) == {
         "loc": ["body", "assets"],
@@ -182,7 +183,7 @@ def test_images_to_a_model_without_vision_get_a_422_naming_the_models_that_have_
     registry_of("text").check("jev-latest", request_of(asked("no images")))
 
 
-def test_today_no_model_takes_images_and_the_refusal_says_so() -> None:
+def test_without_a_vision_model_the_refusal_says_none_takes_images() -> None:
     detail = refusal(registry_of("tiny"), asked("hi", images=[url(RED)]))
     assert detail["loc"] == ["body", "images"]
     assert detail["msg"] == (
@@ -190,9 +191,20 @@ def test_today_no_model_takes_images_and_the_refusal_says_so() -> None:
     )
 
 
-def test_the_body_bound_grows_by_8_images_of_base64_where_a_model_takes_images(spec_with_eyes: None) -> None:
+def test_the_body_bound_grows_by_8_images_of_base64_where_a_model_takes_images() -> None:
     runtime = Runtime(Settings(), registry=registry_of("text"))
     assert runtime.body_limit() == runtime.settings.max_body_bytes
     runtime.registry = registry_of("text", "eyes")
     assert runtime.body_limit() == runtime.settings.max_body_bytes + IMAGES_BODY_BYTES
     assert IMAGES_BODY_BYTES == 8 * 4 * ((10 * 1024 * 1024 + 2) // 3)
+
+
+def test_models_lists_which_models_take_images() -> None:
+    listing = models_listing(registry_of("text", "eyes").catalogue())
+    assert {m["name"]: m["x_takes_images"] for m in listing["models"]} == {
+        "text": False,
+        "eyes": True,
+        "jev-latest": False,
+    }
+    assert [d["x_takes_images"] for d in listing["data"]] == [False, True, False]
+    assert listing["models"][1]["x_mmproj"] == "p.gguf"

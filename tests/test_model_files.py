@@ -14,7 +14,7 @@ import pytest
 
 from app.config_sources import load_settings
 from app.contract import SystemOneRequest
-from app.engine.fingerprint import file_digest, hash_file, records_dir
+from app.engine.fingerprint import file_digest, hash_file, model_digest, records_dir
 from app.platform.tiny_gguf import write_tiny_gguf
 from app.serving.known_models import KnownModel, identify, read_known_models
 from app.serving.loading import load_spec
@@ -66,6 +66,15 @@ def test_two_files_with_one_header_and_other_weights_get_different_fingerprints(
         assert a.read(HEAD) == b.read(HEAD)  # what the first-MiB fingerprint saw: identical
     assert file_digest(wide) != file_digest(other)
     assert file_digest(wide) == hash_file(wide)  # from the record, the digest of every byte
+
+
+def test_a_vision_projectors_every_byte_is_part_of_the_models_fingerprint(wide: Path, tmp_path: Path) -> None:
+    projector = shutil.copyfile(wide, tmp_path / "mmproj.gguf")  # any file: only its bytes count here
+    other = retrained(wide, tmp_path / "other-mmproj.gguf")
+    with_one, with_other = model_digest(wide, projector), model_digest(wide, other)
+    assert len({model_digest(wide), with_one, with_other}) == 3
+    assert model_digest(wide) == file_digest(wide)  # a model without a projector keeps its fingerprint
+    assert model_digest(wide, shutil.copyfile(projector, tmp_path / "elsewhere.gguf")) == with_one  # bytes, not path
 
 
 def test_a_file_replaced_in_place_by_other_weights_refuses_the_old_snapshots(wide: Path, tmp_path: Path) -> None:

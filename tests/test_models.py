@@ -107,6 +107,10 @@ def test_the_config_file_sets_server_settings_below_flags_and_env(tmp_path: Path
             '[[models]]\nname = "four"\npath = "x.gguf"\ncontext_path = "typo.md"\n',
             "context_path .*typo.md is not a file",
         ),
+        (
+            '[[models]]\nname = "four"\npath = "x.gguf"\nmmproj = "no-such.gguf"\n',
+            "mmproj .*no-such.gguf is not a file",
+        ),
     ],
 )
 def test_a_config_with_errors_is_rejected_with_a_clear_message(
@@ -156,14 +160,17 @@ def test_relative_paths_in_a_config_are_relative_to_its_folder_from_any_working_
     config.write_text(
         '[server]\nsession_cache_dir = "snaps"\napi_key_file = "~/keys.txt"\n\n'
         '[[models]]\nname = "one"\npath = "one.gguf"\ncontext_path = "ctx/support.md"\n'
+        '[[models]]\nname = "eyes"\npath = "one.gguf"\nmmproj = "ctx/support.md"\n'  # any file: not loaded here
     )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     settings = load_settings(["--config", "../conf/onepass.toml"], {})  # relative to the working directory
-    (spec,) = read_models_config(settings).models
+    spec, eyes = read_models_config(settings).models
     assert spec.path == folder.resolve() / "one.gguf"
+    assert eyes.settings.mmproj == folder.resolve() / "ctx" / "support.md" and eyes.takes_images
     assert spec.settings.context_path == folder.resolve() / "ctx" / "support.md"
+    assert not spec.takes_images
     assert spec.settings.session_cache_dir == folder.resolve() / "snaps"
     assert settings.api_key_file == Path.home() / "keys.txt"
     service = load_spec(replace_settings(spec, threads=1, session_cache_disk_bytes=0))

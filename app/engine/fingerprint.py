@@ -73,6 +73,15 @@ def file_digest(path: Path) -> bytes:
     return digest
 
 
+def model_digest(model: Path, mmproj: Path | None = None) -> bytes:
+    """A loaded model's identity: its file's digest, and with a vision projector both files' (a
+    snapshot of an image is the projector's work too)."""
+    digest = file_digest(model)
+    if mmproj is None:
+        return digest
+    return blake3.blake3(b"model+mmproj" + digest + file_digest(mmproj)).digest()
+
+
 def _write_record(record: Path, fields: dict[str, Any]) -> None:
     """Written whole or not at all (a temporary file renamed over it); a cache that cannot be written
     costs a hash at the next start, nothing more."""

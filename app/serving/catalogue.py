@@ -17,6 +17,7 @@ class CatalogueEntry:
     loaded: bool
     error: str | None
     decision_type: str | None = None  # a decision GGUF's type (answering/decision_format.py); None: onepass's prompt
+    takes_images: bool = False  # a vision projector (mmproj) is loaded with the model
 
 
 # A setting shown on /v1/models under another name than x_<setting>: an answer's x_calibration is the fit it used.
@@ -35,6 +36,7 @@ def models_listing(entries: list[CatalogueEntry]) -> dict[str, Any]:
                 "x_model": e.model,
                 "x_loaded": e.loaded,
                 "x_decision_type": e.decision_type,
+                "x_takes_images": e.takes_images,
             }
             for e in entries
         ],
@@ -48,6 +50,7 @@ def models_listing(entries: list[CatalogueEntry]) -> dict[str, Any]:
                 "x_loaded": e.loaded,
                 "x_error": e.error,
                 "x_decision_type": e.decision_type,
+                "x_takes_images": e.takes_images,
                 **{f"x_{SETTING_FIELDS.get(key, key)}": value for key, value in e.settings.items()},
             }
             for e in entries

@@ -165,6 +165,7 @@ class ModelRegistry:
                 model in loaded,
                 errors.get(model),
                 decision_types.get(model),
+                offered.specs[model].takes_images,
             )
             for name, model in offered.names.items()
         ]

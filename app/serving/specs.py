@@ -42,9 +42,9 @@ class ModelSpec:
 
     @property
     def takes_images(self) -> bool:
-        """Whether the model reads images (a vision projector loaded with it): no model served here
-        does yet, so a request with images gets a 422 (ModelRegistry.check)."""
-        return False
+        """Whether the model reads images: a vision projector (mmproj) is loaded with it. A request with
+        images for a model without one gets a 422 (ModelRegistry.check)."""
+        return self.settings.mmproj is not None
 
     def describe(self) -> dict[str, Any]:
         """The per-model settings as plain JSON values (for /v1/models and the start log)."""
@@ -145,6 +145,8 @@ def resolve_spec(
     context = resolved.context_path
     if context is not None and not context.is_file():
         raise ConfigError(f"{where}: context_path {context} is not a file")
+    if resolved.mmproj is not None and not resolved.mmproj.is_file():
+        raise ConfigError(f"{where}: mmproj {resolved.mmproj} is not a file")
     return ModelSpec(name, path, aliases, resolved, model.key if model is not None else None, origins)
 
 
