@@ -35,3 +35,20 @@ def prune_records(folder: Path, keep: int) -> None:
     for _, stale in sorted(records, reverse=True)[keep:]:
         with contextlib.suppress(OSError):
             stale.unlink()
+
+
+def size_of(path: Path) -> int:
+    """The file's size; 0 for a file gone (another process deleted it)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make the folder's entries (a rename into it) survive a power cut."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

@@ -1,5 +1,6 @@
 """The layering holds: app/'s subpackages import only the ones below them, the modules inside one
-subpackage form no cycle, llama_cpp stays in the engine's bindings and starlette in http/, and the
+subpackage form no cycle, llama_cpp stays in the engine's bindings (and libmtmd's in its vision path)
+and starlette in http/, and the
 engine's context pool stays inside the engine. The calibration room is entered through its face
 only, and no module of answering/ leans on more than a few others."""
 
@@ -132,8 +133,21 @@ def test_llama_cpp_stays_in_one_module_and_starlette_in_the_http_edge() -> None:
         for package in owners:
             if package in external:
                 owners[package].add(module)
-    assert owners["llama_cpp"] == {"engine.bindings"}
+    assert owners["llama_cpp"] == {"engine.bindings", "engine.vision"}
     assert {room(module) for module in owners["starlette"]} == {"http"}
+    # the images path takes libmtmd's bindings, and nothing else of llama_cpp
+    assert llama_cpp_modules(modules()["engine.vision"]) == {"llama_cpp.mtmd_cpp"}
+
+
+def llama_cpp_modules(path: Path) -> set[str]:
+    """The llama_cpp modules a module imports, by their dotted names."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "llama_cpp":
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "llama_cpp"}
+    return found
 
 
 def test_nothing_outside_the_engine_reaches_its_context_pool() -> None:

@@ -5,8 +5,8 @@ calls it first: the engine's constructor, the functions here that ask the librar
 It loads the CUDA libraries that a CUDA build made with NVIDIA's wheels links (gpu_libraries.py),
 imports llama_cpp, routes llama.cpp's log into Python's logging and initialises its backends. The
 engine's modules reach the bindings through `llama` here, which refuses every use before `init()`.
-The only module that imports llama_cpp (tests/test_layering.py holds it so); the images path
-(libmtmd's projector, issue 50) will load its library here too.
+The only module that imports llama_cpp but for the images path (vision.py), which imports its libmtmd
+bindings after `init()` (tests/test_layering.py holds both so).
 
 onepass runs on its own build of llama-cpp-python, ENGINE_VERSION: llama-cpp-python's bindings on
 the llama.cpp that serves /v1/systemone, assembled by tools/engine_source.py and built by `make
@@ -40,6 +40,7 @@ __all__ = [  # `llama` among them: named here, since under type checking it is a
     "library_dir",
     "llama",
     "llama_log",
+    "log_callback",
     "set_decision_order",
     "shared_library",
     "shipped_backends",
@@ -105,6 +106,12 @@ def init() -> None:
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         _loaded = llama_cpp
+
+
+def log_callback() -> Any:
+    """The callback that routes llama.cpp's log into Python's logging (libmtmd takes it too)."""
+    init()
+    return _log_callback
 
 
 def version_problem(found: str | None) -> str | None:

@@ -4,10 +4,10 @@ One file per snapshot, `<key hex>.snap`, in a folder per model. A new snapshot i
 written by a background thread (temporary file, fsync, rename), so a request never waits for
 the disk; when the queue holds too many bytes the write is skipped and counted. Every read checks the
 whole file against this process (format, llama.cpp build, model, KV settings, key, lengths,
-blake3 of the header, the tokens, the payload and the state's mean vector) and compares the tokens
-with the wanted prefix: a file that fails is deleted, counted by reason and the request prefills as a
-miss. The state's mean (Snapshot.state_mean, what a state probe fit reads) follows the payload where
-the snapshot has one; a file without it reads as a snapshot without it.
+blake3 of the header, the tokens, the payload, the state's mean vector, image spans and next position)
+and compares tokens and image spans (never pixels) with the wanted prefix: a file that fails is deleted,
+counted by reason and the request prefills as a miss. The state's mean (Snapshot.state_mean, what a
+state probe fit reads) follows the payload where the snapshot has one; a file without it reads as a snapshot without it.
 
 Several processes may share the folder, so any file may vanish between two steps: a reader
 only ever opens whole files (rename is atomic), two writers of one key each rename a whole
@@ -39,11 +39,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from app.engine.ram_tier import CacheKey
-from app.engine.snapshot import Snapshot
+from app.engine.snapshot import ImageSpan, Snapshot, read_spans
+from app.paths import fsync_folder, size_of
 
 log = logging.getLogger("onepass.disk")
 
-FORMAT = 1
+FORMAT = 2  # 2: image spans and the next position in the header; tokens signed (an image's cells are -1)
 MAGIC = b"onepass-snapshot"
 SUFFIX = ".snap"
 TEMP_SUFFIX = ".tmp"
@@ -137,8 +138,8 @@ class DiskTier:
 
     # Reading
 
-    def load(self, key: CacheKey, tokens: tuple[int, ...]) -> Snapshot | None:
-        """The snapshot stored for `key` if its file is whole, verified and for these tokens."""
+    def load(self, key: CacheKey, tokens: tuple[int, ...], spans: tuple[ImageSpan, ...] = ()) -> Snapshot | None:
+        """The snapshot stored for `key` if its file is whole, verified and for these tokens and images."""
         if not self.enabled:
             return None
         path = self._path(key)
@@ -154,7 +155,7 @@ class DiskTier:
             self._reject(path, rejected)
         except OSError as error:
             self._reject(path, Rejected("unreadable", str(error)))
-        if snapshot is not None and snapshot.tokens != tokens:
+        if snapshot is not None and not snapshot.holds(tokens, spans):
             self._count("collisions")  # a key collision: the file is sound, just not this prefix
             snapshot = None
         if snapshot is None:
@@ -163,7 +164,7 @@ class DiskTier:
         with contextlib.suppress(FileNotFoundError):
             os.utime(path)  # its last use, for the LRU order that outlives this process
         with self._lock:
-            self._sizes[path.name] = self._sizes.get(path.name) or _size_of(path)
+            self._sizes[path.name] = self._sizes.get(path.name) or size_of(path)
             self._counts["hits"] += 1
             self._counts["read_bytes"] += snapshot.n_bytes
             self._read_seconds += time.perf_counter() - began
@@ -194,6 +195,7 @@ class DiskTier:
         if n_mean % MEAN_DTYPE.itemsize:
             raise Rejected("header", f"a state mean of {n_mean} bytes")
         token_bytes = _read_exactly(file, 4 * n_tokens)
+        tokens = tuple(array("i", token_bytes))  # signed: an image's cells are IMAGE_CELL
         payload = _read_exactly(file, n_payload)
         mean_bytes = _read_exactly(file, n_mean)
         if file.read(1):
@@ -204,7 +206,11 @@ class DiskTier:
             raise Rejected("checksum", "payload checksum")
         if n_mean and blake3.blake3(mean_bytes).hexdigest() != header.get("state_mean_blake3"):
             raise Rejected("checksum", "state mean checksum")
-        return Snapshot(payload, tuple(array("I", token_bytes)), _mean_of(mean_bytes) if n_mean else None)
+        try:
+            spans = read_spans(header.get("spans"), tokens, header.get("next_pos"))
+        except ValueError as error:
+            raise Rejected("spans", str(error)) from error
+        return Snapshot(payload, tokens, _mean_of(mean_bytes) if n_mean else None, spans)
 
     def _reject(self, path: Path, rejected: Rejected) -> None:
         with contextlib.suppress(OSError):  # gone already, or not deletable: it is a miss either way
@@ -280,7 +286,7 @@ class DiskTier:
         path = self._path(key)
         if path.exists() and not replace:
             return  # written before, by this process or another
-        token_bytes = array("I", snapshot.tokens).tobytes()
+        token_bytes = array("i", snapshot.tokens).tobytes()
         mean_bytes = b"" if snapshot.state_mean is None else snapshot.state_mean.astype(MEAN_DTYPE).tobytes()
         header = json.dumps(
             {
@@ -290,6 +296,8 @@ class DiskTier:
                 "kv": self.identity.kv,
                 "key": key.hex(),
                 "n_tokens": snapshot.n_tokens,
+                "next_pos": snapshot.next_pos,
+                "spans": [span.entry() for span in snapshot.spans],
                 "tokens_blake3": blake3.blake3(token_bytes).hexdigest(),
                 "payload_bytes": snapshot.n_bytes,
                 "payload_blake3": blake3.blake3(snapshot.data, max_threads=blake3.blake3.AUTO).hexdigest(),
@@ -312,8 +320,8 @@ class DiskTier:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 temporary.unlink()
-        _fsync_folder(self.folder)  # the rename itself survives a power cut
-        size = _size_of(path)
+        fsync_folder(self.folder)  # the rename itself survives a power cut
+        size = size_of(path)
         with self._lock:
             self._sizes[path.name] = size
             self._counts["writes"] += 1
@@ -383,18 +391,3 @@ def _mean_of(data: bytes) -> NDArray[np.float32]:
     mean = np.frombuffer(data, dtype=MEAN_DTYPE).astype(np.float32)
     mean.flags.writeable = False
     return mean
-
-
-def _size_of(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
-def _fsync_folder(folder: Path) -> None:
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

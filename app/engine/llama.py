@@ -10,8 +10,11 @@ cells), and decodes every question suffix in one `llama_decode`, reading logits 
 suffix's last token; tokens that several suffixes begin with are decoded once, in all of their
 sequences. A model without memory reads each prompt whole instead (`encode`).
 
-The images path (issue 50) belongs here too: libmtmd encodes an image into a borrowed context's
-sequence 0 as a prefill does text, so that an image's snapshot is kept and restored like a state's.
+A model loaded with a vision projector (vision.py) takes images in a prefix: an image fills cells
+marked IMAGE_CELL, which its span in the snapshot describes; a prefill decodes the text between the
+images itself and each image through the projector, so that a prefix with images is snapshotted,
+kept and restored like any other. Positions follow the snapshot's next_pos, not its cell count: an
+M-RoPE image advances fewer positions than it fills cells.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -31,11 +34,13 @@ from numpy.typing import NDArray
 
 from app.engine import bindings
 from app.engine.bindings import EngineError, llama
-from app.engine.fingerprint import file_digest
-from app.engine.pool import Context, ContextPool, KvSettings, keeps_memory
+from app.engine.fingerprint import model_digest
+from app.engine.pool import N_UBATCH, Context, ContextPool, KvSettings, keeps_memory
 from app.engine.pool import RestoreError as RestoreError  # raised through the engine; the pool is its own
+from app.engine.snapshot import ImageSpan, spans_fit
 from app.engine.snapshot import Snapshot as Snapshot  # the engine takes and gives snapshots: its callers' type too
 from app.engine.suffix_tree import plan_groups, suffix_rows
+from app.engine.vision import Vision
 from app.engine.vocab import Vocabulary
 
 log = logging.getLogger("onepass.engine")
@@ -107,7 +112,9 @@ class Engine:
         repack: bool = False,
         flash_attn: bool = False,
         probe_layer: int | Literal["middle"] | None = None,
+        mmproj: Path | None = None,
     ) -> None:
+        """`mmproj`: a vision projector GGUF for the model; with it the model takes images."""
         if not model_path.is_file():
             raise EngineError(f"model file not found: {model_path}")
         bindings.init()
@@ -135,7 +142,8 @@ class Engine:
                 f"probe layer {probe_layer}: this model's layers are 0 to {self.n_layer - 1}, the last excluded"
             )
         self.probe_layer = layer
-        self.fingerprint = file_digest(model_path)  # every byte: the disk tier trusts snapshots by it
+        # every byte, the projector's too: the disk tier trusts snapshots by it
+        self.fingerprint = model_digest(model_path, mmproj)
         kv = KvSettings(n_ctx, repack=repack, flash_attn=flash_attn)
         # besides the tokens, what shapes a snapshot's bytes: in every cache key (reading a layer splits
         # the graph's computation there, which a GPU backend may round differently)
@@ -152,6 +160,9 @@ class Engine:
             llama.llama_model_is_recurrent(self.model) or llama.llama_model_is_hybrid(self.model)
         )
         threads = threads or os.cpu_count() or 1
+        self.vision: Vision | None = None
+        if mmproj is not None:
+            self.vision = Vision(self.model, mmproj, use_gpu=n_gpu_layers != 0, threads=threads)
         # A model without memory (laya, lfm2-d1-omni, clef) reads each prompt whole: nothing to snapshot.
         self.memoryless = not keeps_memory(self.model, kv, threads)
         self._pool = ContextPool(
@@ -189,36 +200,75 @@ class Engine:
     def close(self) -> None:
         """Free the contexts and the model; later calls raise EngineError instead of crashing."""
         self._pool.close()  # waits for requests in flight to hand their context back
+        if self.vision is not None:
+            self.vision.close()
         if self.model:
             llama.llama_model_free(self.model)
             self.model = None
 
-    def prefill(self, tokens: Sequence[int], base: Snapshot | None = None) -> tuple[Snapshot, Timing]:
-        """Snapshot of sequence 0 after `tokens`, starting from `base` when it holds a prefix of them."""
-        if base is not None and tuple(tokens[: base.n_tokens]) != base.tokens:
+    def prefill(
+        self,
+        tokens: Sequence[int],
+        base: Snapshot | None = None,
+        *,
+        spans: Sequence[ImageSpan] = (),
+        images: Mapping[str, bytes] | None = None,
+    ) -> tuple[Snapshot, Timing]:
+        """Snapshot of sequence 0 after `tokens`, starting from `base` when it holds a prefix of them.
+        `spans`: the images among the tokens' cells, in order; `images`: each one's file by its SHA-256."""
+        spans = tuple(spans)
+        if not spans_fit(tokens, spans):
+            raise ValueError("the image spans do not lie over the image cells of the tokens")
+        if base is not None and not base.holds(tokens[: base.n_tokens], spans[: len(base.spans)]):
             raise ValueError("base snapshot is not a prefix of the tokens to prefill")
         timing = Timing()
         with self._pool.borrow(base) as ctx:
-            start = 0
+            start, position = 0, 0
             if base is not None:
                 began = time.perf_counter()
                 ctx.hold(base)
                 timing.restore_ms = _ms_since(began)
-                start = base.n_tokens
+                start, position = base.n_tokens, base.next_pos
             else:
                 ctx.clear()
             began = time.perf_counter()
-            ctx.fill([(tok, start + i, (0,), False) for i, tok in enumerate(tokens[start:])])
+            ctx.read_rows(True)
+            cell = start
+            for span in spans[len(base.spans) if base is not None else 0 :]:
+                position = self._decode_text(ctx, tokens[cell : span.offset], position)
+                position = self._decode_image(ctx, span, position, images or {})
+                cell = span.offset + span.n_tokens
+            self._decode_text(ctx, tokens[cell:], position)
             state_mean = None
-            if len(tokens) > start:
-                ctx.decode(read_layer=True)
-                if ctx.tap is not None:
-                    state_mean = ctx.tap.rows(len(tokens) - start).mean(axis=0)
-                    state_mean.flags.writeable = False
+            if len(tokens) > start and ctx.tap is not None:
+                state_mean = ctx.tap.rows(len(tokens) - start).mean(axis=0)
+                state_mean.flags.writeable = False
             timing.prefill_ms = _ms_since(began)
-            snapshot = Snapshot(ctx.save(), tuple(tokens), state_mean)
+            snapshot = Snapshot(ctx.save(), tuple(tokens), state_mean, spans)
             ctx.held = (*ctx.held, snapshot)
             return snapshot, timing
+
+    @staticmethod
+    def _decode_text(ctx: Context, tokens: Sequence[int], position: int) -> int:
+        """Decode `tokens` into sequence 0 from `position` (the layer tap reading on); the position after."""
+        if tokens:
+            ctx.fill([(token, position + i, (0,), False) for i, token in enumerate(tokens)])
+            ctx.decode(more_rows=True)
+        return position + len(tokens)
+
+    def _decode_image(self, ctx: Context, span: ImageSpan, position: int, images: Mapping[str, bytes]) -> int:
+        """Encode the image of `span` and decode it into sequence 0 from `position`; the position after."""
+        if self.vision is None:
+            raise EngineError("this model has no vision projector: it takes no images")
+        if span.sha256 not in images:
+            raise ValueError(f"no file given for the image {span.sha256}")
+        n_tokens, after = self.vision.decode(ctx.ctx, images[span.sha256], span.sha256, position, N_UBATCH)
+        if (n_tokens, after - position) != (span.n_tokens, span.n_pos):
+            raise EngineError(
+                f"the image {span.sha256} filled {n_tokens} cells and {after - position} positions, "
+                f"not its span's {span.n_tokens} and {span.n_pos}"
+            )
+        return after
 
     def decode_suffixes(
         self, prefix: Snapshot, suffixes: Sequence[SuffixTokens], *, hidden: bool = False
@@ -238,16 +288,17 @@ class Engine:
             timing.restore_ms = _ms_since(began)
             began = time.perf_counter()
             for group in groups:
-                readouts.extend(self._decode_group(ctx, prefix.n_tokens, [suffixes[i] for i in group], hidden))
+                readouts.extend(self._decode_group(ctx, prefix.next_pos, [suffixes[i] for i in group], hidden))
             timing.decode_ms = _ms_since(began)
         return SuffixReadouts(readouts, len(groups), timing)
 
     def _decode_group(
-        self, ctx: Context, n_prefix: int, suffixes: Sequence[SuffixTokens], hidden: bool
+        self, ctx: Context, next_pos: int, suffixes: Sequence[SuffixTokens], hidden: bool
     ) -> list[Readout]:
+        """Decode `suffixes` from the prefix's next position, each in a sequence of its own."""
         for seq in range(1, len(suffixes) + 1):
             llama.llama_memory_seq_cp(ctx.memory, 0, seq, -1, -1)  # unified KV: shares the cells, copies nothing
-        entries, paths = suffix_rows([suffix.tokens for suffix in suffixes], n_prefix, share=self.shares_suffix_tokens)
+        entries, paths = suffix_rows([suffix.tokens for suffix in suffixes], next_pos, share=self.shares_suffix_tokens)
         vectors = hidden or any(suffix.marks for suffix in suffixes)
         if vectors:
             # llama.cpp gives output vectors only for a batch whose every row is an output (it would

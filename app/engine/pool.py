@@ -109,7 +109,8 @@ class Context:
         already (the cells keep the very bytes the snapshot has), else clear and restore."""
         position = self.position_of(snapshot)
         # A memory that cannot drop a tail of a sequence (recurrent models) answers False: restore.
-        if position is not None and llama.llama_memory_seq_rm(self.memory, 0, snapshot.n_tokens, -1):
+        # seq_rm takes positions: an M-RoPE image fills more cells than it advances positions
+        if position is not None and llama.llama_memory_seq_rm(self.memory, 0, snapshot.next_pos, -1):
             self.held = self.held[: position + 1]
             return
         self.clear()
@@ -144,11 +145,18 @@ class Context:
             batch.logits[i] = wants_logits
         batch.n_tokens = len(entries)
 
-    def decode(self, *, read_layer: bool = False) -> None:
-        """Decode the batch `fill` loaded; with `read_layer` the tap, if any, reads its layer's rows."""
+    def read_rows(self, read_layer: bool) -> None:
+        """Start the tap, if any, anew: with `read_layer` it reads its layer's rows of the decodes from
+        here on (a prefill's text and images alike: an image's decodes go through this context too)."""
         if self.tap is not None:
             self.tap.clear()
             self.tap.reading = read_layer
+
+    def decode(self, *, read_layer: bool = False, more_rows: bool = False) -> None:
+        """Decode the batch `fill` loaded; with `read_layer` the tap, if any, reads its layer's rows
+        (`more_rows`: after those read since `read_rows`)."""
+        if not more_rows:
+            self.read_rows(read_layer)
         status = llama.llama_decode(self.ctx, self.batch)
         if status != 0:  # borrow clears the context on the way out
             raise EngineError(f"llama_decode failed with status {status}")

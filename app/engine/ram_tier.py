@@ -16,7 +16,7 @@ from typing import Any, NewType
 
 import blake3
 
-from app.engine.snapshot import Snapshot
+from app.engine.snapshot import ImageSpan, Snapshot
 
 CacheKey = NewType("CacheKey", bytes)
 
@@ -64,13 +64,14 @@ class RamTier:
                 self._dropped += 1
 
     def get_or_build(
-        self, key: CacheKey, tokens: Sequence[int], build: Callable[[], Snapshot]
+        self, key: CacheKey, tokens: Sequence[int], build: Callable[[], Snapshot], spans: Sequence[ImageSpan] = ()
     ) -> tuple[Snapshot, bool]:
-        """(snapshot, hit). Concurrent misses on one key run `build` once; the others wait for it."""
+        """(snapshot, hit). Concurrent misses on one key run `build` once; the others wait for it. A
+        hit holds exactly `tokens` and the image `spans`."""
         if not self.enabled:
             return build(), False
         with self._lock:
-            snapshot = self._lookup(key, tokens)
+            snapshot = self._lookup(key, tokens, spans)
             if snapshot is not None:
                 self._hits += 1
                 return snapshot, True
@@ -89,7 +90,7 @@ class RamTier:
             finally:
                 with self._lock:
                     self._waiting -= 1
-            if shared is not None and shared.tokens == tuple(tokens):
+            if shared is not None and shared.holds(tokens, spans):
                 with self._lock:
                     self._hits += 1
                 return shared, True
@@ -127,11 +128,11 @@ class RamTier:
 
     # The methods below expect self._lock to be held.
 
-    def _lookup(self, key: CacheKey, tokens: Sequence[int]) -> Snapshot | None:
+    def _lookup(self, key: CacheKey, tokens: Sequence[int], spans: Sequence[ImageSpan]) -> Snapshot | None:
         snapshot = self._entries.get(key)
         if snapshot is None:
             return None
-        if snapshot.tokens != tuple(tokens):
+        if not snapshot.holds(tokens, spans):
             self._collisions += 1
             return None
         self._entries.move_to_end(key)

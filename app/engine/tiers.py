@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from app.engine.disk_tier import DiskTier
 from app.engine.llama import Engine, Timing
 from app.engine.ram_tier import CacheKey, RamTier, cache_key
-from app.engine.snapshot import Snapshot
+from app.engine.snapshot import ImageSpan, Snapshot
 from app.errors import Cancelled
 
 Source = Literal["hit", "disk", "miss", "off"]
@@ -56,8 +56,11 @@ class PrefixCache:
         timing: Timing,
         cancelled: Callable[[], bool] = lambda: False,
         state_mean: bool = False,
+        spans: tuple[ImageSpan, ...] = (),
+        images: Mapping[str, bytes] | None = None,
     ) -> ResolvedPrefix:
-        """The snapshot after `tokens`; a prefill starts from `base` (a prefix of them) or from nothing.
+        """The snapshot after `tokens`, whose image cells `spans` describe (`images`: each one's file by
+        its SHA-256, read only by a prefill); a prefill starts from `base` (a prefix of them) or from nothing.
         Reading a disk file counts as restoring in `timing`, a prefill as prefilling. `state_mean`: one
         with its state mean where the engine reads one (a prefill from `base` gives it, and both tiers
         keep it; a snapshot kept without it is prefilled again and replaces the kept one)."""
@@ -67,7 +70,7 @@ class PrefixCache:
         def prefilled() -> Snapshot:
             if cancelled():
                 raise Cancelled("cancelled before the prefill")
-            snapshot, spent = self.engine.prefill(tokens, base=base)
+            snapshot, spent = self.engine.prefill(tokens, base=base, spans=spans, images=images)
             with self._counter_lock:
                 self.prefilled_tokens += len(tokens) - (base.n_tokens if base is not None else 0)
             timing.restore_ms += spent.restore_ms
@@ -78,7 +81,7 @@ class PrefixCache:
             nonlocal from_disk
             if self.disk is not None:
                 began = time.perf_counter()
-                loaded = self.disk.load(key, tokens)
+                loaded = self.disk.load(key, tokens, spans)
                 timing.restore_ms += (time.perf_counter() - began) * 1000
                 if loaded is not None:
                     from_disk = True
@@ -88,7 +91,7 @@ class PrefixCache:
                 self.disk.save(key, snapshot)  # in the background
             return snapshot
 
-        snapshot, hit = self.ram.get_or_build(key, tokens, build)
+        snapshot, hit = self.ram.get_or_build(key, tokens, build, spans)
         # kept without it (an older onepass's file): prefilled again, and both tiers keep the new one
         if state_mean and snapshot.state_mean is None:
             snapshot, hit, from_disk = prefilled(), False, False

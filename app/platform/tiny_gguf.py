@@ -59,14 +59,17 @@ def write_tiny_gguf(
     n_ff: int = N_FF,
     systemone: str | None = None,
     metadata: dict[str, str | float] | None = None,
+    architecture: str = "llama",
 ) -> Path:
-    """`q4_0`: the layers' matrices in Q4_0, the type ggml repacks for SIMD (the rest stays F32).
+    """`architecture`: "llama", or "qwen2vl" (Qwen2-VL's text model: M-RoPE positions, biased q/k/v) to
+    pair with a vision projector.
+    `q4_0`: the layers' matrices in Q4_0, the type ggml repacks for SIMD (the rest stays F32).
     `n_ff`: the feed-forward width (a larger one makes a file whose last tensors lie far from its header).
     `systemone`: a decision model's template, written as llama.cpp's converters do; `metadata`: more
     keys (strings or float32), such as `llama.decision.type`."""
     rng = np.random.default_rng(seed)
     tokens, types = vocabulary(extra_words)
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_name(f"tiny-{seed}")
     writer.add_block_count(N_LAYER)
     writer.add_context_length(N_CTX_TRAIN)
@@ -76,6 +79,8 @@ def write_tiny_gguf(
     writer.add_head_count_kv(N_HEAD_KV)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(N_EMBD // N_HEAD)
+    if architecture == "qwen2vl":  # rotary pairs per section: time, height, width, unused
+        writer.add_array("qwen2vl.rope.dimension_sections", [2, 3, 3, 0])
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0 if q4_0 else gguf.LlamaFileType.ALL_F32)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
@@ -119,6 +124,9 @@ def write_tiny_gguf(
         layer_weight(f"blk.{i}.attn_k.weight", N_HEAD_KV * head_dim, N_EMBD)
         layer_weight(f"blk.{i}.attn_v.weight", N_HEAD_KV * head_dim, N_EMBD)
         layer_weight(f"blk.{i}.attn_output.weight", N_EMBD, N_EMBD)
+        if architecture == "qwen2vl":
+            for name, width in (("q", N_EMBD), ("k", N_HEAD_KV * head_dim), ("v", N_HEAD_KV * head_dim)):
+                writer.add_tensor(f"blk.{i}.attn_{name}.bias", weight(width))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
         layer_weight(f"blk.{i}.ffn_gate.weight", n_ff, N_EMBD)
         layer_weight(f"blk.{i}.ffn_up.weight", n_ff, N_EMBD)

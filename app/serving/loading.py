@@ -165,6 +165,7 @@ def load_spec(spec: ModelSpec) -> ModelService:
         repack=speed.repack,
         flash_attn=speed.flash_attn,
         probe_layer="middle",  # the state probe fit's vector: Snapshot.state_mean
+        mmproj=spec.settings.mmproj,
     )
     try:
         prompter = prompter_for(
