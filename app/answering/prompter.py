@@ -6,14 +6,15 @@ are read. onepass's own prompt (app/answering/prompting.py) and a decision GGUF'
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import numpy as np
 
 from app.contract import DEPENDS_ON, ChoiceQuestion, DependsOn, Question, SystemOneRequest
 from app.engine.llama import Readout
+from app.engine.snapshot import ImageSpan
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,8 @@ class Plan:
     key: tuple[str | bytes, ...]  # what besides the model and the KV settings shapes that snapshot
     questions: list[tuple[str, Question, Reading]]  # in the request's order
     question_set: QuestionSet | None = None  # the question-first layout's (None: state-first)
+    spans: tuple[ImageSpan, ...] = ()  # the images among the prefix's cells (IMAGE_CELL), in order
+    images: Mapping[str, bytes] = field(default_factory=dict)  # each image's file by its SHA-256
 
     def suffixes(self) -> list[Suffix]:
         return [variant for _, _, reading in self.questions for variant in reading.variants]

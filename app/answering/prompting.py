@@ -8,6 +8,11 @@ around marker strings; without one a plain layout is used.
 
 User text (state, questions, option names) is tokenized with special-token parsing off,
 so text such as "<|im_end|>" in a request cannot forge the template's control tokens.
+
+A request's images go in the user turn before the state, in prompt order, each as the model's vision
+projector puts it (its own text around the image's cells): head | images | state | between. Their
+placeholders in the state are dropped (the images are before it), and each image's SHA-256, cells
+and positions are in the prefix's key.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Literal
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from app.answering.prompter import Plan, QuestionSet, Reading, Suffix, Tokenizer, TooManyOptions
+from app.answering.prompter import Plan, QuestionSet, Reading, Suffix, TemplateRefused, Tokenizer, TooManyOptions
 from app.config import parse_layout
 from app.contract import (
     MAX_OPTIONS,
@@ -36,6 +41,8 @@ from app.contract import (
     Text,
     render_text,
 )
+from app.engine.snapshot import IMAGE_CELL, ImageSpan
+from app.engine.vision import ImageUnreadable, Vision
 
 log = logging.getLogger("onepass.prompting")
 
@@ -158,9 +165,13 @@ class OwnPrompter:
 
     decision_type: str | None = None  # a decision GGUF's prompts are app/answering/decision.py's
 
-    def __init__(self, tokenizer: Tokenizer, fmt: PromptFormat, layout: str = "state-first") -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, fmt: PromptFormat, layout: str = "state-first", vision: Vision | None = None
+    ) -> None:
+        """`vision`: the model's vision projector, where it has one: then it takes images."""
         parse_layout(layout)
         self.tokenizer = tokenizer
+        self.vision = vision
         self.format = fmt
         self.layout = layout
         self.labels = choose_labels(tokenizer, fmt.label_space)
@@ -178,6 +189,7 @@ class OwnPrompter:
         eos_text: str,
         context: str = "",
         layout: str = "state-first",
+        vision: Vision | None = None,
     ) -> OwnPrompter:
         system = f"{SYSTEM_PROMPT}\n\n{context.strip()}" if context.strip() else SYSTEM_PROMPT
         fmt = plain_format(system)
@@ -186,7 +198,7 @@ class OwnPrompter:
                 fmt = chat_format(chat_template, system, bos_text, eos_text)
             except (TemplateError, ValueError) as error:  # a broken template must not stop the server
                 log.warning("chat template unusable (%s); using the plain prompt", error)
-        return cls(tokenizer, fmt, layout)
+        return cls(tokenizer, fmt, layout, vision)
 
     @property
     def max_options(self) -> int:
@@ -200,6 +212,9 @@ class OwnPrompter:
     def plan(self, request: SystemOneRequest) -> Plan:
         """The request's prefix, its cache key's parts and each question's reading."""
         text = request.state_text
+        files = {image.sha256: image.data for image in request.media.images}
+        if files:
+            text = request.render(request.state, lambda _: "").strip()  # the images are before the state
         for qid, question in request.questions.items():
             if isinstance(question, ChoiceQuestion) and len(question.criteria) > self.max_options:
                 raise TooManyOptions(
@@ -212,13 +227,38 @@ class OwnPrompter:
         questions = request.questions
         if self.layout == "question-first":
             question_set = self.question_set(questions)
-            prefix = (*self.head_tokens, *question_set.tokens, *self.state_tokens(text))
-            key: tuple[str, ...] = (self.format.head_before_lead, question_set.text, self.format.between, text)
+            before = (*self.head_tokens, *question_set.tokens)
+            cells, spans, described = self._images(request, len(before))
+            prefix = (*before, *cells, *self.state_tokens(text))
+            key: tuple[str, ...] = (self.format.head_before_lead, question_set.text, *described)
             readings = [(qid, q, Reading((question_set.suffixes[qid],))) for qid, q in questions.items()]
-            return Plan(prefix, key, readings, question_set)
-        prefix = (*self.head_tokens, *self.state_tokens(text))
-        key = (self.format.head, self.format.between, text)
-        return Plan(prefix, key, [(qid, q, Reading((self.question(q),))) for qid, q in questions.items()])
+            return Plan(prefix, (*key, self.format.between, text), readings, question_set, spans, files)
+        cells, spans, described = self._images(request, len(self.head_tokens))
+        prefix = (*self.head_tokens, *cells, *self.state_tokens(text))
+        key = (self.format.head, *described, self.format.between, text)
+        readings = [(qid, q, Reading((self.question(q),))) for qid, q in questions.items()]
+        return Plan(prefix, key, readings, None, spans, files)
+
+    def _images(self, request: SystemOneRequest, offset: int) -> tuple[list[int], tuple[ImageSpan, ...], list[str]]:
+        """The request's images as the prefix holds them from cell `offset`: their cells (the projector's
+        text and IMAGE_CELL), their spans, and what each adds to the key."""
+        cells: list[int] = []
+        spans: list[ImageSpan] = []
+        media = request.media
+        if not media.images:
+            return cells, (), []
+        if self.vision is None:
+            raise TemplateRefused((media.fields[0],), "this model has no vision projector: it takes no images")
+        for image in media.images:
+            try:
+                tokens = self.vision.tokens(image.data, image.sha256)
+            except ImageUnreadable as error:
+                raise TemplateRefused((media.fields[0],), str(error)) from error
+            cells += tokens.before
+            spans.append(ImageSpan(offset + len(cells), image.sha256, tokens.n_tokens, tokens.n_pos))
+            cells += [IMAGE_CELL] * tokens.n_tokens
+            cells += tokens.after
+        return cells, tuple(spans), [f"image {s.sha256} {s.n_tokens} {s.n_pos}" for s in spans]
 
     def state_tokens(self, state: str) -> tuple[int, ...]:
         """Tokens of the state part of the prefix (what a cache miss prefills).

@@ -113,6 +113,12 @@ class ModelService:
 
     def plan(self, request: SystemOneRequest) -> Plan:
         """Render and tokenize everything, and check it fits the context, before any inference."""
+        media = request.media
+        if media.images and self.prompter.decision_type is not None:
+            message = (
+                f"{self.name} is a {self.prompter.decision_type} decision model: onepass reads no images with those yet"
+            )
+            raise InvalidRequest.at((media.fields[0],), message, "images_unsupported", len(media.images))
         try:
             plan = self.prompter.plan(request)
         except TooManyOptions as error:
@@ -155,7 +161,7 @@ class ModelService:
         key = self.states.key(*plan.key)
         # A decision template's state can merge with the end of its head: then prefill from the start.
         start = base if plan.prefix[: base.n_tokens] == base.tokens else None
-        prefix = self.states.resolve(key, plan.prefix, start, built, check, state_mean)
+        prefix = self.states.resolve(key, plan.prefix, start, built, check, state_mean, plan.spans, plan.images)
         suffixes = distinct_suffixes(v for qid, _, r in plan.questions if qid not in state_only for v in r.variants)
         if check():
             raise Cancelled("cancelled before the decode")
@@ -164,7 +170,7 @@ class ModelService:
         except RestoreError as error:
             log.warning("%s: dropping a snapshot that failed to restore (%s); prefilling again", self.name, error)
             self.states.drop(key)
-            prefix = self.states.resolve(key, plan.prefix, start, built, check, state_mean)
+            prefix = self.states.resolve(key, plan.prefix, start, built, check, state_mean, plan.spans, plan.images)
             answered = self._decode_suffixes(prefix.snapshot, suffixes, hidden)
         asked = question_readouts(plan, suffixes, answered.readouts, state_only)
         timing = Timing(

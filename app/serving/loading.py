@@ -69,6 +69,7 @@ def prompter_for(engine: Engine, template: str = "auto", context: str = "", layo
         vocab.special_token_text(vocab.eos_token),
         context,
         layout,
+        engine.vision,
     )
 
 

@@ -1,0 +1,245 @@
+"""Image states on the session cache, against real llama.cpp: tiny text models with tiny vision
+projectors (tests/tiny_vision.py), the "mlp" one (LLaVA-1.5) and the M-RoPE one (Qwen2-VL), asked
+through HTTP with Jev's JSON assets. A repeated image state is a hit that runs no encoder, bit for
+bit as the miss and as cache off; after a restart it is a disk hit; another image or another
+projector is a miss; a disk header whose spans were changed is never served."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import blake3
+import pytest
+from starlette.testclient import TestClient
+
+from app.answering.service import ModelService
+from app.engine.bindings import EngineError
+from app.engine.disk_tier import MAGIC, SUFFIX
+from app.engine.llama import SuffixTokens
+from app.engine.snapshot import IMAGE_CELL, ImageSpan, Snapshot
+from app.http.server import create_app
+from app.platform.tiny_gguf import write_tiny_gguf
+from app.serving.registry import ModelRegistry
+from app.serving.specs import ModelsConfig, ModelSpec
+from tests.conftest import tiny_settings
+from tests.image_files import PNG_SIGNATURE, chunk, ihdr, scanlines
+from tests.test_decision import TEMPLATES, decision_gguf
+from tests.tiny_vision import Projector, write_tiny_mmproj
+
+NAME = "eyes"
+QUESTIONS: dict[str, Any] = {
+    "receipt": {"type": "noul", "instructions": "Is this a receipt?"},
+    "colour": {"type": "choice", "instructions": "Which colour?", "criteria": {"red": None, "blue": None}},
+}
+
+
+def stored_png(pixels: bytes) -> bytes:
+    """A 64 x 48 RGB PNG whose pixel data is stored, not compressed: each byte of it is one in the file."""
+    return PNG_SIGNATURE + ihdr(64, 48) + chunk(b"IDAT", zlib.compress(pixels, 0)) + chunk(b"IEND", b"")
+
+
+PIXELS = scanlines(64, 48, seed=3)
+PHOTO = stored_png(PIXELS)  # the M-RoPE projector makes a 16 x 12 patch grid of it: 8 x 6 tokens
+TEXT_ARCHITECTURE: dict[Projector, str] = {"mlp": "llama", "qwen2vl_merger": "qwen2vl"}
+
+
+def one_pixel_changed() -> bytes:
+    """PHOTO with the first pixel's red value off by one (and the two checksums over it)."""
+    changed = bytearray(PIXELS)
+    changed[1] ^= 1
+    return stored_png(bytes(changed))
+
+
+@pytest.fixture(scope="module", params=["mlp", "qwen2vl_merger"])
+def files(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A text model and two projectors of one kind for it (other random weights)."""
+    projector: Projector = request.param
+    folder = tmp_path_factory.mktemp(projector)
+    return {
+        "text": write_tiny_gguf(folder / "text.gguf", architecture=TEXT_ARCHITECTURE[projector]),
+        "mmproj": write_tiny_mmproj(folder / "mmproj.gguf", projector, seed=0),
+        "other": write_tiny_mmproj(folder / "other.gguf", projector, seed=1),
+    }
+
+
+@contextmanager
+def served(
+    text: Path, mmproj: Path, folder: Path | None = None, **settings: Any
+) -> Iterator[tuple[TestClient, ModelService]]:
+    """An app serving the text model with the projector; `folder`: its disk tier's."""
+    disk = {"session_cache_dir": folder, "session_cache_disk_bytes": 1 << 30} if folder is not None else {}
+    spec = ModelSpec(NAME, text, settings=tiny_settings(text, mmproj=mmproj, **disk, **settings))
+    registry = ModelRegistry(ModelsConfig((spec,), NAME, 1))
+    try:
+        with TestClient(create_app(spec.settings, registry=registry)) as client:
+            registry.load(NAME)
+            yield client, registry.loaded()[NAME]
+    finally:
+        registry.close()  # the disk tier's queued writes are finished first
+
+
+def asked(image: bytes, state: str = "<photo> The paper on the table.") -> dict[str, Any]:
+    """A request with one image, as Jev's JSON assets carry it."""
+    asset = {"type": "image", "format": "png", "data_base64": base64.b64encode(image).decode()}
+    return {"model": NAME, "state": state, "questions": QUESTIONS, "assets": {"<photo>": asset}}
+
+
+def ask(client: TestClient, image: bytes = PHOTO) -> dict[str, Any]:
+    response = client.post("/v1/systemone", json=asked(image))
+    assert response.status_code == 200, response.text
+    answered: dict[str, Any] = response.json()
+    return answered
+
+
+def numbers(answered: dict[str, Any]) -> str:
+    """The answers, exactly: every float as JSON writes it."""
+    return json.dumps(answered["answers"], sort_keys=True)
+
+
+def encodes(service: ModelService) -> int:
+    assert service.engine.vision is not None
+    return service.engine.vision.encodes
+
+
+@pytest.mark.parametrize("layout", ["state-first", "question-first"])
+def test_a_repeated_image_state_is_a_hit_that_runs_no_encoder_bit_for_bit_as_a_miss_and_cache_off(
+    files: dict[str, Path], layout: str
+) -> None:
+    with served(files["text"], files["mmproj"], session_cache_entries=0, layout=layout) as (client, off):
+        reference = ask(client)
+        assert reference["x_cache"] == "off" and encodes(off) == 1
+    with served(files["text"], files["mmproj"], layout=layout) as (client, service):
+        missed, hit = ask(client), ask(client)
+        assert (missed["x_cache"], hit["x_cache"]) == ("miss", "hit")
+        assert encodes(service) == 1  # the hit restored the image's cells: no encoder
+        assert numbers(hit) == numbers(missed) == numbers(reference)
+        # usage counts each image's cells: its embedding's and the projector's text around it
+        vision = service.engine.vision
+        assert vision is not None
+        image = vision.tokens(PHOTO, _sha256(PHOTO))
+        text_only = client.post(
+            "/v1/systemone", json={"model": NAME, "state": "The paper on the table.", "questions": QUESTIONS}
+        ).json()
+        cells = len(image.before) + image.n_tokens + len(image.after)
+        assert hit["usage"]["input_tokens"] - text_only["usage"]["input_tokens"] == cells
+        assert image.n_tokens > image.n_pos or image.n_tokens == image.n_pos == 16  # M-RoPE: fewer positions
+
+
+def test_after_a_restart_an_image_state_is_a_disk_hit_bit_for_bit(files: dict[str, Path], tmp_path: Path) -> None:
+    with served(files["text"], files["mmproj"], tmp_path) as (client, _):
+        missed = ask(client)
+    with served(files["text"], files["mmproj"], tmp_path) as (client, service):
+        restored = ask(client)
+        assert (missed["x_cache"], restored["x_cache"]) == ("miss", "disk")
+        assert encodes(service) == 0
+        assert numbers(restored) == numbers(missed)
+
+
+def test_another_image_or_the_same_image_under_another_projector_is_a_miss(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    changed = one_pixel_changed()
+    assert len(changed) == len(PHOTO) and 1 < sum(a != b for a, b in zip(changed, PHOTO, strict=True)) <= 9
+    with served(files["text"], files["mmproj"], tmp_path) as (client, service):
+        first = ask(client)
+        other_image = ask(client, changed)
+        assert (first["x_cache"], other_image["x_cache"]) == ("miss", "miss")
+        assert encodes(service) == 2
+    with served(files["text"], files["other"], tmp_path) as (client, service):
+        other_projector = ask(client)  # the same folder, the same image: never the first projector's snapshot
+        assert other_projector["x_cache"] == "miss" and encodes(service) == 1
+        assert numbers(other_projector) != numbers(first)
+
+
+def test_suffix_positions_start_at_the_prefixs_next_position(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A question decoded after an image prefix reads what the same tokens decoded in one prefill read:
+    its positions follow the image's, which with M-RoPE are fewer than its cells."""
+    with served(files["text"], files["mmproj"], session_cache_entries=0) as (_, service):
+        engine, vision = service.engine, service.engine.vision
+        assert vision is not None
+        image = vision.tokens(PHOTO, _sha256(PHOTO))
+        head = service.base.tokens
+        span = ImageSpan(len(head) + len(image.before), image.sha256, image.n_tokens, image.n_pos)
+        prefix = (*head, *image.before, *[IMAGE_CELL] * image.n_tokens, *image.after, *engine.vocab.tokenize("The"))
+        question = tuple(engine.vocab.tokenize(" paper on the table"))
+        labels = tuple(engine.vocab.tokenize("Yes")[:1] + engine.vocab.tokenize("No")[:1])
+        files_by_sha = {image.sha256: PHOTO}
+        snapshot, _ = engine.prefill(prefix, service.base, spans=(span,), images=files_by_sha)
+        # the reference: the question but its last token prefilled as part of the prefix
+        whole, _ = engine.prefill((*prefix, *question[:-1]), service.base, spans=(span,), images=files_by_sha)
+        expected = engine.decode_suffixes(whole, [SuffixTokens(question[-1:], labels)]).readouts[0].label_logits
+
+        def read(snapshot: Snapshot) -> list[float]:
+            return engine.decode_suffixes(snapshot, [SuffixTokens(question, labels)]).readouts[0].label_logits
+
+        assert snapshot.next_pos == len(prefix) - image.n_tokens + image.n_pos
+        found = read(snapshot)
+        assert found == pytest.approx(expected, abs=1e-4)  # another batch split rounds its own way, no more
+        shifted = property(
+            lambda snapshot: len(snapshot.tokens) - sum(s.n_tokens - s.n_pos for s in snapshot.spans) + 1
+        )
+        monkeypatch.setattr(Snapshot, "next_pos", shifted)
+        if image.n_tokens == image.n_pos:  # llama.cpp itself refuses a gap in a sequence's positions
+            with pytest.raises(EngineError):
+                read(snapshot)
+        else:  # M-RoPE positions may jump forward: one position off reads otherwise
+            assert read(snapshot) != pytest.approx(expected, abs=1e-2)
+
+
+def test_a_disk_header_whose_image_spans_were_changed_is_never_served(files: dict[str, Path], tmp_path: Path) -> None:
+    with served(files["text"], files["mmproj"], tmp_path) as (client, _):
+        reference = ask(client)
+    (written,) = [path for path in tmp_path.rglob(f"*{SUFFIX}") if _header(path)["spans"]]
+    for change in ("n_pos", "next_pos and n_pos"):
+        header = _header(written)
+        header["spans"][0][3] -= 1  # the image's positions
+        if change == "next_pos and n_pos":  # a header that agrees with itself, but not with the request's image
+            header["next_pos"] -= 1
+        _rewrite_header(written, header)
+        with served(files["text"], files["mmproj"], tmp_path) as (client, service):
+            answered = ask(client)
+            assert answered["x_cache"] == "miss" and encodes(service) == 1
+            assert numbers(answered) == numbers(reference)
+            disk = service.cache_stats()["disk"]
+            if change == "n_pos":  # the spans do not give its next position: deleted
+                assert (disk["rejected"], disk["collisions"]) == ({"spans": 1}, 0)
+            else:  # sound, but for another image: kept, and not served
+                assert (disk["rejected"], disk["collisions"]) == ({}, 1)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _header(path: Path) -> dict[str, Any]:
+    data = path.read_bytes()
+    size = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 4], "little")
+    header: dict[str, Any] = json.loads(data[len(MAGIC) + 4 : len(MAGIC) + 4 + size])
+    return header
+
+
+def _rewrite_header(path: Path, header: dict[str, Any]) -> None:
+    """The file with another header, its checksum made right: only the header's content is wrong."""
+    data = path.read_bytes()
+    size = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 4], "little")
+    rest = data[len(MAGIC) + 4 + size + 32 :]
+    encoded = json.dumps(header).encode()
+    path.write_bytes(MAGIC + len(encoded).to_bytes(4, "little") + encoded + blake3.blake3(encoded).digest() + rest)
+
+
+def test_a_decision_model_with_a_projector_refuses_images_clearly(tmp_path: Path) -> None:
+    """A decision GGUF's own prompt does not take images yet: a 422 that says so, never a text answer."""
+    decision = decision_gguf(tmp_path, "openjev", TEMPLATES["openjev"])
+    with served(decision, write_tiny_mmproj(tmp_path / "mmproj.gguf")) as (client, _):
+        detail = client.post("/v1/systemone", json=asked(PHOTO)).json()["detail"]
+        assert [(d["loc"], d["type"]) for d in detail] == [(["body", "assets"], "images_unsupported")]
+        assert "openjev decision model: onepass reads no images with those yet" in detail[0]["msg"]
