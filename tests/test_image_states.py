@@ -12,17 +12,20 @@ import json
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from ctypes import byref
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import blake3
 import pytest
+from llama_cpp import llama_pos, mtmd_cpp
 from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
 from app.engine.bindings import EngineError
 from app.engine.disk_tier import MAGIC, SUFFIX
 from app.engine.llama import SuffixTokens
+from app.engine.pool import N_UBATCH
 from app.engine.snapshot import IMAGE_CELL, ImageSpan, Snapshot
 from app.http.server import create_app
 from app.platform.tiny_gguf import write_tiny_gguf
@@ -47,7 +50,17 @@ def stored_png(pixels: bytes) -> bytes:
 
 PIXELS = scanlines(64, 48, seed=3)
 PHOTO = stored_png(PIXELS)  # the M-RoPE projector makes a 16 x 12 patch grid of it: 8 x 6 tokens
-TEXT_ARCHITECTURE: dict[Projector, str] = {"mlp": "llama", "qwen2vl_merger": "qwen2vl"}
+TEXT_ARCHITECTURE: dict[Projector, str] = {"mlp": "llama", "qwen2vl_merger": "qwen2vl", "gemma3": "llama"}
+# PHOTO's cells and positions: the mlp's fixed 16 tokens; M-RoPE's 8 x 6 grid advancing max(8, 6);
+# Gemma 3's 4 pooled tokens.
+IMAGE_SHAPE: dict[Projector, tuple[int, int]] = {"mlp": (16, 16), "qwen2vl_merger": (48, 8), "gemma3": (4, 4)}
+
+
+class Files(NamedTuple):
+    projector: Projector
+    text: Path
+    mmproj: Path
+    other: Path  # another projector of the same kind
 
 
 def one_pixel_changed() -> bytes:
@@ -57,16 +70,17 @@ def one_pixel_changed() -> bytes:
     return stored_png(bytes(changed))
 
 
-@pytest.fixture(scope="module", params=["mlp", "qwen2vl_merger"])
-def files(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+@pytest.fixture(scope="module", params=["mlp", "qwen2vl_merger", "gemma3"])
+def files(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Files:
     """A text model and two projectors of one kind for it (other random weights)."""
     projector: Projector = request.param
     folder = tmp_path_factory.mktemp(projector)
-    return {
-        "text": write_tiny_gguf(folder / "text.gguf", architecture=TEXT_ARCHITECTURE[projector]),
-        "mmproj": write_tiny_mmproj(folder / "mmproj.gguf", projector, seed=0),
-        "other": write_tiny_mmproj(folder / "other.gguf", projector, seed=1),
-    }
+    return Files(
+        projector,
+        write_tiny_gguf(folder / "text.gguf", architecture=TEXT_ARCHITECTURE[projector]),
+        write_tiny_mmproj(folder / "mmproj.gguf", projector, seed=0),
+        write_tiny_mmproj(folder / "other.gguf", projector, seed=1),
+    )
 
 
 @contextmanager
@@ -110,12 +124,12 @@ def encodes(service: ModelService) -> int:
 
 @pytest.mark.parametrize("layout", ["state-first", "question-first"])
 def test_a_repeated_image_state_is_a_hit_that_runs_no_encoder_bit_for_bit_as_a_miss_and_cache_off(
-    files: dict[str, Path], layout: str
+    files: Files, layout: str
 ) -> None:
-    with served(files["text"], files["mmproj"], session_cache_entries=0, layout=layout) as (client, off):
+    with served(files.text, files.mmproj, session_cache_entries=0, layout=layout) as (client, off):
         reference = ask(client)
         assert reference["x_cache"] == "off" and encodes(off) == 1
-    with served(files["text"], files["mmproj"], layout=layout) as (client, service):
+    with served(files.text, files.mmproj, layout=layout) as (client, service):
         missed, hit = ask(client), ask(client)
         assert (missed["x_cache"], hit["x_cache"]) == ("miss", "hit")
         assert encodes(service) == 1  # the hit restored the image's cells: no encoder
@@ -129,41 +143,59 @@ def test_a_repeated_image_state_is_a_hit_that_runs_no_encoder_bit_for_bit_as_a_m
         ).json()
         cells = len(image.before) + image.n_tokens + len(image.after)
         assert hit["usage"]["input_tokens"] - text_only["usage"]["input_tokens"] == cells
-        assert image.n_tokens > image.n_pos or image.n_tokens == image.n_pos == 16  # M-RoPE: fewer positions
+        assert (image.n_tokens, image.n_pos) == IMAGE_SHAPE[files.projector]
 
 
-def test_after_a_restart_an_image_state_is_a_disk_hit_bit_for_bit(files: dict[str, Path], tmp_path: Path) -> None:
-    with served(files["text"], files["mmproj"], tmp_path) as (client, _):
+def test_after_a_restart_an_image_state_is_a_disk_hit_bit_for_bit(files: Files, tmp_path: Path) -> None:
+    with served(files.text, files.mmproj, tmp_path) as (client, _):
         missed = ask(client)
-    with served(files["text"], files["mmproj"], tmp_path) as (client, service):
+    with served(files.text, files.mmproj, tmp_path) as (client, service):
         restored = ask(client)
         assert (missed["x_cache"], restored["x_cache"]) == ("miss", "disk")
         assert encodes(service) == 0
         assert numbers(restored) == numbers(missed)
 
 
-def test_another_image_or_the_same_image_under_another_projector_is_a_miss(
-    files: dict[str, Path], tmp_path: Path
-) -> None:
+def test_another_image_or_the_same_image_under_another_projector_is_a_miss(files: Files, tmp_path: Path) -> None:
     changed = one_pixel_changed()
     assert len(changed) == len(PHOTO) and 1 < sum(a != b for a, b in zip(changed, PHOTO, strict=True)) <= 9
-    with served(files["text"], files["mmproj"], tmp_path) as (client, service):
+    with served(files.text, files.mmproj, tmp_path) as (client, service):
         first = ask(client)
         other_image = ask(client, changed)
         assert (first["x_cache"], other_image["x_cache"]) == ("miss", "miss")
         assert encodes(service) == 2
-    with served(files["text"], files["other"], tmp_path) as (client, service):
+    with served(files.text, files.other, tmp_path) as (client, service):
         other_projector = ask(client)  # the same folder, the same image: never the first projector's snapshot
         assert other_projector["x_cache"] == "miss" and encodes(service) == 1
         assert numbers(other_projector) != numbers(first)
 
 
-def test_suffix_positions_start_at_the_prefixs_next_position(
-    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_image_prefix_holds_the_cells_libmtmds_own_helper_leaves(files: Files) -> None:
+    """The engine decodes the projector's text itself and the image through the helper: its snapshot
+    is, byte for byte, what libmtmd's mtmd_helper_eval_chunks leaves over the same chunks (their
+    positions, M-RoPE's grid and Gemma 3's non-causal image attention with them)."""
+    with served(files.text, files.mmproj, session_cache_entries=0) as (_, service):
+        engine, vision = service.engine, service.engine.vision
+        assert vision is not None
+        image = vision.tokens(PHOTO, _sha256(PHOTO))
+        span = ImageSpan(len(image.before), image.sha256, image.n_tokens, image.n_pos)
+        tokens = (*image.before, *[IMAGE_CELL] * image.n_tokens, *image.after)
+        snapshot, _ = engine.prefill(tokens, spans=(span,), images={image.sha256: PHOTO})
+        assert (vision.mrope, vision.non_causal) == (files.projector == "qwen2vl_merger", files.projector == "gemma3")
+        with engine._pool.borrow(None) as ctx, vision._tokenized(PHOTO, image.sha256) as chunks:
+            ctx.clear()
+            after = llama_pos(0)
+            status = mtmd_cpp.mtmd_helper_eval_chunks(vision.ctx, ctx.ctx, chunks, 0, 0, N_UBATCH, False, byref(after))
+            assert status == 0 and after.value == snapshot.next_pos
+            own = ctx.save()
+            ctx.clear()
+        assert own == snapshot.data
+
+
+def test_suffix_positions_start_at_the_prefixs_next_position(files: Files, monkeypatch: pytest.MonkeyPatch) -> None:
     """A question decoded after an image prefix reads what the same tokens decoded in one prefill read:
     its positions follow the image's, which with M-RoPE are fewer than its cells."""
-    with served(files["text"], files["mmproj"], session_cache_entries=0) as (_, service):
+    with served(files.text, files.mmproj, session_cache_entries=0) as (_, service):
         engine, vision = service.engine, service.engine.vision
         assert vision is not None
         image = vision.tokens(PHOTO, _sha256(PHOTO))
@@ -195,8 +227,8 @@ def test_suffix_positions_start_at_the_prefixs_next_position(
             assert read(snapshot) != pytest.approx(expected, abs=1e-2)
 
 
-def test_a_disk_header_whose_image_spans_were_changed_is_never_served(files: dict[str, Path], tmp_path: Path) -> None:
-    with served(files["text"], files["mmproj"], tmp_path) as (client, _):
+def test_a_disk_header_whose_image_spans_were_changed_is_never_served(files: Files, tmp_path: Path) -> None:
+    with served(files.text, files.mmproj, tmp_path) as (client, _):
         reference = ask(client)
     (written,) = [path for path in tmp_path.rglob(f"*{SUFFIX}") if _header(path)["spans"]]
     for change in ("n_pos", "next_pos and n_pos"):
@@ -205,7 +237,7 @@ def test_a_disk_header_whose_image_spans_were_changed_is_never_served(files: dic
         if change == "next_pos and n_pos":  # a header that agrees with itself, but not with the request's image
             header["next_pos"] -= 1
         _rewrite_header(written, header)
-        with served(files["text"], files["mmproj"], tmp_path) as (client, service):
+        with served(files.text, files.mmproj, tmp_path) as (client, service):
             answered = ask(client)
             assert answered["x_cache"] == "miss" and encodes(service) == 1
             assert numbers(answered) == numbers(reference)

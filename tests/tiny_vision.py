@@ -1,8 +1,10 @@
 """Tiny random-weight vision projectors (mmproj GGUFs) that this build's libmtmd loads beside the tiny
 text models of app/platform/tiny_gguf.py: "mlp" (LLaVA-1.5: a ViT whose patches become one image
-token each) and "qwen2vl_merger" (Qwen2-VL: 2x2 patches merged into a token, positioned on an M-RoPE
-grid, paired with the qwen2vl text model). Each has the metadata and tensors libmtmd's loader
-requires (tools/mtmd/clip.cpp of the engine's llama.cpp); their outputs mean nothing.
+token each), "qwen2vl_merger" (Qwen2-VL: 2x2 patches merged into a token, positioned on an M-RoPE
+grid, paired with the qwen2vl text model) and "gemma3" (Gemma 3: 4x4 patches pooled into a token,
+whose image tokens attend to each other both ways: libmtmd decodes them non-causally). Each has the
+metadata and tensors libmtmd's loader requires (tools/mtmd/clip.cpp of the engine's llama.cpp);
+their outputs mean nothing.
 
 Shapes are ggml's {ne0, ne1}, which numpy writes as (ne1, ne0).
 """
@@ -17,13 +19,14 @@ import numpy as np
 
 from app.platform.tiny_gguf import N_EMBD as TEXT_EMBD
 
-Projector = Literal["mlp", "qwen2vl_merger"]
+Projector = Literal["mlp", "qwen2vl_merger", "gemma3"]
 # Embedding width, heads, feed-forward width (other than the width: the loader tells up from down by
 # their shapes), blocks, the mlp's hidden width.
 E, NH, FF, BLOCKS, HIDDEN = 32, 2, 48, 2, 40
 # Image side and patch side the projector is trained at: the mlp makes (32 / 8)^2 = 16 tokens of any
-# image; qwen2vl_merger keeps an image's aspect, one token per 2x2 patches of 4 pixels.
-SIZES: dict[Projector, tuple[int, int]] = {"mlp": (32, 8), "qwen2vl_merger": (64, 4)}
+# image; qwen2vl_merger keeps an image's aspect, one token per 2x2 patches of 4 pixels; gemma3 makes
+# (32 / 4 / 4)^2 = 4.
+SIZES: dict[Projector, tuple[int, int]] = {"mlp": (32, 8), "qwen2vl_merger": (64, 4), "gemma3": (32, 4)}
 
 
 def write_tiny_mmproj(path: Path, projector: Projector = "mlp", *, seed: int = 0) -> Path:
@@ -58,11 +61,14 @@ def write_tiny_mmproj(path: Path, projector: Projector = "mlp", *, seed: int = 0
         tensor(f"{name}.bias", E, fill=0.0)
 
     tensor("v.patch_embd.weight", patch, patch, 3, E)
-    if projector == "mlp":
-        tensor("v.position_embd.weight", E, (image_size // patch) ** 2)
-        norm("v.pre_ln")
-    else:  # Qwen2-VL's patch embedding is a 3D convolution over two frames: two kernels, no bias
+    if projector == "qwen2vl_merger":  # a 3D convolution over two frames: two kernels, no bias
         tensor("v.patch_embd.weight.1", patch, patch, 3, E)
+    else:
+        tensor("v.position_embd.weight", E, (image_size // patch) ** 2)
+    if projector == "mlp":
+        norm("v.pre_ln")
+    if projector == "gemma3":
+        tensor("v.patch_embd.bias", E)
     for i in range(BLOCKS):
         for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
             tensor(f"v.blk.{i}.{name}.weight", E, E)
@@ -73,14 +79,17 @@ def write_tiny_mmproj(path: Path, projector: Projector = "mlp", *, seed: int = 0
         tensor(f"v.blk.{i}.ffn_up.bias", FF)
         tensor(f"v.blk.{i}.ffn_down.weight", FF, E)
         tensor(f"v.blk.{i}.ffn_down.bias", E)
-    # the projection to the text model: mm.0, an activation, mm.2 (its width is the output's)
-    hidden = HIDDEN if projector == "mlp" else 4 * E
-    if projector == "qwen2vl_merger":
+    if projector != "mlp":
         norm("v.post_ln")
-    tensor("mm.0.weight", E if projector == "mlp" else 4 * E, hidden)
-    tensor("mm.0.bias", hidden)
-    tensor("mm.2.weight", hidden, TEXT_EMBD)
-    tensor("mm.2.bias", TEXT_EMBD)
+    if projector == "gemma3":  # pooled patches, normed, projected to the text model's width
+        tensor("mm.soft_emb_norm.weight", E, fill=1.0)
+        tensor("mm.input_projection.weight", TEXT_EMBD, E)
+    else:  # the projection to the text model: mm.0, an activation, mm.2 (its width is the output's)
+        hidden = HIDDEN if projector == "mlp" else 4 * E
+        tensor("mm.0.weight", E if projector == "mlp" else 4 * E, hidden)
+        tensor("mm.0.bias", hidden)
+        tensor("mm.2.weight", hidden, TEXT_EMBD)
+        tensor("mm.2.bias", TEXT_EMBD)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -77,6 +77,9 @@ class Vision:
             mtmd_cpp.mtmd_free(self.ctx)
             raise EngineError(f"{mmproj} has no vision encoder")
         self.n_embd = llama.llama_model_n_embd_inp(model)  # the width of an image token's embedding
+        # how the model places and attends an image's tokens: an M-RoPE grid; both ways among themselves
+        self.mrope = bool(mtmd_cpp.mtmd_decode_use_mrope(self.ctx))
+        self.non_causal = bool(mtmd_cpp.mtmd_decode_use_non_causal(self.ctx, None))
         self.encodes = 0  # images encoded so far: a repeated image state found in the cache encodes none
         self._encoder = threading.Lock()
         self._known: OrderedDict[str, ImageTokens] = OrderedDict()
