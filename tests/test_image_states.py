@@ -274,4 +274,4 @@ def test_a_decision_model_with_a_projector_refuses_images_clearly(tmp_path: Path
     with served(decision, write_tiny_mmproj(tmp_path / "mmproj.gguf")) as (client, _):
         detail = client.post("/v1/systemone", json=asked(PHOTO)).json()["detail"]
         assert [(d["loc"], d["type"]) for d in detail] == [(["body", "assets"], "images_unsupported")]
-        assert "openjev decision model: onepass reads no images with those yet" in detail[0]["msg"]
+        assert "is a decision model (openjev): onepass reads no images with those yet" in detail[0]["msg"]

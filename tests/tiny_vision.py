@@ -3,7 +3,7 @@ text models of app/platform/tiny_gguf.py: "mlp" (LLaVA-1.5: a ViT whose patches 
 token each), "qwen2vl_merger" (Qwen2-VL: 2x2 patches merged into a token, positioned on an M-RoPE
 grid, paired with the qwen2vl text model) and "gemma3" (Gemma 3: 4x4 patches pooled into a token,
 whose image tokens attend to each other both ways: libmtmd decodes them non-causally). Each has the
-metadata and tensors libmtmd's loader requires (tools/mtmd/clip.cpp of the engine's llama.cpp);
+metadata and tensors libmtmd's loader requires (clip.cpp, in the mtmd tool of the engine's llama.cpp);
 their outputs mean nothing.
 
 Shapes are ggml's {ne0, ne1}, which numpy writes as (ne1, ne0).

@@ -115,9 +115,8 @@ class ModelService:
         """Render and tokenize everything, and check it fits the context, before any inference."""
         media = request.media
         if media.images and self.prompter.decision_type is not None:
-            message = (
-                f"{self.name} is a {self.prompter.decision_type} decision model: onepass reads no images with those yet"
-            )
+            kind = self.prompter.decision_type
+            message = f"{self.name} is a decision model ({kind}): onepass reads no images with those yet"
             raise InvalidRequest.at((media.fields[0],), message, "images_unsupported", len(media.images))
         try:
             plan = self.prompter.plan(request)
