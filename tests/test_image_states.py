@@ -11,6 +11,7 @@ import hashlib
 import json
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from ctypes import byref
 from pathlib import Path
@@ -144,6 +145,18 @@ def test_a_repeated_image_state_is_a_hit_that_runs_no_encoder_bit_for_bit_as_a_m
         cells = len(image.before) + image.n_tokens + len(image.after)
         assert hit["usage"]["input_tokens"] - text_only["usage"]["input_tokens"] == cells
         assert (image.n_tokens, image.n_pos) == IMAGE_SHAPE[files.projector]
+
+
+def test_pooled_contexts_answer_images_at_once_as_one_at_a_time(files: Files) -> None:
+    """The projector's one encoder is shared: two contexts encoding and decoding images in parallel
+    answer what one context answers alone."""
+    images = [stored_png(scanlines(64, 48, seed=seed)) for seed in (3, 4, 5, 6)]
+    with served(files.text, files.mmproj, session_cache_entries=0) as (client, _):
+        alone = [numbers(ask(client, image)) for image in images]
+    with served(files.text, files.mmproj, session_cache_entries=0, contexts=2) as (client, service):
+        with ThreadPoolExecutor(len(images)) as pool:
+            together = list(pool.map(lambda image: numbers(ask(client, image)), images))
+        assert together == alone and encodes(service) == len(images)
 
 
 def test_after_a_restart_an_image_state_is_a_disk_hit_bit_for_bit(files: Files, tmp_path: Path) -> None:
