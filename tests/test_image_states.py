@@ -29,11 +29,12 @@ from app.engine.llama import SuffixTokens
 from app.engine.pool import N_UBATCH
 from app.engine.snapshot import IMAGE_CELL, ImageSpan, Snapshot
 from app.http.server import create_app
+from app.images import read_image
 from app.platform.tiny_gguf import write_tiny_gguf
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
 from tests.conftest import tiny_settings
-from tests.image_files import PNG_SIGNATURE, chunk, ihdr, scanlines
+from tests.image_files import PNG_SIGNATURE, Stb, chunk, ihdr, jpeg, scanlines
 from tests.test_decision import TEMPLATES, decision_gguf
 from tests.tiny_vision import Projector, write_tiny_mmproj
 
@@ -279,6 +280,28 @@ def _rewrite_header(path: Path, header: dict[str, Any]) -> None:
     rest = data[len(MAGIC) + 4 + size + 32 :]
     encoded = json.dumps(header).encode()
     path.write_bytes(MAGIC + len(encoded).to_bytes(4, "little") + encoded + blake3.blake3(encoded).digest() + rest)
+
+
+def test_an_image_stb_cannot_decode_is_a_422_and_the_server_answers_on(files: Files) -> None:
+    """A JPEG whose structure app/images.py takes but whose frame names a quantization table stb_image
+    has no room for: refused at its asset, from the decoder's own reason, never a 5xx."""
+    refused = bytearray(jpeg(64, 48))
+    frame = next(i for i in range(2, len(refused) - 1) if refused[i] == 0xFF and refused[i + 1] == 0xC0)
+    refused[frame + 12] = 5  # the first component's quantization table: 0 to 3 exist
+    assert read_image(bytes(refused)).width == 64 and Stb().size(bytes(refused)) is None
+    payload = asked(b"")
+    payload["assets"]["<photo>"] = {
+        "type": "image",
+        "format": "jpeg",
+        "data_base64": base64.b64encode(refused).decode(),
+    }
+    with served(files.text, files.mmproj) as (client, service):
+        response = client.post("/v1/systemone", json=payload)
+        assert response.status_code == 422, response.text
+        (detail,) = response.json()["detail"]
+        assert (detail["loc"], detail["type"]) == (["body", "assets"], "image_invalid")
+        assert "could not be decoded: bad TQ" in detail["msg"]
+        assert ask(client)["x_cache"] == "miss" and encodes(service) == 1
 
 
 def test_a_decision_model_with_a_projector_refuses_images_clearly(tmp_path: Path) -> None:

@@ -200,8 +200,9 @@ class TooManyOptions(ValueError):
 
 class TemplateRefused(ValueError):
     """A model's own template would not render a request (its raise_exception, a type it cannot
-    print): the request's fault, at `loc`, never the server's."""
+    print), or its projector would not read an image: the request's fault, at `loc`, a 422 of type
+    `kind`, never the server's."""
 
-    def __init__(self, loc: tuple[str, ...], message: str) -> None:
+    def __init__(self, loc: tuple[str, ...], message: str, kind: str = "value_error") -> None:
         super().__init__(message)
-        self.loc = loc
+        self.loc, self.kind = loc, kind

@@ -248,12 +248,13 @@ class OwnPrompter:
         if not media.images:
             return cells, (), []
         if self.vision is None:
-            raise TemplateRefused((media.fields[0],), "this model has no vision projector: it takes no images")
+            message = "this model has no vision projector: it takes no images"
+            raise TemplateRefused((media.fields[0],), message, "images_unsupported")
         for image in media.images:
             try:
                 tokens = self.vision.tokens(image.data, image.sha256)
             except ImageUnreadable as error:
-                raise TemplateRefused((media.fields[0],), str(error)) from error
+                raise TemplateRefused((media.fields[0],), str(error), "image_invalid") from error
             cells += tokens.before
             spans.append(ImageSpan(offset + len(cells), image.sha256, tokens.n_tokens, tokens.n_pos))
             cells += [IMAGE_CELL] * tokens.n_tokens

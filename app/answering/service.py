@@ -124,7 +124,7 @@ class ModelService:
             loc = ("questions", error.qid, request.questions[error.qid].type, error.field)
             raise InvalidRequest.at(loc, f"{self.name} {error}", "too_long", error.count) from error
         except TemplateRefused as error:
-            raise InvalidRequest.at(error.loc, str(error), "value_error", None) from error
+            raise InvalidRequest.at(error.loc, str(error), error.kind, None) from error
         longest = max(len(suffix.tokens) for suffix in plan.suffixes())
         if len(plan.prefix) + longest > self.engine.n_ctx:
             if not plan.prefix:  # a model without memory: each prompt is read whole, in one piece
