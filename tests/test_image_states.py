@@ -18,9 +18,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import blake3
+import httpx
 import pytest
 from llama_cpp import llama_pos, mtmd_cpp
 from starlette.testclient import TestClient
+from typesafe_sdk import Image as SdkImage
+from typesafe_sdk import Noul, RetryPolicy, TypeSafeClient
 
 from app.answering.service import ModelService
 from app.engine.bindings import EngineError
@@ -35,6 +38,7 @@ from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
 from tests.conftest import tiny_settings
 from tests.image_files import PNG_SIGNATURE, Stb, chunk, ihdr, jpeg, scanlines
+from tests.live import RunningServer
 from tests.test_decision import TEMPLATES, decision_gguf
 from tests.tiny_vision import Projector, write_tiny_mmproj
 
@@ -158,6 +162,35 @@ def test_pooled_contexts_answer_images_at_once_as_one_at_a_time(files: Files) ->
         with ThreadPoolExecutor(len(images)) as pool:
             together = list(pool.map(lambda image: numbers(ask(client, image)), images))
         assert together == alone and encodes(service) == len(images)
+
+
+@pytest.mark.parametrize("compression", [False, "zstd"])
+def test_the_sdks_image_over_multipart_gets_the_answers_of_the_json_asset(files: Files, compression: Any) -> None:
+    """typesafe_sdk.Image, sent as the SDK sends it (multipart, zstd over 1 KiB): answered, and the same
+    state as the same image sent as base64 JSON under another placeholder (a hit on it)."""
+    spec = ModelSpec(NAME, files.text, settings=tiny_settings(files.text, mmproj=files.mmproj))
+    registry = ModelRegistry(ModelsConfig((spec,), NAME, 1))
+    running = RunningServer(spec.settings, registry)
+    try:
+        photo = SdkImage(PHOTO)
+        client = TypeSafeClient(
+            api_key="unused", base_url=running.base_url, retry=RetryPolicy(max_retries=0), compression=compression
+        )
+        with client:
+            result = client.system_one(
+                model=NAME, state=photo, questions={"receipt": Noul(instructions=QUESTIONS["receipt"]["instructions"])}
+            )
+        sent = result.raw_http_response.request
+        assert sent.headers["content-type"].startswith("multipart/form-data; boundary=")
+        assert sent.headers.get("content-encoding") == (compression or None)
+        by_sdk = result.raw_http_response.json()
+        payload = asked(PHOTO, state="<photo>") | {"questions": {"receipt": QUESTIONS["receipt"]}}
+        by_json = httpx.post(running.base_url + "/v1/systemone", json=payload, timeout=60).json()
+        assert (by_sdk["x_cache"], by_json["x_cache"]) == ("miss", "hit")
+        assert numbers(by_sdk) == numbers(by_json)
+    finally:
+        running.stop()
+        registry.close()
 
 
 def test_after_a_restart_an_image_state_is_a_disk_hit_bit_for_bit(files: Files, tmp_path: Path) -> None:
