@@ -31,6 +31,7 @@ from app.engine.disk_tier import MAGIC, SUFFIX
 from app.engine.llama import SuffixTokens
 from app.engine.pool import N_UBATCH
 from app.engine.snapshot import IMAGE_CELL, ImageSpan, Snapshot
+from app.engine.vision import ImageUnreadable, Vision
 from app.http.server import create_app
 from app.images import read_image
 from app.platform.tiny_gguf import write_tiny_gguf
@@ -335,6 +336,22 @@ def test_an_image_stb_cannot_decode_is_a_422_and_the_server_answers_on(files: Fi
         assert (detail["loc"], detail["type"]) == (["body", "assets"], "image_invalid")
         assert "could not be decoded: bad TQ" in detail["msg"]
         assert ask(client)["x_cache"] == "miss" and encodes(service) == 1
+
+
+def test_an_image_a_non_causal_projector_cannot_read_in_one_micro_batch_is_refused(files: Files) -> None:
+    """Gemma 3's image tokens attend to each other both ways, so an image is decoded in one micro-batch:
+    one that makes more tokens is refused before anything runs (a causal projector's is decoded in pieces)."""
+    with served(files.text, files.mmproj, session_cache_entries=0) as (_, service):
+        small = Vision(service.engine.model, files.mmproj, use_gpu=False, threads=1, max_batch=2)
+        try:
+            if not small.non_causal:
+                assert small.tokens(PHOTO, _sha256(PHOTO)).n_tokens > 2
+                return
+            with pytest.raises(ImageUnreadable) as refused:
+                small.tokens(PHOTO, _sha256(PHOTO))
+            assert refused.value.kind == "image_too_large" and "makes 4 tokens" in str(refused.value)
+        finally:
+            small.close()
 
 
 def test_a_decision_model_with_a_projector_refuses_images_clearly(tmp_path: Path) -> None:

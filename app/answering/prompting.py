@@ -254,7 +254,7 @@ class OwnPrompter:
             try:
                 tokens = self.vision.tokens(image.data, image.sha256)
             except ImageUnreadable as error:
-                raise TemplateRefused((media.fields[0],), str(error), "image_invalid") from error
+                raise TemplateRefused((media.fields[0],), str(error), error.kind) from error
             cells += tokens.before
             spans.append(ImageSpan(offset + len(cells), image.sha256, tokens.n_tokens, tokens.n_pos))
             cells += [IMAGE_CELL] * tokens.n_tokens

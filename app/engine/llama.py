@@ -35,7 +35,7 @@ from numpy.typing import NDArray
 from app.engine import bindings
 from app.engine.bindings import EngineError, llama
 from app.engine.fingerprint import model_digest
-from app.engine.pool import N_UBATCH, Context, ContextPool, KvSettings, keeps_memory
+from app.engine.pool import Context, ContextPool, KvSettings, keeps_memory
 from app.engine.pool import RestoreError as RestoreError  # raised through the engine; the pool is its own
 from app.engine.snapshot import ImageSpan, spans_fit
 from app.engine.snapshot import Snapshot as Snapshot  # the engine takes and gives snapshots: its callers' type too
@@ -162,7 +162,7 @@ class Engine:
         threads = threads or os.cpu_count() or 1
         self.vision: Vision | None = None
         if mmproj is not None:
-            self.vision = Vision(self.model, mmproj, use_gpu=n_gpu_layers != 0, threads=threads)
+            self.vision = Vision(self.model, mmproj, use_gpu=n_gpu_layers != 0, threads=threads, max_batch=kv.n_ubatch)
         # A model without memory (laya, lfm2-d1-omni, clef) reads each prompt whole: nothing to snapshot.
         self.memoryless = not keeps_memory(self.model, kv, threads)
         self._pool = ContextPool(
@@ -262,7 +262,7 @@ class Engine:
             raise EngineError("this model has no vision projector: it takes no images")
         if span.sha256 not in images:
             raise ValueError(f"no file given for the image {span.sha256}")
-        n_tokens, after = self.vision.decode(ctx.ctx, images[span.sha256], span.sha256, position, N_UBATCH)
+        n_tokens, after = self.vision.decode(ctx.ctx, images[span.sha256], span.sha256, position)
         if (n_tokens, after - position) != (span.n_tokens, span.n_pos):
             raise EngineError(
                 f"the image {span.sha256} filled {n_tokens} cells and {after - position} positions, "

@@ -40,7 +40,12 @@ KEEP_TOKENIZED = 64  # recent images whose tokens are kept: a repeated image is 
 
 
 class ImageUnreadable(ValueError):
-    """stb_image could not decode an image that app/images.py took (the request's fault, a 422)."""
+    """stb_image could not decode an image that app/images.py took, or the projector cannot take it:
+    the request's fault, a 422 of type `kind`."""
+
+    def __init__(self, message: str, kind: str = "image_invalid") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,9 @@ class ImageTokens:
 class Vision:
     """A model's vision projector, loaded with libmtmd."""
 
-    def __init__(self, model: ctypes.c_void_p, mmproj: Path, *, use_gpu: bool, threads: int) -> None:
+    def __init__(self, model: ctypes.c_void_p, mmproj: Path, *, use_gpu: bool, threads: int, max_batch: int) -> None:
+        """`max_batch`: the most tokens a context decodes in one micro-batch (an image decoded
+        non-causally must fit in one)."""
         bindings.init()
         from llama_cpp import mtmd_cpp  # libmtmd's bindings: this module's alone
 
@@ -80,6 +87,7 @@ class Vision:
         # how the model places and attends an image's tokens: an M-RoPE grid; both ways among themselves
         self.mrope = bool(mtmd_cpp.mtmd_decode_use_mrope(self.ctx))
         self.non_causal = bool(mtmd_cpp.mtmd_decode_use_non_causal(self.ctx, None))
+        self.max_batch = max_batch
         self.encodes = 0  # images encoded so far: a repeated image state found in the cache encodes none
         self._encoder = threading.Lock()
         self._known: OrderedDict[str, ImageTokens] = OrderedDict()
@@ -113,6 +121,12 @@ class Vision:
                     found = (m.mtmd_input_chunk_get_n_tokens(chunk), m.mtmd_input_chunk_get_n_pos(chunk))
         if found is None:
             raise EngineError(f"libmtmd made no image chunk of the image {sha256}")
+        if self.non_causal and found[0] > self.max_batch:  # llama-server caps the projector's tokens so
+            raise ImageUnreadable(
+                f"the image makes {found[0]} tokens; this model reads an image in one piece of at most "
+                f"{self.max_batch}: send a smaller image",
+                "image_too_large",
+            )
         tokens = ImageTokens(sha256, tuple(before), found[0], found[1], tuple(after))
         with self._known_lock:
             self._known[sha256] = tokens
@@ -120,7 +134,7 @@ class Vision:
                 self._known.popitem(last=False)
         return tokens
 
-    def decode(self, lctx: ctypes.c_void_p, data: bytes, sha256: str, n_past: int, n_batch: int) -> tuple[int, int]:
+    def decode(self, lctx: ctypes.c_void_p, data: bytes, sha256: str, n_past: int) -> tuple[int, int]:
         """Encode the image and decode its embeddings into sequence 0 of `lctx` from position `n_past`:
         (the cells it filled, the position after it)."""
         m = self._mtmd
@@ -131,9 +145,9 @@ class Vision:
                 if m.mtmd_input_chunk_get_type(chunk) == m.MTMD_INPUT_CHUNK_TYPE_IMAGE
             )
             n_tokens = m.mtmd_input_chunk_get_n_tokens(chunk)
-            if m.mtmd_decode_use_non_causal(self.ctx, chunk) and n_tokens > n_batch:
+            if m.mtmd_decode_use_non_causal(self.ctx, chunk) and n_tokens > self.max_batch:
                 # the helper turns causal attention off per batch: the image must be one batch
-                raise EngineError(f"an image of {n_tokens} tokens exceeds the micro-batch of {n_batch}")
+                raise EngineError(f"an image of {n_tokens} tokens exceeds the micro-batch of {self.max_batch}")
             with self._encoder:
                 status = m.mtmd_encode_chunk(self.ctx, chunk)
                 if status != 0:
@@ -149,7 +163,7 @@ class Vision:
                 embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
                 n_past,
                 0,
-                n_batch,
+                self.max_batch,
                 ctypes.byref(after),
                 m.mtmd_helper_post_decode_callback(),  # none (a NULL pointer: the binding refuses None)
                 None,
