@@ -169,6 +169,13 @@ class Engine:
             self.model, kv, threads, encoder=self.memoryless, tap=None if self.memoryless else layer
         )
         self.open_contexts(contexts)
+        if self.vision is not None:
+            log.info(
+                "vision projector %s: images on %s positions, %s attention among an image's tokens",
+                mmproj,
+                "M-RoPE grid" if self.vision.mrope else "consecutive",
+                "non-causal" if self.vision.non_causal else "causal",
+            )
         log.info(
             "loaded %s in %.2fs (%d contexts of %d tokens; repacked weights %s, flash attention %s)",
             model_path.name,
