@@ -357,10 +357,11 @@ def test_an_image_a_non_causal_projector_cannot_read_in_one_micro_batch_is_refus
             small.close()
 
 
-def test_a_decision_model_with_a_projector_refuses_images_clearly(tmp_path: Path) -> None:
-    """A decision GGUF's own prompt does not take images yet: a 422 that says so, never a text answer."""
+def test_a_decision_model_whose_template_shows_no_images_refuses_them_clearly(tmp_path: Path) -> None:
+    """A decision GGUF's template places the images (tests/test_decision_images.py): one that prints
+    none of them gets a 422 at the assets, as llama.cpp's libmtmd refuses it, never a text answer."""
     decision = decision_gguf(tmp_path, "openjev", TEMPLATES["openjev"])
     with served(decision, write_tiny_mmproj(tmp_path / "mmproj.gguf")) as (client, _):
         detail = client.post("/v1/systemone", json=asked(PHOTO)).json()["detail"]
-        assert [(d["loc"], d["type"]) for d in detail] == [(["body", "assets"], "images_unsupported")]
-        assert "is a decision model (openjev): onepass reads no images with those yet" in detail[0]["msg"]
+        assert [(d["loc"], d["type"]) for d in detail] == [(["body", "assets"], "value_error")]
+        assert "template put 0 of the request's 1 images in its prompt" in detail[0]["msg"]

@@ -37,15 +37,16 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import string
 from array import array
-from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import product
 from typing import Any, Literal
 
 from app.answering import decision_text
 from app.answering.decision_format import CAUSAL, DecisionError, DecisionFormat, Option, options_of
+from app.answering.decision_media import NO_MEDIA, ImageSpan, ImageTokens, Media, PromptImages, Vision, described
+from app.answering.decision_text import common as _common
+from app.answering.decision_text import common_text as _common_text
+from app.answering.decision_text import pick_labels
 from app.answering.prompter import Plan, Reading, Suffix, TemplateRefused, Tokenizer, TooManyOptions
 from app.contract import (
     MAX_OPTIONS,
@@ -69,41 +70,17 @@ PREFIX_MEMO = 64  # recent states whose prefix is kept
 PROMPT_MEMO = 128
 
 
-def pick_labels(tokenizer: Tokenizer, kind: str) -> tuple[tuple[str, int], ...]:
-    """The type's label codes as (text, token): each must be one token, written with no space before.
-    lfm2-d1 picks its labels per question, kev reads no labels: none here."""
-    if kind in ("lfm2-d1", "kev"):
-        return ()
-    letters = list(string.ascii_uppercase)
-    if kind == "openjev":
-        found = []
-        for code in letters + list(string.ascii_lowercase):
-            ids = tokenizer.tokenize(code, add_bos=False, special=False)
-            if len(ids) != 1:
-                raise DecisionError(f"openjev needs the 52 letters as single tokens; {code!r} is {len(ids)} tokens")
-            found.append((code, ids[0]))
-        return tuple(found)
-    picked: dict[int, str] = {}
-    for code in letters + ["".join(pair) for pair in product(letters, repeat=2)]:
-        ids = tokenizer.tokenize(code, add_bos=False, special=False)
-        if len(ids) == 1 and ids[0] not in picked:
-            picked[ids[0]] = code
-            if len(picked) == MAX_OPTIONS:
-                break
-    if not picked:
-        raise DecisionError(f"the vocabulary has no single-token labels for a {kind} model")
-    return tuple((code, token) for token, code in picked.items())
-
-
 @dataclass(frozen=True)
 class _Prompt:
     """One variant of a question, rendered: its tokens, the label tokens read at its end (in answer
-    order), the positions a head reads (in answer order, then kev's pointer) and lfm2-d1's groups."""
+    order), the positions a head reads (in answer order, then kev's pointer), lfm2-d1's groups and
+    the images' spans."""
 
     tokens: tuple[int, ...]
     label_ids: tuple[int, ...]
     marks: tuple[int, ...] = ()
     groups: tuple[int, ...] = ()
+    spans: tuple[ImageSpan, ...] = ()
 
 
 class TemplatePrompter:
@@ -113,14 +90,23 @@ class TemplatePrompter:
 
     layout = "state-first"
 
-    def __init__(self, tokenizer: Tokenizer, fmt: DecisionFormat, control_texts: set[str]) -> None:
-        """`control_texts`: the vocabulary's control tokens' texts (Vocabulary.control_texts)."""
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        fmt: DecisionFormat,
+        control_texts: set[str],
+        vision: Vision | None = None,
+        ends: tuple[int | None, int | None] = (None, None),
+    ) -> None:
+        """`control_texts`: the vocabulary's control tokens' texts (Vocabulary.control_texts); `vision`:
+        the model's projector, where it has one; `ends`: the BOS and EOS its vocabulary adds (None: not)."""
         self.tokenizer = tokenizer
         self.format = fmt
         self.decision_type = fmt.kind
         self._template = decision_text.environment().from_string(fmt.template)
         self._controls = sorted((t for t in control_texts if len(t) > 1), key=len, reverse=True)
         self._tokens = functools.lru_cache(maxsize=PROMPT_MEMO)(self._tokenize)
+        self.images = PromptImages(fmt.kind, vision, self._tokens, *ends)
 
     @property
     def max_options(self) -> int:
@@ -154,7 +140,14 @@ class TemplatePrompter:
 class DecisionPrompter(TemplatePrompter):
     """Prompts and readings for one decision model, as its format defines them; built at load."""
 
-    def __init__(self, tokenizer: Tokenizer, fmt: DecisionFormat, control_texts: set[str]) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        fmt: DecisionFormat,
+        control_texts: set[str],
+        vision: Vision | None = None,
+        ends: tuple[int | None, int | None] = (None, None),
+    ) -> None:
         if fmt.kind not in CAUSAL:
             raise DecisionError(f"{fmt.kind} reads each prompt whole: app/answering/encoders.py prompts it")
         self.labels = pick_labels(tokenizer, fmt.kind)
@@ -163,7 +156,7 @@ class DecisionPrompter(TemplatePrompter):
             if len(marker) != 1:
                 raise DecisionError(f"a kev decision model needs {BOX_END} as one token")
             self._marker = marker[0]
-        super().__init__(tokenizer, fmt, control_texts)
+        super().__init__(tokenizer, fmt, control_texts, vision, ends)
         try:
             probes = [text for state in PROBE_STATES for text in self._probes(state)]
         except TemplateRefused as error:
@@ -190,21 +183,28 @@ class DecisionPrompter(TemplatePrompter):
 
     def state_tokens(self, state: str) -> tuple[int, ...]:
         """A state's part of its prefix, after the shared head (the content-free stand-ins' too)."""
-        return self._prefix_of(json.dumps(state))[len(self.head_tokens) :]
+        return self._prefix_of(json.dumps(state), ())[len(self.head_tokens) :]
 
     def plan(self, request: SystemOneRequest) -> Plan:
         """The request's prefix (the longest common one of its prompts, or the state's own), its cache
         key (the prefix's tokens: the template is part of the model's identity) and each question's reading."""
-        state, questions = request.state, request.questions
+        media, questions = request.media, request.questions
         self._check_limits(questions)
+        images = self.images.read(request)
+        state = media.substitute(request.state, lambda _: "")  # the images go where the template puts them
         # the state's own prefix first: a template that refuses the state says so about the state
-        known = self._prefix_of(json.dumps(state)) if self.state_first else self.head_tokens
-        prompts = {qid: self._variants(qid, question, questions, state) for qid, question in questions.items()}
+        known = self._prefix_of(json.dumps(state), images) if self.state_first else self.head_tokens
+        prompts = {
+            qid: self._variants(qid, question, questions, state, images, media) for qid, question in questions.items()
+        }
         every = [prompt for variants in prompts.values() for prompt in variants]
-        prefix = _common([known, *(prompt.tokens for prompt in every)])
+        prefix = _common([*([known] if self.state_first or not images else []), *(p.tokens for p in every)])
         # every question keeps a token to decode, and every place a head reads
         keep = min(min(p.marks, default=len(p.tokens) - 1) for p in every)
         prefix = prefix[: min(len(prefix), keep)]
+        spans = every[0].spans
+        if any(span.offset + span.n_tokens > len(prefix) for span in spans):
+            raise TemplateRefused((), "the model's template puts the images after the question")
         planned = []
         for qid, question in questions.items():
             variants = tuple(
@@ -212,25 +212,35 @@ class DecisionPrompter(TemplatePrompter):
                 for p in prompts[qid]
             )
             planned.append((qid, question, self._reading(question, variants, prompts[qid][0].groups)))
-        return Plan(prefix, ("systemone", array("I", prefix).tobytes()), planned)
+        files = {image.sha256: image.data for image in media.images}
+        return Plan(prefix, ("systemone", array("i", prefix).tobytes(), *described(spans)), planned, None, spans, files)
 
     # Rendering ---------------------------------------------------------------------------------
 
-    def _variants(self, qid: str, question: Question, questions: dict[str, Question], state: Text) -> list[_Prompt]:
+    def _variants(
+        self,
+        qid: str,
+        question: Question,
+        questions: dict[str, Question],
+        state: Text,
+        images: tuple[ImageTokens, ...] = (),
+        media: Media = NO_MEDIA,
+    ) -> list[_Prompt]:
         """Each variant of a question, rendered, with what its readout reads in label_keys order."""
         kind = self.format.kind
         answer_order = label_keys(question)
         found = []
         for shown in self.variants_shown(question):
             position = {o.key: i for i, o in enumerate(shown)}  # each label's place in this variant's display
-            tokens = self._tokens(self._render(question, questions, state, qid, shown))
+            text = self._render(question, questions, state, qid, shown, images=images, media=media)
+            tokens, spans = self._prompt_tokens(text, images)
             if kind == "lev" and isinstance(question, NoulQuestion):
-                found.append(_Prompt(tokens, tuple(token for _, token in self.labels[:RATING_POINTS])))
+                found.append(_Prompt(tokens, tuple(token for _, token in self.labels[:RATING_POINTS]), spans=spans))
             elif kind == "lfm2-d1":
                 _, groups = self._d1_labels(qid, question, shown)
                 ordered = [groups[position[key]] for key in answer_order]
                 flat = tuple(token for group in ordered for token in group)
-                found.append(_Prompt(tokens, flat, groups=tuple(len(group) for group in ordered)))
+                found.append(_Prompt(tokens, flat, groups=tuple(len(group) for group in ordered), spans=spans))
             elif kind == "kev":
                 markers = [i for i, token in enumerate(tokens) if token == self._marker]
                 if len(markers) != len(shown):
@@ -238,10 +248,21 @@ class DecisionPrompter(TemplatePrompter):
                         ("questions", qid), "the kev template did not end each option with one marker"
                     )
                 marks = (*(markers[position[key]] for key in answer_order), len(tokens) - 1)
-                found.append(_Prompt(tokens, (), marks))
+                found.append(_Prompt(tokens, (), marks, spans=spans))
             else:
-                found.append(_Prompt(tokens, tuple(self.labels[position[key]][1] for key in answer_order)))
+                labels = tuple(self.labels[position[key]][1] for key in answer_order)
+                found.append(_Prompt(tokens, labels, spans=spans))
         return found
+
+    def _prompt_tokens(
+        self, text: str, images: tuple[ImageTokens, ...]
+    ) -> tuple[tuple[int, ...], tuple[ImageSpan, ...]]:
+        """A rendered prompt's tokens and its images' spans: tokenized whole without images (as
+        llama-server does), else as libmtmd puts them (app/answering/decision_media.py)."""
+        if not images:
+            return self._tokens(text), ()
+        tokens, spans = self.images.tokens(text, images)
+        return tuple(tokens), tuple(spans)
 
     def _d1_labels(self, qid: str, question: Question, shown: list[Option]) -> tuple[list[str], list[tuple[int, ...]]]:
         try:
@@ -266,7 +287,15 @@ class DecisionPrompter(TemplatePrompter):
         return Reading(variants, combine, temperature)
 
     def template_values(
-        self, question: Question, questions: dict[str, Question], state: Text, qid: str, shown: list[Option]
+        self,
+        question: Question,
+        questions: dict[str, Question],
+        state: Text,
+        qid: str,
+        shown: list[Option],
+        *,
+        n_images: int = 0,
+        media: Media = NO_MEDIA,
     ) -> dict[str, Any]:
         """What the systemone template is given to render one variant of one question."""
         kind = self.format.kind
@@ -293,8 +322,7 @@ class DecisionPrompter(TemplatePrompter):
         if kind == "kev":  # kev's template takes text only
             values["state"] = self._user(decision_text.kev_text(state))
             values["instructions"] = self._user(decision_text.kev_text(instructions))
-        values["images"] = []
-        return values
+        return PromptImages.values(media, values, n_images)
 
     def variants_shown(self, question: Question) -> list[list[Option]]:
         """The options in the order each variant shows them (lev shows a choice both ways)."""
@@ -303,10 +331,12 @@ class DecisionPrompter(TemplatePrompter):
             return [options, options[::-1]]
         return [options]
 
-    def _probes(self, state: Text) -> list[str]:
+    def _probes(self, state: Text, images: tuple[ImageTokens, ...] = ()) -> list[str]:
         """The probe questions about `state`, rendered, each under an id of its own: the id of a template
         that prints it is then no part of the state's prefix (nor of the content-free priors')."""
-        return [self._render(probe, {qid: probe}, state, qid, probe=True) for qid, probe in _PROBES.items()]
+        return [
+            self._render(probe, {qid: probe}, state, qid, probe=True, images=images) for qid, probe in _PROBES.items()
+        ]
 
     def _render(
         self,
@@ -317,9 +347,11 @@ class DecisionPrompter(TemplatePrompter):
         shown: list[Option] | None = None,
         *,
         probe: bool = False,
+        images: tuple[ImageTokens, ...] = (),
+        media: Media = NO_MEDIA,
     ) -> str:
         shown = shown if shown is not None else self.variants_shown(question)[0]
-        values = self.template_values(question, questions, state, qid, shown)
+        values = self.template_values(question, questions, state, qid, shown, n_images=len(images), media=media)
         try:
             return self.render_values(values)
         except Exception as error:  # an untrusted template may fail any way on any input
@@ -347,29 +379,9 @@ class DecisionPrompter(TemplatePrompter):
             found.append(value)
         return found
 
-    def _state_prefix(self, state_json: str) -> tuple[int, ...]:
+    def _state_prefix(self, state_json: str, images: tuple[ImageTokens, ...]) -> tuple[int, ...]:
         state = json.loads(state_json)
-        return _common([self._tokens(text) for text in self._probes(state)])
-
-
-def _common(sequences: Sequence[Sequence[int]]) -> tuple[int, ...]:
-    """The longest common prefix."""
-    first = sequences[0]
-    n = len(first)
-    for other in sequences[1:]:
-        n = min(n, len(other))
-        for i in range(n):
-            if other[i] != first[i]:
-                n = i
-                break
-    return tuple(first[:n])
-
-
-def _common_text(a: str, b: str) -> str:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return a[:n]
+        return _common([self._prompt_tokens(text, images)[0] for text in self._probes(state, images)])
 
 
 _PROBES: dict[str, Question] = {  # ids that differ from their first letter

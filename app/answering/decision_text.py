@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import json
 import re
+import string
 from collections.abc import Callable, Sequence
 from itertools import product
 from typing import Any
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from app.answering.decision_format import DecisionError
+from app.answering.prompter import Tokenizer
+from app.contract import MAX_OPTIONS
 
 SPECIAL = re.compile(r"<\|([A-Za-z0-9_]+)\|>")
 BROKEN_BAR = "\u00a6"  # what kev and lfm2-d1-omni write instead of the bars of a special token in user text
@@ -168,3 +173,49 @@ def break_controls(value: Any, controls: Sequence[str]) -> Any:
     if isinstance(value, list):
         return [break_controls(item, controls) for item in value]
     return value
+
+
+def pick_labels(tokenizer: Tokenizer, kind: str) -> tuple[tuple[str, int], ...]:
+    """The type's label codes as (text, token): each must be one token, written with no space before.
+    lfm2-d1 picks its labels per question, kev reads no labels: none here."""
+    if kind in ("lfm2-d1", "kev"):
+        return ()
+    letters = list(string.ascii_uppercase)
+    if kind == "openjev":
+        found = []
+        for code in letters + list(string.ascii_lowercase):
+            ids = tokenizer.tokenize(code, add_bos=False, special=False)
+            if len(ids) != 1:
+                raise DecisionError(f"openjev needs the 52 letters as single tokens; {code!r} is {len(ids)} tokens")
+            found.append((code, ids[0]))
+        return tuple(found)
+    picked: dict[int, str] = {}
+    for code in letters + ["".join(pair) for pair in product(letters, repeat=2)]:
+        ids = tokenizer.tokenize(code, add_bos=False, special=False)
+        if len(ids) == 1 and ids[0] not in picked:
+            picked[ids[0]] = code
+            if len(picked) == MAX_OPTIONS:
+                break
+    if not picked:
+        raise DecisionError(f"the vocabulary has no single-token labels for a {kind} model")
+    return tuple((code, token) for token, code in picked.items())
+
+
+def common(sequences: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """The longest common prefix."""
+    first = sequences[0]
+    n = len(first)
+    for other in sequences[1:]:
+        n = min(n, len(other))
+        for i in range(n):
+            if other[i] != first[i]:
+                n = i
+                break
+    return tuple(first[:n])
+
+
+def common_text(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]

@@ -27,6 +27,7 @@ from app.answering.decision import TemplatePrompter
 from app.answering.decision_format import DecisionError, DecisionFormat, options_of
 from app.answering.prompter import Plan, Reading, Suffix, TemplateRefused, Tokenizer
 from app.contract import NoulQuestion, Question, SystemOneRequest, label_keys
+from app.engine.vision import Vision
 
 log = logging.getLogger("onepass.decision")
 
@@ -42,14 +43,22 @@ class EncoderPrompter(TemplatePrompter):
 
     head_tokens: tuple[int, ...] = ()  # nothing is shared: every prompt is read whole
 
-    def __init__(self, tokenizer: Tokenizer, fmt: DecisionFormat, control_texts: set[str], specials: Specials) -> None:
-        """`specials`: the mask and separator tokens the format reads."""
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        fmt: DecisionFormat,
+        control_texts: set[str],
+        specials: Specials,
+        vision: Vision | None = None,
+        ends: tuple[int | None, int | None] = (None, None),
+    ) -> None:
+        """`specials`: the mask and separator tokens the format reads; `vision`, `ends`: TemplatePrompter's."""
         self._specials = specials
         if fmt.kind in ("laya", "lfm2-d1-omni") and specials.mask < 0:
             raise DecisionError(f"a {fmt.kind} decision model needs a mask token")
         if fmt.kind == "laya" and specials.sep < 0:
             raise DecisionError("a laya decision model needs a separator token")
-        super().__init__(tokenizer, fmt, control_texts)
+        super().__init__(tokenizer, fmt, control_texts, vision, ends)
         log.info("decision model (%s): every prompt is read whole (the model keeps no memory)", fmt.kind)
 
     def state_tokens(self, state: str) -> tuple[int, ...]:
@@ -59,6 +68,8 @@ class EncoderPrompter(TemplatePrompter):
         """Every question's whole prompt (clef: one for them all), and where its scores are read."""
         questions = request.questions
         self._check_limits(questions)
+        if self.images.read(request):
+            raise TemplateRefused((request.media.fields[0],), f"onepass reads no images with {self.format.kind} yet")
         if self.format.kind == "clef":
             planned = self._joint(request)
         else:

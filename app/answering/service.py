@@ -113,18 +113,14 @@ class ModelService:
 
     def plan(self, request: SystemOneRequest) -> Plan:
         """Render and tokenize everything, and check it fits the context, before any inference."""
-        media = request.media
-        if media.images and self.prompter.decision_type is not None:
-            kind = self.prompter.decision_type
-            message = f"{self.name} is a decision model ({kind}): onepass reads no images with those yet"
-            raise InvalidRequest.at((media.fields[0],), message, "images_unsupported", len(media.images))
         try:
             plan = self.prompter.plan(request)
         except TooManyOptions as error:
             loc = ("questions", error.qid, request.questions[error.qid].type, error.field)
             raise InvalidRequest.at(loc, f"{self.name} {error}", "too_long", error.count) from error
-        except TemplateRefused as error:
-            raise InvalidRequest.at(error.loc, str(error), error.kind, None) from error
+        except TemplateRefused as error:  # at no place: at the images
+            where = error.loc or (request.media.fields[0],)
+            raise InvalidRequest.at(where, str(error), error.kind, None) from error
         longest = max(len(suffix.tokens) for suffix in plan.suffixes())
         if len(plan.prefix) + longest > self.engine.n_ctx:
             if not plan.prefix:  # a model without memory: each prompt is read whole, in one piece

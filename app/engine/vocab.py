@@ -16,6 +16,7 @@ class Vocabulary:
         self._vocab = llama.llama_model_get_vocab(model)
         self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
         self.add_bos = bool(llama.llama_vocab_get_add_bos(self._vocab))  # whether a prompt begins with BOS
+        self.add_eos = bool(llama.llama_vocab_get_add_eos(self._vocab))  # whether a prompt ends with EOS
 
     def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
         data = text.encode("utf-8")

@@ -45,6 +45,8 @@ def prompter_for(engine: Engine, template: str = "auto", context: str = "", layo
     vocab = engine.vocab
     decision = read_format(vocab.metadata, vocab.metadata_keys())
     if decision is not None:
+        # the BOS and EOS libmtmd adds to a prompt with images: the ones the vocabulary adds
+        ends = (vocab.bos_token if vocab.add_bos else None, vocab.eos_token if vocab.add_eos else None)
         if context.strip() or layout != "state-first":
             log.warning(
                 "a %s decision model is prompted by its own template: context and layout are ignored", decision.kind
@@ -57,10 +59,9 @@ def prompter_for(engine: Engine, template: str = "auto", context: str = "", layo
                     f"clef needs llama_batch_ext_set_decision_order, which this llama.cpp build ({engine.build}) lacks"
                 )
             texts = {t: vocab.piece(t) for t in (vocab.mask_token, vocab.sep_token) if t >= 0}
-            return EncoderPrompter(
-                vocab, decision, vocab.control_texts(), Specials(vocab.mask_token, vocab.sep_token, texts)
-            )
-        return DecisionPrompter(vocab, decision, vocab.control_texts())
+            specials = Specials(vocab.mask_token, vocab.sep_token, texts)
+            return EncoderPrompter(vocab, decision, vocab.control_texts(), specials, engine.vision, ends)
+        return DecisionPrompter(vocab, decision, vocab.control_texts(), engine.vision, ends)
     chat_template = vocab.metadata("tokenizer.chat_template") if template == "auto" else None
     return OwnPrompter.for_model(
         vocab,

@@ -1,0 +1,117 @@
+"""Images in a decision GGUF's prompt, on the session cache, against real llama.cpp: the types llama.cpp
+gives images take them through HTTP (llama.cpp's `images` data URLs), a repeated image state is a hit
+bit for bit as the miss and as cache off that runs no encoder, each image of a state has a snapshot of
+its own, and what llama.cpp refuses is a 422 that says why. (tests/test_native_server.py compares
+the answers with llama-server's.)"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from app.answering.service import ModelService
+from app.http.server import create_app
+from app.serving.registry import ModelRegistry
+from app.serving.specs import ModelsConfig, ModelSpec
+from tests.conftest import tiny_settings
+from tests.test_decision import QUESTIONS, TEMPLATES, decision_gguf
+from tests.tiny_vision import Projector
+from tests.vision_decision import mmproj, photo, vision_decision_gguf, with_images
+
+NAME = "eyes"
+STATE = "The paper on the table."
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("decision-images")
+
+
+@contextmanager
+def served(model: Path, projector: Path, **settings: Any) -> Iterator[tuple[TestClient, ModelService]]:
+    spec = ModelSpec(NAME, model, settings=tiny_settings(model, mmproj=projector, calibration="none", **settings))
+    registry = ModelRegistry(ModelsConfig((spec,), NAME, 1))
+    try:
+        with TestClient(create_app(spec.settings, registry=registry)) as client:
+            registry.load(NAME)
+            yield client, registry.loaded()[NAME]
+    finally:
+        registry.close()
+
+
+def ask(client: TestClient, images: list[bytes], form: str = "images") -> dict[str, Any]:
+    response = client.post("/v1/systemone", json={"model": NAME, **with_images(STATE, QUESTIONS, images, form)})
+    assert response.status_code == 200, response.text
+    answered: dict[str, Any] = response.json()
+    return answered
+
+
+def numbers(answered: dict[str, Any]) -> str:
+    return json.dumps(answered["answers"], sort_keys=True)
+
+
+def encodes(service: ModelService) -> int:
+    assert service.engine.vision is not None
+    return service.engine.vision.encodes
+
+
+@pytest.mark.parametrize(
+    ("kind", "projector"), [("openjev", "mlp"), ("pplx-decider", "qwen2vl_merger"), ("lfm2-d1", "gemma3")]
+)
+def test_a_repeated_image_state_is_a_hit_that_runs_no_encoder_bit_for_bit(
+    folder: Path, kind: str, projector: Projector
+) -> None:
+    model, projector_file = vision_decision_gguf(folder, kind, projector), mmproj(folder, projector)
+    images = [photo(1), photo(2)]
+    with served(model, projector_file, session_cache_entries=0) as (client, _):
+        reference = ask(client, images)
+    with served(model, projector_file) as (client, service):
+        missed, hit = ask(client, images), ask(client, images)
+        assert (reference["x_cache"], missed["x_cache"], hit["x_cache"]) == ("off", "miss", "hit")
+        assert encodes(service) == 2  # the hit restored both images' cells
+        assert numbers(hit) == numbers(missed) == numbers(reference)
+        # the same images as chat-message parts: another state (a JSON one), the same images
+        assert ask(client, images, "parts")["x_cache"] == "miss"
+
+
+def test_each_image_state_keeps_a_snapshot_of_its_own(folder: Path) -> None:
+    """Two images of one shape (the same cells, the same tokens around them) about the same text are
+    two states: asked in turn, each is a hit the second time, answered as it was alone."""
+    model, projector = vision_decision_gguf(folder, "openjev", "mlp"), mmproj(folder, "mlp")
+    first, second = [photo(3)], [photo(4)]
+    with served(model, projector, session_cache_entries=0) as (client, _):
+        alone = numbers(ask(client, second))
+    with served(model, projector) as (client, _):
+        found = [ask(client, images) for images in (first, second, first, second)]
+        assert [a["x_cache"] for a in found] == ["miss", "miss", "hit", "hit"]
+        assert numbers(found[1]) == numbers(found[3]) == alone != numbers(found[0])
+
+
+def test_a_type_llama_cpp_gives_no_images_refuses_them_saying_which_do(folder: Path) -> None:
+    model, projector = decision_gguf(folder, "lev", TEMPLATES["lev"]), mmproj(folder, "mlp")
+    with served(model, projector) as (client, _):
+        body = {"model": NAME, **with_images(STATE, QUESTIONS, [photo(1)], "images")}
+        response = client.post("/v1/systemone", json=body)
+        assert response.status_code == 422
+        detail = response.json()["detail"]
+        assert [(d["loc"], d["type"]) for d in detail] == [(["body", "images"], "images_unsupported")]
+        assert "llama.cpp gives a lev decision model no images" in detail[0]["msg"]
+        assert "openjev, clef, pplx-decider, lfm2-d1, lfm2-d1-omni" in detail[0]["msg"]
+
+
+def test_a_template_that_puts_no_image_in_its_prompt_is_a_422(folder: Path) -> None:
+    """llama.cpp's libmtmd refuses an image its prompt has no marker for; so does onepass, at the images."""
+    model, projector = decision_gguf(folder, "openjev", TEMPLATES["openjev"]), mmproj(folder, "mlp")
+    with served(model, projector) as (client, _):
+        body = {"model": NAME, **with_images(STATE, QUESTIONS, [photo(1)], "images")}
+        response = client.post("/v1/systemone", json=body)
+        assert response.status_code == 422
+        detail = response.json()["detail"]
+        assert [d["loc"] for d in detail] == [["body", "images"]]
+        assert "template put 0 of the request's 1 images in its prompt" in detail[0]["msg"]
