@@ -21,6 +21,7 @@ from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
 from tests.conftest import tiny_settings
 from tests.test_decision import QUESTIONS, TEMPLATES, decision_gguf
+from tests.tiny_decision import BUILDERS
 from tests.tiny_vision import Projector
 from tests.vision_decision import mmproj, photo, vision_decision_gguf, with_images
 
@@ -115,3 +116,24 @@ def test_a_template_that_puts_no_image_in_its_prompt_is_a_422(folder: Path) -> N
         detail = response.json()["detail"]
         assert [d["loc"] for d in detail] == [["body", "images"]]
         assert "template put 0 of the request's 1 images in its prompt" in detail[0]["msg"]
+
+
+@pytest.mark.parametrize("kind", ["clef", "lfm2-d1-omni"])
+def test_a_type_read_whole_takes_images_in_its_one_batch_each_time(folder: Path, kind: str) -> None:
+    """clef and lfm2-d1-omni keep no memory: each request encodes its images again and reads them
+    in the batch of its prompt, answering the same numbers each time; the image moves the answers."""
+    model, projector = vision_decision_gguf(folder, kind, "mlp"), mmproj(folder, "mlp")
+    with served(model, projector) as (client, service):
+        first, again, other = ask(client, [photo(1)]), ask(client, [photo(1)]), ask(client, [photo(2)])
+        assert (first["x_cache"], again["x_cache"]) == ("off", "off")
+        assert numbers(first) == numbers(again) != numbers(other)
+        per_request = 1 if kind == "clef" else len(QUESTIONS)  # clef: one prompt for every question
+        assert encodes(service) == 3 * per_request
+
+
+def test_laya_refuses_images_as_llama_cpp_does(folder: Path) -> None:
+    model = BUILDERS["laya"](folder / "laya.gguf")
+    with served(model, mmproj(folder, "mlp")) as (client, _):
+        body = {"model": NAME, **with_images(STATE, QUESTIONS, [photo(1)], "parts")}
+        detail = client.post("/v1/systemone", json=body).json()["detail"]
+        assert [(d["loc"], d["type"]) for d in detail] == [(["body", "state"], "images_unsupported")]

@@ -179,7 +179,9 @@ def image_gaps(
     service = load_model(tiny_settings(model, mmproj=projector, n_ctx=4096, calibration="none"))
     gaps, counts = [], []
     try:
-        with llama_server_with_mmproj(Path(NATIVE), model, projector) as url, httpx.Client(timeout=120) as client:
+        batch = 2048 if model.stem.split("-")[0] in ("clef", "lfm2") else 512  # a prompt read whole: one batch
+        peer = llama_server_with_mmproj(Path(NATIVE), model, projector, batch=batch)
+        with peer as url, httpx.Client(timeout=120) as client:
             for form, n in IMAGE_CASES:
                 body = with_images(IMAGE_STATE, questions, [photo(seed) for seed in range(n)], form)
                 response = client.post(url + "/v1/systemone", json=body)

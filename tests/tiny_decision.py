@@ -220,7 +220,8 @@ def clef_template() -> str:  # conversion/clef.py:57-96
     )
 
 
-def clef(path: Path) -> Path:
+def clef(path: Path, sharpness: float = 1.0) -> Path:
+    """`sharpness`: how far apart its scores lie (the scorer's output weights' scale, times 0.15)."""
     m = Tiny(path, "clef", "clef", ["<|im_start|>", "<|im_end|>", "<think>", "</think>"], clef_template())
     qwen35_trunk(m)  # same keys under "clef." (clef.cpp:8 calls qwen35's loader)
     w = m.w
@@ -260,7 +261,7 @@ def clef(path: Path) -> Path:
     m.t("token_types.weight", EH, 3)
     m.t("decision.scorer.weight", 4 * EH, EH)
     m.t("decision.scorer.bias", EH)
-    m.t("decision.scorer_out.weight", EH, 1)
+    m.t("decision.scorer_out.weight", EH, 1, scale=0.15 * sharpness)
     m.t("decision.scorer_out.bias", 1)
     m.close()
     return path

@@ -22,8 +22,9 @@ from app.contract import SystemOneRequest
 # what a decision prompter handles its images by, here for it (app/answering/decision.py)
 from app.engine.snapshot import IMAGE_CELL
 from app.engine.snapshot import ImageSpan as ImageSpan
-from app.engine.vision import MEDIA_MARKER, ImageUnreadable
+from app.engine.vision import MEDIA_MARKER as MEDIA_MARKER
 from app.engine.vision import ImageTokens as ImageTokens
+from app.engine.vision import ImageUnreadable
 from app.engine.vision import Vision as Vision
 from app.images import NO_MEDIA as NO_MEDIA
 from app.images import Media as Media

@@ -25,9 +25,9 @@ from typing import Any
 from app.answering import decision_text
 from app.answering.decision import TemplatePrompter
 from app.answering.decision_format import DecisionError, DecisionFormat, options_of
+from app.answering.decision_media import MEDIA_MARKER, NO_MEDIA, ImageSpan, ImageTokens, PromptImages, Vision
 from app.answering.prompter import Plan, Reading, Suffix, TemplateRefused, Tokenizer
 from app.contract import NoulQuestion, Question, SystemOneRequest, label_keys
-from app.engine.vision import Vision
 
 log = logging.getLogger("onepass.decision")
 
@@ -36,6 +36,7 @@ ORDER = {"noul": 1, "choice": 2, "score": 3}  # clef's decision order of a quest
 OPTION_ORDER = 4  # clef's decision order of an option's text
 MAX_OPTION_TOKENS = 48  # laya: an option's tokens after its mask, at most
 D1OMNI_MAX_TOKENS = 16384  # lfm2-d1-omni's longest prompt
+D1OMNI_MAX_TOKENS_IMAGE = 896  # lfm2-d1-omni's text after images, at most
 
 
 class EncoderPrompter(TemplatePrompter):
@@ -68,24 +69,27 @@ class EncoderPrompter(TemplatePrompter):
         """Every question's whole prompt (clef: one for them all), and where its scores are read."""
         questions = request.questions
         self._check_limits(questions)
-        if self.images.read(request):
-            raise TemplateRefused((request.media.fields[0],), f"onepass reads no images with {self.format.kind} yet")
+        images = self.images.read(request)
+        state = request.media.substitute(request.state, lambda _: "")  # the images go where the template puts them
         if self.format.kind == "clef":
-            planned = self._joint(request)
+            planned = self._joint(request, state, images)
         else:
-            planned = [(qid, q, self._reading(q, self._one(qid, q, request.state))) for qid, q in questions.items()]
-        return Plan((), ("systemone", self.format.kind), planned)
+            planned = [(qid, q, self._reading(q, self._one(qid, q, state, images))) for qid, q in questions.items()]
+        files = {image.sha256: image.data for image in request.media.images}
+        return Plan((), ("systemone", self.format.kind), planned, images=files)
 
     def _reading(self, question: Question, suffix: Suffix) -> Reading:
         n = 2 if isinstance(question, NoulQuestion) else len(question.criteria)
         temperature = self.format.temperature(question.type, n)
+        if suffix.spans and self.format.kind == "lfm2-d1-omni":  # llama.cpp reads its image answers untempered
+            temperature = 1.0
         if self.format.kind == "clef":
             return Reading((suffix,), "one", temperature, head="rows")
         return Reading((suffix,), "one", temperature, head="column", column=COLUMN[question.type])
 
     # laya and lfm2-d1-omni: a prompt per question ---------------------------------------------------
 
-    def _one(self, qid: str, question: Question, state: Any) -> Suffix:
+    def _one(self, qid: str, question: Question, state: Any, images: tuple[ImageTokens, ...]) -> Suffix:
         shown = options_of(question, self.format.kind)
         values: dict[str, Any] = {
             "id": qid,
@@ -100,11 +104,12 @@ class EncoderPrompter(TemplatePrompter):
             values["images"] = []
             tokens = self._tokens(self._render(values, ("questions", qid)))
             tokens, markers = self._laya(tokens, len(shown), qid)
+            spans: tuple[ImageSpan, ...] = ()
         else:
-            tokens, markers = self._d1omni(values, len(shown), qid)
+            tokens, markers, spans = self._d1omni(values, len(shown), qid, images)
         position = {o.key: i for i, o in enumerate(shown)}
         marks = tuple(markers[position[key]] for key in label_keys(question))
-        return Suffix("", tokens, (), marks)
+        return Suffix("", tokens, (), marks, spans=spans)
 
     def tokenizer_piece(self, token: int) -> str:
         """A token's text (the mask's, which user text must not spell)."""
@@ -133,16 +138,29 @@ class EncoderPrompter(TemplatePrompter):
         out.extend(tokens[opts_end:])
         return tuple(out), found
 
-    def _d1omni(self, values: dict[str, Any], n: int, qid: str) -> tuple[tuple[int, ...], list[int]]:
+    def _d1omni(
+        self, values: dict[str, Any], n: int, qid: str, images: tuple[ImageTokens, ...]
+    ) -> tuple[tuple[int, ...], list[int], tuple[ImageSpan, ...]]:
+        """The prompt, its mask positions, its images' spans. The images come first, tokenized alone
+        (markers only, libmtmd's BOS rule), and the text after them has a budget of its own."""
         marker, sep = "<<d1omni:", "<<d1omni:sep>>"
         marks = {"state": "<<d1omni:state>>", "question": "<<d1omni:question>>", "option": "<<d1omni:option>>"}
         values = decision_text.replace_text(decision_text.escape_specials_deep(values), marker, "<<d1omni ")
-        values.update(audio=False, sep=sep, mark_state=marks["state"], images=[])
+        values = PromptImages.values(NO_MEDIA, values, len(images))
+        values.update(audio=False, sep=sep, mark_state=marks["state"])
         values.update(mark_question=marks["question"], mark_option=marks["option"])
         pieces = self._render(values, ("questions", qid)).split(sep)
-        if not pieces or pieces[0] != "":
+        markers = "".join(values["images"])
+        if not pieces or pieces[0] != markers:
             raise TemplateRefused(("questions", qid), "the lfm2-d1-omni template did not lay out its prompt")
-        budget = max(96, min(24 * n + 32, D1OMNI_MAX_TOKENS // 2))
+        media, spans = self.images.tokens(markers, images) if images else ([], [])
+        n_max = D1OMNI_MAX_TOKENS
+        if images:
+            n_max = min(D1OMNI_MAX_TOKENS_IMAGE, D1OMNI_MAX_TOKENS - min(D1OMNI_MAX_TOKENS, len(media)))
+            if n_max < 64:
+                message = f"the images take {len(media)} of the {D1OMNI_MAX_TOKENS} positions: send fewer images"
+                raise TemplateRefused((), message, "too_long")
+        budget = max(96, min(24 * n + 32, n_max // 2))
         limits = {"question": max(16, budget), "option": max(2, (budget - 3 * n) // n)}
         head: list[int] = []
         tail: list[int] = []
@@ -160,16 +178,20 @@ class EncoderPrompter(TemplatePrompter):
             (tail if state is not None else head).extend(tokens)
         if state is None:
             raise TemplateRefused(("questions", qid), "the lfm2-d1-omni template has no state")
-        room = D1OMNI_MAX_TOKENS - min(D1OMNI_MAX_TOKENS, len(head) + len(tail))
-        whole = (head + state[:room] + tail)[:D1OMNI_MAX_TOKENS]
-        found = [i for i, token in enumerate(whole) if token == self._specials.mask]
+        room = n_max - min(n_max, len(head) + len(tail))
+        whole = (head + state[:room] + tail)[:n_max]
+        found = [len(media) + i for i, token in enumerate(whole) if token == self._specials.mask]
         if len(found) != n:
             raise TemplateRefused(("questions", qid), "the options do not fit in the lfm2-d1-omni prompt")
-        return tuple(whole), found
+        return (*media, *whole), found, tuple(spans)
 
     # clef: one prompt for every question ------------------------------------------------------------
 
-    def _joint(self, request: SystemOneRequest) -> list[tuple[str, Question, Reading]]:
+    def _joint(
+        self, request: SystemOneRequest, state: Any, images: tuple[ImageTokens, ...]
+    ) -> list[tuple[str, Question, Reading]]:
+        """The one prompt; with images, the pieces up to the one holding their markers are tokenized
+        with them (libmtmd's BOS rule) and have no decision order."""
         marker, sep, mark_question, mark_option = "<<clef:", "<<clef:sep>>", "<<clef:question>>", "<<clef:option>>"
         shown = {qid: options_of(q, "clef") for qid, q in request.questions.items()}
         listed = [
@@ -182,14 +204,24 @@ class EncoderPrompter(TemplatePrompter):
             for qid, q in request.questions.items()
         ]
         values = decision_text.replace_text(
-            decision_text.sort_keys({"state": request.state, "questions": listed}), marker, "<<clef "
+            decision_text.sort_keys({"state": state, "questions": listed}), marker, "<<clef "
         )
-        values.update(images=[], sep=sep, mark_question=mark_question, mark_option=mark_option)
+        values = PromptImages.values(request.media, values, len(images))
+        values.update(sep=sep, mark_question=mark_question, mark_option=mark_option)
+        pieces = self._render(values, ("state",)).split(sep)
         tokens: list[int] = []
-        order: list[int] = []
+        spans: list[ImageSpan] = []
+        if images:
+            head = ""
+            while pieces and MEDIA_MARKER not in head:
+                head += pieces.pop(0)
+            if MEDIA_MARKER not in head or marker in head:
+                raise TemplateRefused((), "the clef template did not put the images before its questions")
+            tokens, spans = self.images.tokens(head, images)
+        order = [0] * len(tokens)
         types = [q.type for q in request.questions.values()]
         asked = n_options = 0
-        for piece in self._render(values, ("state",)).split(sep):
+        for piece in pieces:
             level = 0
             if piece.startswith(mark_question):
                 piece, asked = piece.removeprefix(mark_question), asked + 1
@@ -210,7 +242,8 @@ class EncoderPrompter(TemplatePrompter):
             position = {o.key: row + i for i, o in enumerate(shown[qid])}
             row += len(shown[qid])
             marks = tuple(position[key] for key in label_keys(question))
-            planned.append((qid, question, self._reading(question, Suffix("", tuple(tokens), (), marks, tuple(order)))))
+            suffix = Suffix("", tuple(tokens), (), marks, tuple(order), tuple(spans))
+            planned.append((qid, question, self._reading(question, suffix)))
         return planned
 
     # Rendering ---------------------------------------------------------------------------------------

@@ -70,6 +70,7 @@ class Suffix:
     label_ids: tuple[int, ...]  # in answer order: yes/no, options in request order, levels 0..n-1
     marks: tuple[int, ...] = ()  # positions in `tokens` whose output vectors a decision head reads
     order: tuple[int, ...] = ()  # each token's decision order, for a joint decision head (clef)
+    spans: tuple[ImageSpan, ...] = ()  # a whole prompt's images among its cells (IMAGE_CELL), in order
 
 
 Head = Literal["labels", "groups", "pointer", "column", "rows"]

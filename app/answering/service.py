@@ -222,14 +222,16 @@ class ModelService:
         """Each distinct whole prompt through a model without memory, once, read at every row a
         question asks of it (a joint head's questions share one prompt)."""
         rows: dict[tuple[tuple[int, ...], tuple[int, ...]], set[int]] = {}
+        spans = {}
         for suffix in plan.suffixes():
             rows.setdefault((suffix.tokens, suffix.order), set()).update(suffix.marks)
+            spans[(suffix.tokens, suffix.order)] = suffix.spans  # a request's prompts hold the same images
         vectors, timing = {}, Timing()
         for (tokens, order), wanted in sorted(rows.items()):
             if check():
                 raise Cancelled("cancelled before the decode")
             read = sorted(wanted)
-            encoded = self.engine.encode(tokens, read, order)
+            encoded = self.engine.encode(tokens, read, order, spans=spans[(tokens, order)], images=plan.images)
             vectors[(tokens, order)] = dict(zip(read, encoded.vectors, strict=True))
             timing.decode_ms += encoded.decode_ms
         asked = {}

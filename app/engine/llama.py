@@ -19,7 +19,6 @@ M-RoPE image advances fewer positions than it fills cells.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
 import os
@@ -32,7 +31,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from app.engine import bindings
+from app.engine import bindings, whole_prompt
 from app.engine.bindings import EngineError, llama
 from app.engine.fingerprint import model_digest
 from app.engine.pool import Context, ContextPool, KvSettings, keeps_memory
@@ -346,28 +345,32 @@ class Engine:
         vector.flags.writeable = False
         return vector
 
-    def encode(self, tokens: Sequence[int], rows: Sequence[int], order: Sequence[int] = ()) -> PromptVectors:
+    def encode(
+        self,
+        tokens: Sequence[int],
+        rows: Sequence[int],
+        order: Sequence[int] = (),
+        *,
+        spans: Sequence[ImageSpan] = (),
+        images: Mapping[str, bytes] | None = None,
+    ) -> PromptVectors:
         """A whole prompt through a model without memory, and its output vectors at `rows`. `order`:
         each token's decision order, for a joint decision head (clef), which then puts the score
-        of option j in row j."""
+        of option j in row j. `spans`, `images`: the images among the cells, as for a prefill; their
+        embeddings go in the same batch as the text (app/engine/whole_prompt.py)."""
         if not self.memoryless:
             raise EngineError("encode is for models without memory; decode_suffixes answers the others")
         if not 0 < len(tokens) <= self.n_ctx:
             raise PromptTooLong(len(tokens), self.n_ctx)
         if order and len(order) != len(tokens):
             raise ValueError(f"{len(order)} decision orders for {len(tokens)} tokens")
+        if not spans_fit(tokens, spans):
+            raise ValueError("the image spans do not lie over the image cells of the tokens")
         with self._pool.borrow(None) as ctx:
             prompt = ctx.prompt
             if prompt is None:
                 raise EngineError("this context was not made for whole prompts")
-            llama.llama_batch_ext_clear(prompt)
-            for i, token in enumerate(tokens):
-                if llama.llama_batch_ext_add_token(prompt, 0, token) != i:
-                    raise EngineError(f"llama.cpp refused token {token} at {i} of the prompt")
-                llama.llama_batch_ext_set_pos(prompt, i, ctypes.byref(llama.llama_pos(i)))
-                llama.llama_batch_ext_set_output_embd(prompt, i, True)
-                if order and not bindings.set_decision_order(prompt, i, order[i]):
-                    raise EngineError(f"llama.cpp refused decision order {order[i]} at {i}")
+            whole_prompt.fill(prompt, tokens, order, spans, images or {}, self.vision)
             began = time.perf_counter()
             status = llama.llama_process(ctx.ctx, llama.LLAMA_PROCESS_TYPE_DECODE, prompt)
             if status != 0:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from app.engine import bindings
 from app.engine.bindings import EngineError, llama
@@ -139,22 +140,12 @@ class Vision:
         (the cells it filled, the position after it)."""
         m = self._mtmd
         with self._tokenized(data, sha256) as chunks:
-            chunk = next(
-                chunk
-                for chunk in (m.mtmd_input_chunks_get(chunks, i) for i in range(m.mtmd_input_chunks_size(chunks)))
-                if m.mtmd_input_chunk_get_type(chunk) == m.MTMD_INPUT_CHUNK_TYPE_IMAGE
-            )
+            chunk = self._image_chunk(chunks)
             n_tokens = m.mtmd_input_chunk_get_n_tokens(chunk)
             if m.mtmd_decode_use_non_causal(self.ctx, chunk) and n_tokens > self.max_batch:
                 # the helper turns causal attention off per batch: the image must be one batch
                 raise EngineError(f"an image of {n_tokens} tokens exceeds the micro-batch of {self.max_batch}")
-            with self._encoder:
-                status = m.mtmd_encode_chunk(self.ctx, chunk)
-                if status != 0:
-                    raise EngineError(f"libmtmd could not encode the image {sha256} (status {status})")
-                self.encodes += 1
-                output = m.mtmd_get_output_embd(self.ctx)
-                embd = np.ctypeslib.as_array(output, shape=(n_tokens * self.n_embd,)).copy()
+            embd = self._encode(chunk, sha256, n_tokens)
             after = llama.llama_pos(0)
             status = m.mtmd_helper_decode_image_chunk(
                 self.ctx,
@@ -171,6 +162,43 @@ class Vision:
             if status != 0:
                 raise EngineError(f"decoding the image {sha256} failed with status {status}")
             return n_tokens, after.value
+
+    def embeddings(self, data: bytes, sha256: str, n_past: int) -> tuple[NDArray[np.float32], NDArray[np.int32]]:
+        """The image's embeddings, one row per cell, and each cell's four positions from `n_past`
+        (what llama-server puts in the batch of a model read whole, beside the text: t, y, x and z
+        on an M-RoPE grid, else the cell's own position four times)."""
+        m = self._mtmd
+        with self._tokenized(data, sha256) as chunks:
+            chunk = self._image_chunk(chunks)
+            n_tokens = m.mtmd_input_chunk_get_n_tokens(chunk)
+            embd = self._encode(chunk, sha256, n_tokens).reshape(n_tokens, self.n_embd)
+            positions = np.repeat(np.arange(n_past, n_past + n_tokens, dtype=np.int32)[:, None], 4, axis=1)
+            image = m.mtmd_input_chunk_get_tokens_image(chunk)
+            if self.mrope and image:
+                for i in range(n_tokens):
+                    at = m.mtmd_image_tokens_get_decoder_pos(image, n_past, i)
+                    positions[i] = (at.t, at.y, at.x, at.z)
+            return embd, positions
+
+    def _image_chunk(self, chunks: Any) -> Any:
+        m = self._mtmd
+        return next(
+            chunk
+            for chunk in (m.mtmd_input_chunks_get(chunks, i) for i in range(m.mtmd_input_chunks_size(chunks)))
+            if m.mtmd_input_chunk_get_type(chunk) == m.MTMD_INPUT_CHUNK_TYPE_IMAGE
+        )
+
+    def _encode(self, chunk: Any, sha256: str, n_tokens: int) -> NDArray[np.float32]:
+        """The image chunk's embeddings, copied out of the encoder's one buffer under its lock."""
+        m = self._mtmd
+        with self._encoder:
+            status = m.mtmd_encode_chunk(self.ctx, chunk)
+            if status != 0:
+                raise EngineError(f"libmtmd could not encode the image {sha256} (status {status})")
+            self.encodes += 1
+            output = m.mtmd_get_output_embd(self.ctx)
+            found: NDArray[np.float32] = np.ctypeslib.as_array(output, shape=(n_tokens * self.n_embd,)).copy()
+            return found
 
     @contextlib.contextmanager
     def _tokenized(self, data: bytes, sha256: str) -> Iterator[Any]:
