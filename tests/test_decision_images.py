@@ -6,7 +6,7 @@ the answers with llama-server's.)"""
 
 from __future__ import annotations
 
-import json
+import base64
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +21,7 @@ from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
 from tests.conftest import tiny_settings
 from tests.test_decision import QUESTIONS, TEMPLATES, decision_gguf
+from tests.test_image_states import encodes, numbers
 from tests.tiny_decision import BUILDERS
 from tests.tiny_vision import Projector
 from tests.vision_decision import mmproj, photo, vision_decision_gguf, with_images
@@ -51,15 +52,6 @@ def ask(client: TestClient, images: list[bytes], form: str = "images") -> dict[s
     assert response.status_code == 200, response.text
     answered: dict[str, Any] = response.json()
     return answered
-
-
-def numbers(answered: dict[str, Any]) -> str:
-    return json.dumps(answered["answers"], sort_keys=True)
-
-
-def encodes(service: ModelService) -> int:
-    assert service.engine.vision is not None
-    return service.engine.vision.encodes
 
 
 @pytest.mark.parametrize(
@@ -94,28 +86,28 @@ def test_each_image_state_keeps_a_snapshot_of_its_own(folder: Path) -> None:
         assert numbers(found[1]) == numbers(found[3]) == alone != numbers(found[0])
 
 
-def test_a_type_llama_cpp_gives_no_images_refuses_them_saying_which_do(folder: Path) -> None:
-    model, projector = decision_gguf(folder, "lev", TEMPLATES["lev"]), mmproj(folder, "mlp")
+def refused(model: Path, projector: Path, form: str = "images") -> list[dict[str, Any]]:
+    """The 422's details for a request with one image."""
     with served(model, projector) as (client, _):
-        body = {"model": NAME, **with_images(STATE, QUESTIONS, [photo(1)], "images")}
+        body = {"model": NAME, **with_images(STATE, QUESTIONS, [photo(1)], form)}
         response = client.post("/v1/systemone", json=body)
         assert response.status_code == 422
-        detail = response.json()["detail"]
-        assert [(d["loc"], d["type"]) for d in detail] == [(["body", "images"], "images_unsupported")]
-        assert "llama.cpp gives a lev decision model no images" in detail[0]["msg"]
-        assert "openjev, clef, pplx-decider, lfm2-d1, lfm2-d1-omni" in detail[0]["msg"]
+        detail: list[dict[str, Any]] = response.json()["detail"]
+        return detail
+
+
+def test_a_type_llama_cpp_gives_no_images_refuses_them_saying_which_do(folder: Path) -> None:
+    detail = refused(decision_gguf(folder, "lev", TEMPLATES["lev"]), mmproj(folder, "mlp"))
+    assert [(d["loc"], d["type"]) for d in detail] == [(["body", "images"], "images_unsupported")]
+    assert "llama.cpp gives a lev decision model no images" in detail[0]["msg"]
+    assert "openjev, clef, pplx-decider, lfm2-d1, lfm2-d1-omni" in detail[0]["msg"]
 
 
 def test_a_template_that_puts_no_image_in_its_prompt_is_a_422(folder: Path) -> None:
     """llama.cpp's libmtmd refuses an image its prompt has no marker for; so does onepass, at the images."""
-    model, projector = decision_gguf(folder, "openjev", TEMPLATES["openjev"]), mmproj(folder, "mlp")
-    with served(model, projector) as (client, _):
-        body = {"model": NAME, **with_images(STATE, QUESTIONS, [photo(1)], "images")}
-        response = client.post("/v1/systemone", json=body)
-        assert response.status_code == 422
-        detail = response.json()["detail"]
-        assert [d["loc"] for d in detail] == [["body", "images"]]
-        assert "template put 0 of the request's 1 images in its prompt" in detail[0]["msg"]
+    detail = refused(decision_gguf(folder, "openjev", TEMPLATES["openjev"]), mmproj(folder, "mlp"))
+    assert [d["loc"] for d in detail] == [["body", "images"]]
+    assert "template put 0 of the request's 1 images in its prompt" in detail[0]["msg"]
 
 
 @pytest.mark.parametrize("kind", ["clef", "lfm2-d1-omni"])
@@ -132,8 +124,18 @@ def test_a_type_read_whole_takes_images_in_its_one_batch_each_time(folder: Path,
 
 
 def test_laya_refuses_images_as_llama_cpp_does(folder: Path) -> None:
-    model = BUILDERS["laya"](folder / "laya.gguf")
-    with served(model, mmproj(folder, "mlp")) as (client, _):
-        body = {"model": NAME, **with_images(STATE, QUESTIONS, [photo(1)], "parts")}
-        detail = client.post("/v1/systemone", json=body).json()["detail"]
-        assert [(d["loc"], d["type"]) for d in detail] == [(["body", "state"], "images_unsupported")]
+    detail = refused(BUILDERS["laya"](folder / "laya.gguf"), mmproj(folder, "mlp"), "parts")
+    assert [(d["loc"], d["type"]) for d in detail] == [(["body", "state"], "images_unsupported")]
+
+
+def test_jev_assets_are_the_images_before_the_state_their_placeholders_dropped(folder: Path) -> None:
+    """The same image as a Jev asset whose placeholder leads the state: the same prompt as llama.cpp's
+    form with the bare state, so a hit on it with the same answers."""
+    model, projector = vision_decision_gguf(folder, "openjev", "mlp"), mmproj(folder, "mlp")
+    asset = {"type": "image", "format": "png", "data_base64": base64.b64encode(photo(5)).decode()}
+    body = {"model": NAME, "state": "<photo>" + STATE, "questions": QUESTIONS, "assets": {"<photo>": asset}}
+    with served(model, projector) as (client, _):
+        by_asset = client.post("/v1/systemone", json=body).json()
+        by_url = ask(client, [photo(5)])
+        assert (by_asset["x_cache"], by_url["x_cache"]) == ("miss", "hit")
+        assert numbers(by_asset) == numbers(by_url)

@@ -1,7 +1,7 @@
 """A whole prompt in llama.cpp's extended batch, for a model without memory (Engine.encode): each
 text token at its position, with its decision order where a joint head reads one (clef), and each
 image's embeddings in the same batch beside the text, as llama-server's mixed batch puts them
-(add_prompt_mixed in tools/server/server-context.cpp): one row per cell, at the positions
+(its server-context.cpp: add_prompt_mixed): one row per cell, at the positions
 mtmd_helper_decode_image_chunk would give them, with no decision order."""
 
 from __future__ import annotations
