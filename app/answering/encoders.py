@@ -70,11 +70,10 @@ class EncoderPrompter(TemplatePrompter):
         questions = request.questions
         self._check_limits(questions)
         images = self.images.read(request)
-        state = request.media.substitute(request.state, lambda _: "")  # the images go where the template puts them
         if self.format.kind == "clef":
-            planned = self._joint(request, state, images)
+            planned = self._joint(request, images)
         else:
-            planned = [(qid, q, self._reading(q, self._one(qid, q, state, images))) for qid, q in questions.items()]
+            planned = [(qid, q, self._reading(q, self._one(qid, q, request, images))) for qid, q in questions.items()]
         files = {image.sha256: image.data for image in request.media.images}
         return Plan((), ("systemone", self.format.kind), planned, images=files)
 
@@ -89,15 +88,16 @@ class EncoderPrompter(TemplatePrompter):
 
     # laya and lfm2-d1-omni: a prompt per question ---------------------------------------------------
 
-    def _one(self, qid: str, question: Question, state: Any, images: tuple[ImageTokens, ...]) -> Suffix:
+    def _one(self, qid: str, question: Question, request: SystemOneRequest, images: tuple[ImageTokens, ...]) -> Suffix:
         shown = options_of(question, self.format.kind)
         values: dict[str, Any] = {
             "id": qid,
             "type": question.type,
             "instructions": question.instructions if question.instructions is not None else "",
-            "state": state,
+            "state": request.state,
             "options": [{"key": o.key, "description": o.description} for o in shown],
         }
+        values = request.media.substitute(values, lambda _: "")  # the images go where the template puts them
         if self.format.kind == "laya":
             mask = self.tokenizer_piece(self._specials.mask)
             values = decision_text.replace_text(values, mask, " ") if mask else values
@@ -146,7 +146,7 @@ class EncoderPrompter(TemplatePrompter):
         marker, sep = "<<d1omni:", "<<d1omni:sep>>"
         marks = {"state": "<<d1omni:state>>", "question": "<<d1omni:question>>", "option": "<<d1omni:option>>"}
         values = decision_text.replace_text(decision_text.escape_specials_deep(values), marker, "<<d1omni ")
-        values = PromptImages.values(NO_MEDIA, values, len(images))
+        values = PromptImages.values(NO_MEDIA, values, len(images))  # placeholders dropped in _one
         values.update(audio=False, sep=sep, mark_state=marks["state"])
         values.update(mark_question=marks["question"], mark_option=marks["option"])
         pieces = self._render(values, ("questions", qid)).split(sep)
@@ -187,9 +187,7 @@ class EncoderPrompter(TemplatePrompter):
 
     # clef: one prompt for every question ------------------------------------------------------------
 
-    def _joint(
-        self, request: SystemOneRequest, state: Any, images: tuple[ImageTokens, ...]
-    ) -> list[tuple[str, Question, Reading]]:
+    def _joint(self, request: SystemOneRequest, images: tuple[ImageTokens, ...]) -> list[tuple[str, Question, Reading]]:
         """The one prompt; with images, the pieces up to the one holding their markers are tokenized
         with them (libmtmd's BOS rule) and have no decision order."""
         marker, sep, mark_question, mark_option = "<<clef:", "<<clef:sep>>", "<<clef:question>>", "<<clef:option>>"
@@ -204,7 +202,7 @@ class EncoderPrompter(TemplatePrompter):
             for qid, q in request.questions.items()
         ]
         values = decision_text.replace_text(
-            decision_text.sort_keys({"state": state, "questions": listed}), marker, "<<clef "
+            decision_text.sort_keys({"state": request.state, "questions": listed}), marker, "<<clef "
         )
         values = PromptImages.values(request.media, values, len(images))
         values.update(sep=sep, mark_question=mark_question, mark_option=mark_option)
