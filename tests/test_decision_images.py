@@ -7,44 +7,24 @@ the answers with llama-server's.)"""
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
-from app.answering.service import ModelService
-from app.http.server import create_app
-from app.serving.registry import ModelRegistry
-from app.serving.specs import ModelsConfig, ModelSpec
-from tests.conftest import tiny_settings
 from tests.test_decision import QUESTIONS, TEMPLATES, decision_gguf
-from tests.test_image_states import encodes, numbers
+from tests.test_image_states import NAME, encodes, numbers, served
 from tests.tiny_decision import BUILDERS
 from tests.tiny_vision import Projector
 from tests.vision_decision import mmproj, photo, vision_decision_gguf, with_images
 
-NAME = "eyes"
 STATE = "The paper on the table."
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("decision-images")
-
-
-@contextmanager
-def served(model: Path, projector: Path, **settings: Any) -> Iterator[tuple[TestClient, ModelService]]:
-    spec = ModelSpec(NAME, model, settings=tiny_settings(model, mmproj=projector, calibration="none", **settings))
-    registry = ModelRegistry(ModelsConfig((spec,), NAME, 1))
-    try:
-        with TestClient(create_app(spec.settings, registry=registry)) as client:
-            registry.load(NAME)
-            yield client, registry.loaded()[NAME]
-    finally:
-        registry.close()
 
 
 def ask(client: TestClient, images: list[bytes], form: str = "images") -> dict[str, Any]:
@@ -62,9 +42,9 @@ def test_a_repeated_image_state_is_a_hit_that_runs_no_encoder_bit_for_bit(
 ) -> None:
     model, projector_file = vision_decision_gguf(folder, kind, projector), mmproj(folder, projector)
     images = [photo(1), photo(2)]
-    with served(model, projector_file, session_cache_entries=0) as (client, _):
+    with served(model, projector_file, session_cache_entries=0, calibration="none") as (client, _):
         reference = ask(client, images)
-    with served(model, projector_file) as (client, service):
+    with served(model, projector_file, calibration="none") as (client, service):
         missed, hit = ask(client, images), ask(client, images)
         assert (reference["x_cache"], missed["x_cache"], hit["x_cache"]) == ("off", "miss", "hit")
         assert encodes(service) == 2  # the hit restored both images' cells
@@ -78,9 +58,9 @@ def test_each_image_state_keeps_a_snapshot_of_its_own(folder: Path) -> None:
     two states: asked in turn, each is a hit the second time, answered as it was alone."""
     model, projector = vision_decision_gguf(folder, "openjev", "mlp"), mmproj(folder, "mlp")
     first, second = [photo(3)], [photo(4)]
-    with served(model, projector, session_cache_entries=0) as (client, _):
+    with served(model, projector, session_cache_entries=0, calibration="none") as (client, _):
         alone = numbers(ask(client, second))
-    with served(model, projector) as (client, _):
+    with served(model, projector, calibration="none") as (client, _):
         found = [ask(client, images) for images in (first, second, first, second)]
         assert [a["x_cache"] for a in found] == ["miss", "miss", "hit", "hit"]
         assert numbers(found[1]) == numbers(found[3]) == alone != numbers(found[0])
@@ -88,7 +68,7 @@ def test_each_image_state_keeps_a_snapshot_of_its_own(folder: Path) -> None:
 
 def refused(model: Path, projector: Path, form: str = "images") -> list[dict[str, Any]]:
     """The 422's details for a request with one image."""
-    with served(model, projector) as (client, _):
+    with served(model, projector, calibration="none") as (client, _):
         body = {"model": NAME, **with_images(STATE, QUESTIONS, [photo(1)], form)}
         response = client.post("/v1/systemone", json=body)
         assert response.status_code == 422
@@ -115,7 +95,7 @@ def test_a_type_read_whole_takes_images_in_its_one_batch_each_time(folder: Path,
     """clef and lfm2-d1-omni keep no memory: each request encodes its images again and reads them
     in the batch of its prompt, answering the same numbers each time; the image moves the answers."""
     model, projector = vision_decision_gguf(folder, kind, "mlp"), mmproj(folder, "mlp")
-    with served(model, projector) as (client, service):
+    with served(model, projector, calibration="none") as (client, service):
         first, again, other = ask(client, [photo(1)]), ask(client, [photo(1)]), ask(client, [photo(2)])
         assert (first["x_cache"], again["x_cache"]) == ("off", "off")
         assert numbers(first) == numbers(again) != numbers(other)
@@ -134,7 +114,7 @@ def test_jev_assets_are_the_images_before_the_state_their_placeholders_dropped(f
     model, projector = vision_decision_gguf(folder, "openjev", "mlp"), mmproj(folder, "mlp")
     asset = {"type": "image", "format": "png", "data_base64": base64.b64encode(photo(5)).decode()}
     body = {"model": NAME, "state": "<photo>" + STATE, "questions": QUESTIONS, "assets": {"<photo>": asset}}
-    with served(model, projector) as (client, _):
+    with served(model, projector, calibration="none") as (client, _):
         by_asset = client.post("/v1/systemone", json=body).json()
         by_url = ask(client, [photo(5)])
         assert (by_asset["x_cache"], by_url["x_cache"]) == ("miss", "hit")
