@@ -15,8 +15,9 @@ a real projector for --model.
 2. image states revisited: more image states than llama-server has slots (its default 4), asked
    round-robin: every round after the first must be all hits here.
 
-llama-server answers images on /v1/systemone only for decision GGUFs, and onepass reads no images with
-those yet, so no llama-server figures are taken: the two cannot yet answer the same image request.
+No llama-server figures here: llama-server answers images on /v1/systemone only for decision GGUFs.
+bench/native_speed.py --mmproj asks both servers the same image states on one (it stops with the
+server's refusal where either takes no images for that decision type).
 
     python -m bench.image_states [--model GGUF] [--mmproj GGUF] [--repeats N] [--states N] [--rounds N]
 
@@ -60,6 +61,11 @@ def tiny_projector(model: Path, folder: Path) -> Path:
     fields = gguf.GGUFReader(str(model)).fields
     width = int(fields[f"{fields['general.architecture'].contents()}.embedding_length"].contents())
     return write_tiny_mmproj(folder / "tiny-mmproj.gguf", "mlp", width=width, image_size=128)
+
+
+def image_url(seed: int) -> str:
+    """A 64 x 48 PNG of its own (seeded) pixels, as a data URL (llama.cpp's `images` form)."""
+    return "data:image/png;base64," + base64.b64encode(png(64, 48, seed=seed)).decode()
 
 
 class Asker:
