@@ -530,6 +530,8 @@ def test_an_image_attached_on_the_page_is_answered_and_a_hit_the_second_time(dri
         assert page.one("#state").get_attribute("value") == "<image-1> The paper on the table."
         page.ask()
         assert page.one("#request").get_attribute("data-cache") == "hit"
+        page.one('#examples button[data-example="ticket"]').click()  # another request: no image in it
+        assert not page.all("#thumbnails .thumbnail")
     finally:
         server.stop()
         registry.close()

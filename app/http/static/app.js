@@ -118,6 +118,8 @@ function addQuestion(id, question = { type: "noul" }) {
 }
 
 function fillForm(request) {
+  session.images = []; // an example is a request of its own: the images attached before are not in it
+  $("#thumbnails").replaceChildren();
   const structured = typeof request.state !== "string";
   $("#state-json").checked = structured;
   $("#state").value = structured ? JSON.stringify(request.state, null, 2) : request.state;
