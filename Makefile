@@ -90,7 +90,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?=
 PORT ?=
 
-.PHONY: api-examples setup vulkan-deps bench-native test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-fleet bench-calibration eval load check-gpu clean clean-build
+.PHONY: api-examples setup vulkan-deps bench-native test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-images bench-fleet bench-calibration eval load check-gpu clean clean-build
 
 # `make setup` records the choice even when that build is installed already (choosing it again).
 setup: $(INSTALL_STAMP)
@@ -261,6 +261,12 @@ bench-quick: model $(BENCH_STAMP) $(PEER)
 # The snapshot disk tier after a restart: cold, RAM hit, disk hit at 256, 1,024 and 2,048 tokens.
 bench-restart: model $(BENCH_STAMP)
 	$(BIN)/python -m bench.restart $(BENCH_ARGS)
+
+# Image states on the session cache, in-process on the small model with a tiny random projector: cold and
+# hit with 1 and 5 questions, the encoder's share, more image states than llama-server has slots;
+# bench/results/<date>-<sha>-image-states.{json,md}
+bench-images: model-small $(BENCH_STAMP)
+	$(BIN)/python -m bench.image_states --model $(SMALL_MODEL) $(BENCH_ARGS)
 
 # Simulated, no model, seconds: cache hit rate and prefill saved against fleet size (1 to 64 replicas) for
 # round robin, least connections and HAProxy's bounded-load hashing; bench/results/fleet-sim.{json,md,png}

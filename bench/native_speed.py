@@ -1,7 +1,7 @@
 """onepass against llama.cpp's own /v1/systemone on speed: the same requests to both, on one decision GGUF.
 
     python -m bench.native_speed --server PATH/llama-server [--model GGUF] [--quick] [--threads N] [--slots N]
-        [--onepass-checkout DIR] [--repack auto|on|off]
+        [--onepass-checkout DIR] [--repack auto|on|off] [--mmproj GGUF|tiny]
 
 Both servers run at once, each in its own process on a loopback port; this process is only the
 client (it loads the model's tokenizer to build states of a given token length). Every request
@@ -38,7 +38,13 @@ say) at the threads, repacked weights and flash attention this checkout chose, s
 can be compared with two engines. With --repack on or off, both servers run with repacked weights
 so, whatever the first start chose (flash attention is still onepass's choice for that setting).
 
-Writes bench/results/<date>-<sha>-native-speed.{json,md} (--quick: -native-speed-quick; with
+With --mmproj (the model's vision projector, or `tiny`: a tiny random one of the model's width,
+bench/image_states.py's), both servers load it and every state comes with an image of its own, sent as
+llama.cpp's `images` data URLs: the same workloads on image states (a repeated state is a repeated
+image; the revisited states are more image states than llama-server has slots). It runs where both
+answer images for the model's decision type.
+
+Writes bench/results/<date>-<sha>-native-speed.{json,md} (--mmproj: -native-speed-images; --quick: -quick; with
 --onepass-checkout, <sha>-onepass-<its sha>; with --repack on or off, -native-speed-repack-on or -off).
 """
 
@@ -70,6 +76,7 @@ from app.engine.llama import Engine
 from app.paths import REPO_ROOT
 from app.serving.loading import SpeedSettings, speed_settings_for
 from app.serving.specs import ModelSpec
+from bench.image_states import image_url, tiny_projector
 from bench.native_decision import DEFAULT_MODEL, Agreement, agreement
 from bench.output import Progress, git_sha, machine, table, write_atomically
 from bench.peer import stop, wait_ready
@@ -165,13 +172,18 @@ class Side:
     name: str
     url: str
     body: dict[str, Any]
+    images: dict[str, str] = field(default_factory=dict)  # a state's image, as a data URL, where it has one
 
     def ask(self, client: httpx.Client, state: str) -> tuple[float, dict[str, Any]]:
         """(milliseconds from the client, the answers)."""
+        body = {**self.body, "state": state, "questions": QUESTIONS}
+        if state in self.images:
+            body["images"] = [self.images[state]]
         began = time.perf_counter()
-        response = client.post(self.url + "/v1/systemone", json={**self.body, "state": state, "questions": QUESTIONS})
+        response = client.post(self.url + "/v1/systemone", json=body)
         elapsed = (time.perf_counter() - began) * 1000
-        response.raise_for_status()
+        if response.is_error:  # say why: a server that takes no images for this type, say
+            raise RuntimeError(f"{self.name} answered {response.status_code}: {response.text[:1000]}")
         answers: dict[str, Any] = response.json()["answers"]
         return elapsed, answers
 
@@ -239,10 +251,11 @@ def on_off(flag: bool) -> str:
 
 @contextmanager
 def native_server(
-    binary: Path, model: Path, slots: int, kv_unified: bool, speed: SpeedSettings
+    binary: Path, model: Path, slots: int, kv_unified: bool, speed: SpeedSettings, mmproj: Path | None = None
 ) -> Iterator[dict[str, Any]]:
     """llama-server with `slots` slots of N_CTX tokens each, onepass's speed settings and the prompt
-    cache on; yields its /props (url added). Its default log level: a verbose log would slow it."""
+    cache on (and the vision projector `mmproj`); yields its /props (url added). Its default log level:
+    a verbose log would slow it."""
     with socket.socket() as probe:  # llama-server cannot report a port it picked itself
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -251,6 +264,7 @@ def native_server(
     command += ["-b", "512", "-ub", "512", "-ngl", "0", "-t", str(speed.threads)]
     command += ["-fa", on_off(speed.flash_attn), "--repack" if speed.repack else "--no-repack"]
     command += ["--swa-full", "--no-warmup", "--cache-prompt"]
+    command += ["--mmproj", str(mmproj)] if mmproj is not None else []
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile(mode="w+") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
@@ -310,6 +324,11 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['machine']})",
         "",
         "Each request asks 3 questions (a noul, a choice of 4, a score of 4 levels); latency in ms from the client.",
+        *(
+            [f"Every state comes with an image of its own (64 x 48 PNG, `images` data URLs); projector: {m}."]
+            if (m := report.get("mmproj"))
+            else []
+        ),
         "Total: the latencies' sum, or with clients at once the wall clock of the whole workload.",
         "",
         f"Both with {s['threads']} threads, repacked weights {on_off(s['repack'])}, flash attention "
@@ -393,6 +412,10 @@ def main() -> None:
         default="auto",
         help="repacked weights for both servers (auto: onepass's first-start choice)",
     )
+    parser.add_argument(
+        "--mmproj",
+        help="the model's vision projector, or 'tiny' (a tiny random one): every state comes with its own image",
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results", help="folder of the results")
     args = parser.parse_args()
     cfg = QUICK if args.quick else FULL
@@ -400,6 +423,9 @@ def main() -> None:
     engine = Engine(args.model, n_ctx=512, contexts=1)  # tokenizer only
     states = StateMaker(engine)
     chosen = workloads(states, cfg, args.slots)
+    warm_up = states.make(cfg.short_tokens)
+    stated = dict.fromkeys([warm_up, *(state for workload in chosen for plan in workload.plans for state in plan)])
+    images = {state: image_url(seed) for seed, state in enumerate(stated)} if args.mmproj else {}
     report: dict[str, Any] = {
         "model": args.model.name.removesuffix(".gguf"),
         "date": datetime.date.today().isoformat(),
@@ -413,7 +439,12 @@ def main() -> None:
     if checkout is not None:
         report["onepass_checkout"] = {"path": str(checkout), "git": git_sha(checkout)}
     with tempfile.TemporaryDirectory(prefix="onepass-native-speed-") as snapshots:
+        mmproj = None
+        if args.mmproj:
+            mmproj = tiny_projector(args.model, Path(snapshots)) if args.mmproj == "tiny" else Path(args.mmproj)
+            report["mmproj"] = args.mmproj
         own_flags = ["--threads", str(args.threads), "--calibration", "none"]
+        own_flags += ["--mmproj", str(mmproj)] if mmproj is not None else []
         own_flags += ["--session-cache-disk-bytes", "4G", "--session-cache-dir", snapshots]
         spec = ModelSpec.from_settings(Settings(model=args.model, threads=args.threads, repack=args.repack))
         # another checkout's engine might tune otherwise: both servers get this checkout's settings
@@ -427,7 +458,7 @@ def main() -> None:
         with onepass_server(args.model, *own_flags, checkout=checkout) as (url, _):
             # what the server chose: the same tuning cache, filled at its start (or what it was given)
             speed = speed_settings_for(spec) if given is None else given
-            with native_server(args.server, args.model, args.slots, args.kv_unified, speed) as props:
+            with native_server(args.server, args.model, args.slots, args.kv_unified, speed, mmproj) as props:
                 report["settings"] = {
                     "threads": speed.threads,
                     "repack": speed.repack,
@@ -438,7 +469,10 @@ def main() -> None:
                 }
                 own_build = bindings.system_info() if checkout is None else engine_of(checkout)
                 report["builds"] = {"onepass": own_build, "llama_server": props.get("build_info", "?")}
-                sides = [Side("onepass", url, {"model": "jev-latest"}), Side("llama-server", props["url"], {})]
+                sides = [
+                    Side("onepass", url, {"model": "jev-latest"}, images),
+                    Side("llama-server", props["url"], {}, images),
+                ]
                 progress = Progress(2 * (1 + sum(w.requests for w in chosen)), f"both servers on {args.model.name}")
                 lock = threading.Lock()  # the clients at once step from their threads
 
@@ -447,7 +481,7 @@ def main() -> None:
                         progress.step(note)
 
                 # each server's first request pays for one-off work (buffers, onepass's system snapshot)
-                in_turn(sides, [states.make(cfg.short_tokens)], lambda note: step(f"warm-up {note}"))
+                in_turn(sides, [warm_up], lambda note: step(f"warm-up {note}"))
                 report["workloads"] = [measure(workload, sides, step) for workload in chosen]
     engine.close()
     report["equal_work"] = all(r["agreement"]["same_answer"] == r["agreement"]["compared"] for r in report["workloads"])
@@ -455,7 +489,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     served = report["git"] if checkout is None else f"{report['git']}-onepass-{report['onepass_checkout']['git']}"
     forced = "" if args.repack == "auto" else f"-repack-{args.repack}"
-    stem = f"{report['date']}-{served}-native-speed{forced}" + ("-quick" if args.quick else "")
+    stem = f"{report['date']}-{served}-native-speed{forced}" + ("-images" if args.mmproj else "")
+    stem += "-quick" if args.quick else ""
     write_atomically(args.out / f"{stem}.json", json.dumps(report, indent=2) + "\n")
     write_atomically(args.out / f"{stem}.md", markdown(report))
     print(markdown(report))

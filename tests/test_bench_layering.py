@@ -23,6 +23,7 @@ LAYERS: list[set[str]] = [
         "pipeline",
         "restart",
         "shared_suffixes",
+        "image_states",
     },
     # make bench; what reads the eval set or compares its reports, or compares onepass with llama.cpp
     {"run", "compare_evals", "native_template", "native_decision"},

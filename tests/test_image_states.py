@@ -137,9 +137,13 @@ def test_a_repeated_image_state_is_a_hit_that_runs_no_encoder_bit_for_bit_as_a_m
         reference = ask(client)
         assert reference["x_cache"] == "off" and encodes(off) == 1
     with served(files.text, files.mmproj, layout=layout) as (client, service):
-        missed, hit = ask(client), ask(client)
+        missed = ask(client)
+        assert service.engine.vision is not None
+        encoded_ms = service.engine.vision.encode_ms  # what the one encode took
+        hit = ask(client)
         assert (missed["x_cache"], hit["x_cache"]) == ("miss", "hit")
         assert encodes(service) == 1  # the hit restored the image's cells: no encoder
+        assert encoded_ms > 0 and service.engine.vision.encode_ms == encoded_ms
         assert numbers(hit) == numbers(missed) == numbers(reference)
         # usage counts each image's cells: its embedding's and the projector's text around it
         vision = service.engine.vision

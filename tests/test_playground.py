@@ -5,6 +5,7 @@ and its driver (`make test` installs them as root on Debian)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shlex
@@ -32,12 +33,16 @@ from app.contract import SystemOneRequest, label_keys
 from app.http.page import PAGE_DIRECTORY
 from app.http.server import create_app
 from app.paths import REPO_ROOT
+from app.platform.tiny_gguf import write_tiny_gguf
 from app.serving.registry import ModelRegistry
+from app.serving.specs import ModelsConfig, ModelSpec
 from bench.browser import Page, Tools, chromium, find_tools
 from tests.conftest import tiny_settings
+from tests.image_files import png
 from tests.live import RunningServer
 from tests.loading import load_model
 from tests.skip_groups import skip
+from tests.tiny_vision import write_tiny_mmproj
 
 PAGE_FILES = ("/", "/index.html", "/app.js", "/app.css", "/examples.json")
 EXAMPLES: dict[str, Any] = json.loads((PAGE_DIRECTORY / "examples.json").read_text())
@@ -439,3 +444,94 @@ def test_an_answer_read_from_the_state_alone_shows_its_numbers_and_fit_without_a
     finally:
         server.stop()
         service.close()
+
+
+def png_asset(data: bytes) -> dict[str, str]:
+    return {"type": "image", "format": "png", "data_base64": base64.b64encode(data).decode()}
+
+
+def drop_file(page: Page, name: str, data: bytes, mime: str) -> None:
+    """`data` dropped on the page's image area as a file dragged from the desktop would be."""
+    page.driver.execute_script(
+        "const [name, b64, mime] = arguments;"
+        "const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));"
+        "const transfer = new DataTransfer();"
+        "transfer.items.add(new File([bytes], name, { type: mime }));"
+        "const area = document.getElementById('images');"
+        "for (const kind of ['dragover', 'drop'])"
+        "  area.dispatchEvent(new DragEvent(kind, { dataTransfer: transfer, bubbles: true, cancelable: true }));",
+        name,
+        base64.b64encode(data).decode(),
+        mime,
+    )
+
+
+def test_an_image_attached_on_the_page_is_answered_and_a_hit_the_second_time(driver: WebDriver, tmp_path: Path) -> None:
+    """A model with a vision projector and one without: the page offers images for the first only; a
+    PNG picked in the file input shows its thumbnail and is answered as the API answers it, a hit the
+    second time; a dropped file that is not an image shows the server's 422 at its thumbnail."""
+    text = write_tiny_gguf(tmp_path / "text.gguf")
+    eyes = ModelSpec("eyes", text, settings=tiny_settings(text, mmproj=write_tiny_mmproj(tmp_path / "mmproj.gguf")))
+    blind = ModelSpec("blind", text, settings=tiny_settings(text))
+    registry = ModelRegistry(ModelsConfig((eyes, blind), "eyes", 2))
+    server = RunningServer(eyes.settings, registry)
+    photo = tmp_path / "photo.png"
+    photo.write_bytes(png(40, 30, seed=5))
+    try:
+        page = Page(driver, server.base_url)
+        page.open()
+        picker, note = page.one("#image-input"), page.one("#image-note")
+        Select(page.one("#model")).select_by_value("blind")
+        assert not picker.is_enabled() and "blind takes no images" in note.text and "--mmproj" in note.text
+        Select(page.one("#model")).select_by_value("eyes")
+        assert picker.is_enabled()
+
+        fill(page.one("#state"), "The paper on the table.")
+        picker.send_keys(str(photo))
+        page.until(lambda: page.all("#thumbnails .thumbnail"))
+        thumbnail = page.one("#thumbnails .thumbnail")
+        assert page.one("code", thumbnail).text == "<image-1>"
+        page.until(lambda: driver.execute_script("return arguments[0].naturalWidth", page.one("img", thumbnail)) == 40)
+        assert page.one("#state").get_attribute("value") == "<image-1> The paper on the table."
+
+        page.ask()
+        assert page.one("#request").get_attribute("data-cache") == "miss"
+        body = {**EXAMPLES["ticket"]["request"], "model": "eyes", "state": "<image-1> The paper on the table."}
+        body["assets"] = {"<image-1>": png_asset(photo.read_bytes())}
+        api = httpx.post(server.base_url + "/v1/systemone", json=body, timeout=60).json()
+        assert api["x_cache"] == "hit"  # the page's request was this one
+        assert_page_shows(page, api["answers"])
+        assert page.one("#request").get_attribute("data-input-tokens") == str(api["usage"]["input_tokens"])
+        page.ask()
+        assert page.one("#request").get_attribute("data-cache") == "hit"
+        assert page.one(".saved").text.startswith("Cache hit: ")
+        assert_page_shows(page, api["answers"])
+        page.screenshot(tmp_path / "playground-image.png")
+
+        namespace: dict[str, Any] = {}  # the Python handed over sends the image with the SDK
+        exec(snippet(page, "#copy-python"), namespace)
+        assert namespace["result"].answers["refund"].noul == api["answers"]["refund"]["noul"]
+
+        drop_file(page, "notes.txt", b"not a picture", "text/plain")
+        page.until(lambda: len(page.all("#thumbnails .thumbnail")) == 2)
+        page.one("#ask").click()
+        box = page.error("422")
+        bad = png_asset(b"not a picture")  # the page sends a file of another type as png: the bytes decide
+        refused = {**body, "state": "<image-2> " + body["state"], "assets": {**body["assets"], "<image-2>": bad}}
+        detail = httpx.post(server.base_url + "/v1/systemone", json=refused, timeout=60).json()["detail"]
+        assert [item["type"] for item in detail] == ["image_format"]
+        assert detail[0]["loc"][:3] == ["body", "assets", "<image-2>"]
+        assert detail[0]["msg"] in box.text
+        second = page.all("#thumbnails .thumbnail")[1]
+        assert page.one(".field-error", driver.find_element("css selector", "#thumbnails")).text == detail[0]["msg"]
+        assert "invalid" in (second.get_attribute("class") or "")
+
+        page.one(".remove-image", second).click()  # the refused file removed, its placeholder with it
+        assert page.one("#state").get_attribute("value") == "<image-1> The paper on the table."
+        page.ask()
+        assert page.one("#request").get_attribute("data-cache") == "hit"
+        page.one('#examples button[data-example="ticket"]').click()  # another request: no image in it
+        assert not page.all("#thumbnails .thumbnail")
+    finally:
+        server.stop()
+        registry.close()

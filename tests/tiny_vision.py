@@ -29,10 +29,14 @@ E, NH, FF, BLOCKS, HIDDEN = 32, 2, 48, 2, 40
 SIZES: dict[Projector, tuple[int, int]] = {"mlp": (32, 8), "qwen2vl_merger": (64, 4), "gemma3": (32, 4)}
 
 
-def write_tiny_mmproj(path: Path, projector: Projector = "mlp", *, seed: int = 0) -> Path:
-    """A `projector` mmproj whose output width is the tiny text models' embedding width."""
+def write_tiny_mmproj(
+    path: Path, projector: Projector = "mlp", *, seed: int = 0, width: int = TEXT_EMBD, image_size: int = 0
+) -> Path:
+    """A `projector` mmproj whose output width is `width` (a text model's embedding width; the tiny text
+    models' by default). `image_size`: the side it is trained at, if not SIZES' (the mlp makes
+    (image_size / 8)^2 tokens of any image)."""
     rng = np.random.default_rng(seed)
-    image_size, patch = SIZES[projector]
+    image_size, patch = image_size or SIZES[projector][0], SIZES[projector][1]
     writer = gguf.GGUFWriter(str(path), "clip")
     writer.add_bool("clip.has_vision_encoder", True)
     writer.add_string("clip.projector_type", projector)
@@ -41,7 +45,7 @@ def write_tiny_mmproj(path: Path, projector: Projector = "mlp", *, seed: int = 0
         "attention.head_count": NH,
         "feed_forward_length": FF,
         "block_count": BLOCKS,
-        "projection_dim": TEXT_EMBD,
+        "projection_dim": width,
         "image_size": image_size,
         "patch_size": patch,
     }.items():
@@ -83,13 +87,13 @@ def write_tiny_mmproj(path: Path, projector: Projector = "mlp", *, seed: int = 0
         norm("v.post_ln")
     if projector == "gemma3":  # pooled patches, normed, projected to the text model's width
         tensor("mm.soft_emb_norm.weight", E, fill=1.0)
-        tensor("mm.input_projection.weight", TEXT_EMBD, E)
+        tensor("mm.input_projection.weight", width, E)
     else:  # the projection to the text model: mm.0, an activation, mm.2 (its width is the output's)
         hidden = HIDDEN if projector == "mlp" else 4 * E
         tensor("mm.0.weight", E if projector == "mlp" else 4 * E, hidden)
         tensor("mm.0.bias", hidden)
-        tensor("mm.2.weight", hidden, TEXT_EMBD)
-        tensor("mm.2.bias", TEXT_EMBD)
+        tensor("mm.2.weight", hidden, width)
+        tensor("mm.2.bias", width)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

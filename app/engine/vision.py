@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -90,6 +91,7 @@ class Vision:
         self.non_causal = bool(mtmd_cpp.mtmd_decode_use_non_causal(self.ctx, None))
         self.max_batch = max_batch
         self.encodes = 0  # images encoded so far: a repeated image state found in the cache encodes none
+        self.encode_ms = 0.0  # what those encodes took, the encoder alone (bench/image_states.py reads it)
         self._encoder = threading.Lock()
         self._known: OrderedDict[str, ImageTokens] = OrderedDict()
         self._known_lock = threading.Lock()
@@ -192,10 +194,12 @@ class Vision:
         """The image chunk's embeddings, copied out of the encoder's one buffer under its lock."""
         m = self._mtmd
         with self._encoder:
+            began = time.perf_counter()
             status = m.mtmd_encode_chunk(self.ctx, chunk)
             if status != 0:
                 raise EngineError(f"libmtmd could not encode the image {sha256} (status {status})")
             self.encodes += 1
+            self.encode_ms += 1000 * (time.perf_counter() - began)
             output = m.mtmd_get_output_embd(self.ctx)
             found: NDArray[np.float32] = np.ctypeslib.as_array(output, shape=(n_tokens * self.n_embd,)).copy()
             return found

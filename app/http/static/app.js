@@ -14,7 +14,8 @@ const fromTemplate = (id) => document.getElementById(id).content.firstElementChi
 const storedKey = () => localStorage.getItem(KEY_STORAGE) || "";
 const textOf = (value) => (value == null ? "" : typeof value === "string" ? value : JSON.stringify(value));
 const baseUrl = () => new URL(".", location.href).href.replace(/\/$/, "");
-const session = { completed: 0, misses: new Map(), retryTimer: null }; // misses: timings by model and state
+// misses: timings by model, state and images; models: /v1/models' entries by name; images: the attached, in order
+const session = { completed: 0, misses: new Map(), retryTimer: null, models: new Map(), images: [] };
 
 function el(tag, className, ...children) {
   const node = document.createElement(tag);
@@ -70,6 +71,8 @@ async function loadModels(keepError = false) {
   const label = (model) => (model.x_model && model.x_model !== model.name ? `${model.name} → ${model.x_model}` : model.name);
   select.replaceChildren(...reply.data.models.map((model) => Object.assign(new Option(label(model), model.name), { title: model.description })));
   if (reply.data.models.some((model) => model.name === previous)) select.value = previous;
+  session.models = new Map(reply.data.models.map((model) => [model.name, model]));
+  showImageControl();
   $("#ask").disabled = false;
 }
 
@@ -115,6 +118,8 @@ function addQuestion(id, question = { type: "noul" }) {
 }
 
 function fillForm(request) {
+  session.images = []; // an example is a request of its own: the images attached before are not in it
+  $("#thumbnails").replaceChildren();
   const structured = typeof request.state !== "string";
   $("#state-json").checked = structured;
   $("#state").value = structured ? JSON.stringify(request.state, null, 2) : request.state;
@@ -141,7 +146,18 @@ function readForm() {
     questions.push([id, readQuestion(card, problems)]);
   }
   // fromEntries makes own properties, so an id such as "__proto__" is sent like any other
-  return { request: { model: $("#model").value, state, questions: Object.fromEntries(questions) }, problems };
+  const request = { model: $("#model").value, state, questions: Object.fromEntries(questions) };
+  if (session.images.length) {
+    const texts = JSON.stringify([state, request.questions]); // a placeholder holds no character JSON escapes
+    for (const image of session.images) {
+      if (!texts.includes(image.placeholder)) {
+        problems.push({ field: $("#state"), msg: `${image.placeholder} is in no text of the request: put it in the state, or remove its image` });
+      }
+    }
+    const asset = (image) => ({ type: "image", format: image.format, data_base64: image.dataUrl.slice(image.dataUrl.indexOf(",") + 1) });
+    request.assets = Object.fromEntries(session.images.map((image) => [image.placeholder, asset(image)]));
+  }
+  return { request, problems };
 }
 
 function readQuestion(card, problems) {
@@ -165,6 +181,68 @@ function readQuestion(card, problems) {
     question.criteria = $$(".level .desc", card).map((input) => input.value);
   }
   return question;
+}
+
+// --- images in the state ----------------------------------------------------------------------
+// Each image is sent as one of Jev's JSON assets, under a placeholder the page writes into a text
+// state when the image is attached (onepass's prompt puts the images before the state either way).
+
+// Attaching is offered only where the selected model has a vision projector; otherwise the note says why.
+function showImageControl() {
+  const name = $("#model").value;
+  const takes = session.models.get(name)?.x_takes_images === true;
+  $("#image-input").disabled = !takes;
+  $("#images").dataset.takesImages = String(takes);
+  $("#image-note").textContent = takes
+    ? "PNG or JPEG: pick or drop them here"
+    : `${name || "this model"} takes no images: serve a vision model with its projector (--mmproj) to attach them`;
+}
+
+function nextPlaceholder() {
+  const used = new Set(session.images.map((image) => image.placeholder));
+  let n = 1;
+  while (used.has(`<image-${n}>`)) n += 1;
+  return `<image-${n}>`;
+}
+
+function readDataUrl(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+// Every file is sent as it is: the server reads the bytes and refuses what is not an image (422).
+async function attach(files) {
+  clearError();
+  for (const file of files) {
+    const dataUrl = await readDataUrl(file);
+    const image = { placeholder: nextPlaceholder(), name: file.name, dataUrl, format: file.type === "image/jpeg" ? "jpeg" : "png" };
+    session.images.push(image);
+    $("#thumbnails").append(thumbnail(image));
+    if (!$("#state-json").checked) {
+      const state = $("#state");
+      state.value = `${image.placeholder} ${state.value}`;
+    }
+  }
+}
+
+function thumbnail(image) {
+  const picture = Object.assign(el("img"), { src: image.dataUrl, alt: image.name, title: image.name });
+  const remove = Object.assign(el("button", "remove-image", "\u00d7"), { type: "button", title: `remove ${image.name}` });
+  const item = el("li", "thumbnail", picture, el("code", null, image.placeholder), remove);
+  item.dataset.placeholder = image.placeholder;
+  remove.addEventListener("click", () => detach(image, item));
+  return item;
+}
+
+function detach(image, item) {
+  session.images = session.images.filter((other) => other !== image);
+  item.remove();
+  const state = $("#state");
+  state.value = state.value.replaceAll(`${image.placeholder} `, "").replaceAll(image.placeholder, "");
 }
 
 // --- asking ------------------------------------------------------------------------------------
@@ -270,7 +348,7 @@ function stack(label, timing, scale) {
 
 function showRequest(request, body, elapsed) {
   const timing = body.x_timing_ms;
-  const stateKey = JSON.stringify([body.model, request.state]);
+  const stateKey = JSON.stringify([body.model, request.state, request.assets]);
   const miss = session.misses.get(stateKey);
   if (body.x_cache === "miss") session.misses.set(stateKey, timing);
   // the same state again, from RAM or from disk: show what the cache saved
@@ -360,6 +438,7 @@ function showProblems(problems) {
 function fieldFor(loc) {
   const [where, id, , part, item] = loc[0] === "body" ? loc.slice(1) : loc;
   if (where === "state" || where === "model") return $(`#${where}`);
+  if (where === "assets") return $$("#thumbnails .thumbnail").find((item) => item.dataset.placeholder === id) ?? $("#thumbnails");
   if (where !== "questions") return null; // the whole body, or a field the form has no place for: listed above
   const card = id === undefined ? null : $$("#questions .question").find((c) => $(".qid", c).value === String(id));
   if (!card) return $("#questions");
@@ -401,7 +480,8 @@ function py(value) {
 }
 
 function pythonFor(request) {
-  const classes = [...new Set(Object.values(request.questions).map((q) => SDK_CLASSES[q.type]))].sort();
+  const types = Object.values(request.questions).map((q) => SDK_CLASSES[q.type]);
+  const classes = [...new Set([...types, ...(request.assets ? ["Image"] : [])])].sort();
   const questions = Object.entries(request.questions).map(([id, { type, ...fields }]) => {
     const args = Object.entries(fields).map(([name, value]) => `${name}=${py(value)}`);
     return `            ${py(id)}: ${SDK_CLASSES[type]}(${args.join(", ")}),`;
@@ -418,6 +498,13 @@ function pythonFor(request) {
     "        questions={",
     ...questions,
     "        },",
+    ...(request.assets
+      ? [
+          "        assets={",
+          ...Object.entries(request.assets).map(([placeholder, asset]) => `            ${py(placeholder)}: Image.from_base64(${py(asset.data_base64)}),`),
+          "        },",
+        ]
+      : []),
     "    )",
     "print(result.answers)",
     "",
@@ -473,6 +560,21 @@ $("#add-question").addEventListener("click", () => {
   $(".qid", addQuestion(`q${n}`)).focus();
 });
 $("#ask").addEventListener("click", ask);
+$("#model").addEventListener("change", showImageControl);
+$("#image-input").addEventListener("change", async (event) => {
+  await attach([...event.target.files]);
+  event.target.value = ""; // the same file may be picked again
+});
+$("#images").addEventListener("dragover", (event) => {
+  event.preventDefault();
+  $("#images").classList.toggle("dragging", !$("#image-input").disabled);
+});
+$("#images").addEventListener("dragleave", () => $("#images").classList.remove("dragging"));
+$("#images").addEventListener("drop", (event) => {
+  event.preventDefault();
+  $("#images").classList.remove("dragging");
+  if (!$("#image-input").disabled) attach([...event.dataTransfer.files]);
+});
 document.addEventListener("keydown", (event) => {
   if ((event.ctrlKey || event.metaKey) && event.key === "Enter") {
     event.preventDefault();
