@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import re
+import subprocess
 from pathlib import Path
 
 from app.paths import REPO_ROOT
@@ -103,8 +104,22 @@ def citations() -> dict[str, str]:
     return found
 
 
+def result_files() -> list[str]:
+    """The files of bench/results that the repository keeps: what git ignores (a run's large side files,
+    such as the evidence's hidden states) is this machine's, not the tree's."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", str(RESULTS)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.splitlines()
+    return sorted(Path(line).name for line in listed if (REPO_ROOT / line).is_file())
+
+
 def test_every_report_in_bench_results_is_cited_and_every_citation_finds_one() -> None:
-    files = sorted(path.name for path in RESULTS.iterdir() if path.is_file())
+    files = result_files()
     runs: set[str] = set()
     unmatched = []
     for cited, where in citations().items():
