@@ -224,8 +224,8 @@ def main() -> None:
         "cold_and_hit": cold,
         "states": args.states,
         "revisited": again,
-        "llama_server": "not compared: it answers images on /v1/systemone only for decision GGUFs, "
-        "and onepass reads no images with those yet",
+        "llama_server": "not compared here: it answers images on /v1/systemone only for decision GGUFs; "
+        'make bench-native BENCH_ARGS="--mmproj tiny" compares the two on image states of one',
     }
     stem = f"{report['date']}-{report['git']}-image-states"
     args.out.mkdir(parents=True, exist_ok=True)

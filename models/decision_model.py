@@ -69,7 +69,9 @@ def template() -> str:
     return (
         "<|im_start|>system\n"
         + SYSTEM_PROMPT
-        + "<|im_end|>\n<|im_start|>user\nText:\n"
+        + "<|im_end|>\n<|im_start|>user\n"
+        + "{% for image in images %}{{ image }}{% endfor %}"  # a request's images: before the state, as onepass's
+        + "Text:\n"
         + text("state", trim=True)
         + nl
         + nl
