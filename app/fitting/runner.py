@@ -226,13 +226,12 @@ def fit_all(
             report, record = fit_question(examples, evidence, calibration, question_set, key, members)
         except Exception as error:  # one question's failure never costs the others
             log.exception("fitting question %s failed", key)
-            first_i, first_q = members[0]
-            question = examples[first_i].request.questions[first_q]
+            _, shown, ids = asked(examples, members)
             labelled = sum(qid in examples[i].answers for i, qid in members)
             report = QuestionReport(
                 key,
-                sorted({qid for _, qid in members}),
-                json.loads(canonical_json(question.model_dump(mode="json"))),
+                ids,
+                shown,
                 labelled,
                 len(members) - labelled,
                 None,
@@ -261,6 +260,15 @@ def _named(reports: list[QuestionReport]) -> list[QuestionReport]:
     return named
 
 
+def asked(
+    examples: Sequence[UserExample], members: list[tuple[int, str]]
+) -> tuple[Question, dict[str, Any], list[str]]:
+    """The question `members` (example, question id) pairs ask: itself, as its report shows it, and its ids."""
+    first_i, first_q = members[0]
+    question = examples[first_i].request.questions[first_q]
+    return question, json.loads(canonical_json(question.model_dump(mode="json"))), sorted({qid for _, qid in members})
+
+
 def fit_question(
     examples: Sequence[UserExample],
     evidence: Sequence[dict[str, Evidence]],
@@ -271,14 +279,11 @@ def fit_question(
 ) -> tuple[QuestionReport, FitRecord | None]:
     """One question's report, and the record of its fit if one is adopted. `members`: the (example,
     question id) pairs that ask it."""
-    first_i, first_q = members[0]
-    question = examples[first_i].request.questions[first_q]
+    question, shown, ids = asked(examples, members)
     asked_in = {frozenset(map(question_key, examples[i].request.questions.values())) for i, _ in members}
     asked_with = tuple(sorted(next(iter(asked_in)))) if len(asked_in) == 1 else None
     rows = [(i, qid, evidence[i][qid]) for i, qid in members]
     labelled = [(i, e, examples[i].answers[qid]) for i, qid, e in rows if qid in examples[i].answers]
-    shown = json.loads(canonical_json(question.model_dump(mode="json")))
-    ids = sorted({qid for _, qid in members})
     unlabelled = len(rows) - len(labelled)
     if len(labelled) < MIN_LABELLED:
         record = None
