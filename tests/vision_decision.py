@@ -25,11 +25,14 @@ from tests.tiny_vision import Projector, write_tiny_mmproj
 
 IMAGES_FIRST = "{% for image in images %}{{ image }}{% endfor %}"
 LABEL_TEMPLATES = {"openjev": OPENJEV, "pplx-decider": LABELLED}
-# Each type and the projectors its trunk takes: the llama trunk all three (qwen2vl's text model for
-# the Qwen2-VL one); lfm2's and clef's qwen35 the others (qwen35's rope puts any image on an M-RoPE grid).
+# Each type with each projector. libmtmd picks the positions from the text model's rope, not from the
+# projector: the llama trunk of the label types lays images out consecutively (qwen2vl's text model for the
+# Qwen2-VL projector puts them on an M-RoPE grid), clef's qwen35 trunk puts every image on the grid, and
+# lfm2's rope has none, as the real LFM2-VL.
 PAIRS: list[tuple[str, Projector]] = [
-    *((kind, p) for kind in LABEL_TEMPLATES for p in ("mlp", "qwen2vl_merger", "gemma3")),
-    *((kind, p) for kind in ("lfm2-d1", "clef", "lfm2-d1-omni") for p in ("mlp", "gemma3")),
+    (kind, p)
+    for kind in (*LABEL_TEMPLATES, "lfm2-d1", "clef", "lfm2-d1-omni")
+    for p in ("mlp", "qwen2vl_merger", "gemma3")
 ]
 
 
