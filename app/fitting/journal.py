@@ -74,6 +74,8 @@ class EvidenceJournal:
     def key(self, request: SystemOneRequest, hidden: bool) -> str:
         # In the request's own order: the order of the questions and options shapes the prompt.
         shown = json.dumps(request.model_dump(mode="json", exclude={"model"}), ensure_ascii=False)
+        media = request.media  # the images by identity, where they go and what names them
+        shown += json.dumps([[i.sha256 for i in media.images], media.placeholders, media.fields])
         return blake3.blake3(f"{self.identity}\0{int(hidden)}\0{shown}".encode()).hexdigest()[:32]
 
     def load(self, request: SystemOneRequest, hidden: bool) -> dict[str, Evidence] | None:

@@ -1,9 +1,10 @@
 """Fitting a model's calibration to a user's examples: read them, answer them through the normal path,
 fit each question with the model's calibration (app/calibration/), store the adopted fits, and report.
 
-An example is one state with questions and, optionally, the right answer per question id:
-`true`/`false` for a noul, an option name for a choice, a level index for a score. Examples without
-answers are unlabelled: they feed the label-free batch calibration only.
+An example is one state (with its images, as a JSON request carries them) with questions and,
+optionally, the right answer per question id: `true`/`false` for a noul, an option name for a choice,
+a level index for a score. Examples without answers are unlabelled: they feed the label-free batch
+calibration only.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.answering.service import ModelService
+from app.assets import request_of
 from app.calibration import (
     FOLDS,
     MIN_LABELLED,
@@ -31,6 +33,7 @@ from app.calibration import (
     ratio_of,
 )
 from app.contract import ChoiceQuestion, NoulQuestion, Question, SystemOneRequest, canonical_json
+from app.errors import InvalidRequest
 from app.fitting.journal import EvidenceJournal
 from app.progress import Progress
 
@@ -43,6 +46,8 @@ FEW_EXAMPLES = 50
 # calibration on held-out pipeline data (docs/calibration.md), from this many states on.
 LABEL_FREE_TYPES = ("noul", "score")
 FEW_STATES = 20
+# An example's images come as a request's do, in JSON: Jev's `assets` (base64) or llama.cpp's data URLs.
+IMAGE_FIELDS = ("assets", "images", "files")
 
 
 class ExampleError(ValueError):
@@ -77,11 +82,15 @@ def parse_examples(items: Iterable[Any], model: str = "jev-latest") -> list[User
         try:
             if not isinstance(item, dict):
                 raise ValueError("an example is an object with state, questions and (optionally) answers")
-            request = SystemOneRequest.model_validate({"model": model, **{k: item[k] for k in ("state", "questions")}})
+            body = {k: item[k] for k in ("state", "questions")} | {k: item[k] for k in IMAGE_FIELDS if k in item}
+            request = request_of({"model": model, **body})
             answers = item.get("answers") or {}
             if not isinstance(answers, dict) or set(answers) - set(request.questions):
                 raise ValueError("answers must be an object keyed by the example's question ids")
             found.append(UserExample(request, {q: right_index(request.questions[q], v) for q, v in answers.items()}))
+        except InvalidRequest as error:
+            where = ".".join(str(part) for part in error.details[0]["loc"][1:]) if error.details else ""
+            raise ExampleError(f"example {n}: {where}: {error}") from None
         except (KeyError, ValueError) as error:
             raise ExampleError(f"example {n}: {error}") from None
     if not found:
