@@ -71,6 +71,17 @@ def _integer(least: int | None = None, most: int | None = None) -> Callable[[str
     return parse_int
 
 
+def parse_coverage(text: str) -> float:
+    """A share strictly between 0 and 1: an answer set's coverage."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a number, not {text!r}") from None
+    if not 0 < value < 1:
+        raise ValueError(f"a coverage is between 0 and 1, not {text!r}")
+    return value
+
+
 def _positive_number(text: str) -> float:
     try:
         value = float(text)
@@ -225,6 +236,13 @@ class Settings:
         "divides calibrated log-probabilities: below 1 sharpens, above 1 softens (argmax unchanged; "
         "a known model file brings its fitted value)",
         _positive_number,
+        per_model=True,
+    )
+    answer_set_coverage: float = _option(
+        0.9,
+        "how often a fitted answer's x_set holds the right label, unless a request's x_coverage says "
+        "otherwise (split conformal prediction on the fit's held-out answers)",
+        parse_coverage,
         per_model=True,
     )
     calibration_dir: Path = _option(

@@ -8,13 +8,13 @@ same ones /openapi.json describes), each answer by `answer_of` with the contract
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from functools import cached_property
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictStr, ValidationError
 
+from app.confidence import choice_confidence, expected_score, score_confidence
 from app.images import NO_MEDIA, Media
 
 # A text field may be a string, an object or an array; the last two are rendered as canonical JSON.
@@ -89,6 +89,8 @@ class SystemOneRequest(_Model):
     assets: Annotated[dict[str, ImageAsset], Field(min_length=1)] | None = None  # placeholder: image (Jev's)
     images: list[StrictStr] | None = None  # data URLs, before the state (llama.cpp's; `files` is its alias)
     files: list[StrictStr] | None = None
+    # How often a fitted answer's x_set is to hold the right label (None: the model's default).
+    x_coverage: Annotated[float, Field(gt=0, lt=1)] | None = None
     _media: Media = PrivateAttr(default=NO_MEDIA)
 
     @cached_property
@@ -104,7 +106,7 @@ class SystemOneRequest(_Model):
 
     def carrying(self, state: Text, media: Media) -> SystemOneRequest:
         """This request with its images read: `state` without its image parts, `media` holding them."""
-        request = SystemOneRequest(model=self.model, state=state, questions=self.questions)
+        request = SystemOneRequest(model=self.model, state=state, questions=self.questions, x_coverage=self.x_coverage)
         request._media = media
         return request
 
@@ -222,6 +224,15 @@ class CalibrationUsed(BaseModel):
     examples: int
 
 
+class AnswerSet(BaseModel):
+    """The labels that hold the right one with probability `coverage`, by split conformal prediction on
+    the held-out answers of the fit that answered (docs/calibration.md): a noul's true/false, a
+    choice's option names (most probable first), a score's levels (a run of adjacent ones, in order)."""
+
+    labels: list[bool] | list[str]
+    coverage: Probability
+
+
 class NoulAnswer(BaseModel):
     type: Literal["noul"] = "noul"
     noul: Probability
@@ -229,6 +240,7 @@ class NoulAnswer(BaseModel):
     x_label_mass: Probability | None = None
     x_raw: Probability | None = None  # before calibration (absent when calibration is off)
     x_calibration: CalibrationUsed | None = None
+    x_set: AnswerSet | None = None
 
 
 class ChoiceAnswer(BaseModel):
@@ -239,6 +251,7 @@ class ChoiceAnswer(BaseModel):
     x_label_mass: Probability | None = None
     x_raw: dict[str, Probability] | None = None
     x_calibration: CalibrationUsed | None = None
+    x_set: AnswerSet | None = None
 
 
 class ScoreAnswer(BaseModel):
@@ -250,6 +263,7 @@ class ScoreAnswer(BaseModel):
     x_label_mass: Probability | None = None
     x_raw: dict[str, Probability] | None = None
     x_calibration: CalibrationUsed | None = None
+    x_set: AnswerSet | None = None
 
 
 Answer = Annotated[NoulAnswer | ChoiceAnswer | ScoreAnswer, Field(discriminator="type")]
@@ -337,12 +351,19 @@ def answer_of(
     mass: float | None,
     raw: list[float] | None = None,
     fit: CalibrationUsed | None = None,
+    answer_set: tuple[list[int], float] | None = None,
 ) -> Answer:
     """The answer in `question`'s type; `raw` (before calibration) is reported as x_raw when given,
-    `fit` (the user's fit that gave the probabilities) as x_calibration."""
+    `fit` (the user's fit that gave the probabilities) as x_calibration, `answer_set` (its label
+    indices in the set's order, and its coverage) as x_set."""
+    shown = None if answer_set is None else _answer_set(question, *answer_set)
     if isinstance(question, NoulQuestion):
         return NoulAnswer(
-            noul=probabilities[0], x_label_mass=mass, x_raw=raw[0] if raw is not None else None, x_calibration=fit
+            noul=probabilities[0],
+            x_label_mass=mass,
+            x_raw=raw[0] if raw is not None else None,
+            x_calibration=fit,
+            x_set=shown,
         )
     if isinstance(question, ChoiceQuestion):
         by_name = dict(zip(question.criteria, probabilities, strict=True))
@@ -355,6 +376,7 @@ def answer_of(
             x_label_mass=mass,
             x_raw=dict(zip(question.criteria, raw, strict=True)) if raw is not None else None,
             x_calibration=fit,
+            x_set=shown,
         )
     return ScoreAnswer(
         score=expected_score(probabilities),
@@ -364,35 +386,14 @@ def answer_of(
         x_label_mass=mass,
         x_raw={str(i): p for i, p in enumerate(raw)} if raw is not None else None,
         x_calibration=fit,
+        x_set=shown,
     )
 
 
-def choice_confidence(probabilities: Sequence[float]) -> float:
-    """(max_p - 1/n) / (1 - 1/n): 0 for a uniform answer, 1 for a certain one."""
-    n = len(probabilities)
-    return _unit((max(probabilities) - 1 / n) / (1 - 1 / n))
-
-
-def uniform_spread(n: int) -> float:
-    """u(n) = sum_i |i - (n-1)/2| / n: the mean distance from the middle level of a uniform answer."""
-    middle = (n - 1) / 2
-    return math.fsum(abs(i - middle) for i in range(n)) / n
-
-
-def score_confidence(probabilities: Sequence[float]) -> float:
-    """1 - sum_i p_i |i - m| / u(n), clamped at 0, where m is the most likely level."""
-    m = max(range(len(probabilities)), key=probabilities.__getitem__)
-    spread = math.fsum(p * abs(i - m) for i, p in enumerate(probabilities))
-    return _unit(1 - spread / uniform_spread(len(probabilities)))
-
-
-def expected_score(probabilities: Sequence[float]) -> float:
-    """sum_i i * p_i, added left to right as a client checking the answer would."""
-    total = 0.0
-    for i, p in enumerate(probabilities):
-        total += i * p
-    return total
-
-
-def _unit(x: float) -> float:
-    return min(1.0, max(0.0, x))
+def _answer_set(question: Question, labels: list[int], coverage: float) -> AnswerSet:
+    if isinstance(question, NoulQuestion):
+        return AnswerSet(labels=[i == 0 for i in labels], coverage=coverage)
+    if isinstance(question, ChoiceQuestion):
+        names = list(question.criteria)
+        return AnswerSet(labels=[names[i] for i in labels], coverage=coverage)
+    return AnswerSet(labels=[str(i) for i in sorted(labels)], coverage=coverage)

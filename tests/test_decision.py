@@ -21,7 +21,8 @@ from app.answering.prompter import Plan
 from app.answering.service import ModelService
 from app.calibration import softmax
 from app.calibration.contextual import CONTENT_FREE_STATES
-from app.contract import SystemOneRequest, choice_confidence
+from app.confidence import choice_confidence
+from app.contract import SystemOneRequest
 from app.engine.llama import SuffixTokens
 from app.errors import InvalidRequest
 from app.platform.tiny_gguf import write_tiny_gguf

@@ -120,6 +120,37 @@ def test_a_fit_answers_its_question_by_content_and_says_so(
         plain.close()
 
 
+def test_a_fitted_answer_carries_its_set_at_the_coverage_asked_and_an_unfitted_one_none(
+    fitted: tuple[Path, list[Any]], tiny_chat_path: Path
+) -> None:
+    folder, reports = fitted
+    team = next(report for report in reports if report["ids"] == ["team"])
+    assert set(team["sets"]) == {"0.8", "0.9", "0.95"}
+    assert all(0 <= s["coverage"] <= 1 and 1 <= s["size"] <= 3 for s in team["sets"].values())
+    service = served(tiny_chat_path, folder)
+    try:
+        sets = {}
+        for coverage in (None, 0.5, 0.9, 0.99):
+            asked = body("Which team takes this ticket about a login?", {"team": TEAM, "other": OTHER})
+            request = SystemOneRequest.model_validate(asked | ({"x_coverage": coverage} if coverage else {}))
+            answers = service.answer(request).wire()["answers"]
+            assert "x_set" not in answers["other"]  # no fit, no held-out answers: no set
+            shown = answers["team"]["x_set"]
+            assert shown["coverage"] == (coverage or 0.9) and shown["labels"][0] == answers["team"]["choice"]
+            sets[coverage] = shown["labels"]
+        assert sets[None] == sets[0.9]
+        assert set(sets[0.5]) <= set(sets[0.9]) <= set(sets[0.99])
+        assert sorted(sets[0.99]) == ["Alpha", "Beta", "Gamma"]  # rank ceil(61 x 0.99) of 60 answers: every label
+        urgent = service.answer(SystemOneRequest.model_validate(body("A ticket.", {"u": URGENT}))).wire()["answers"]
+        if "x_calibration" in urgent["u"]:
+            assert urgent["u"]["x_set"]["labels"] in ([True], [False], [True, False], [False, True])
+        for wrong in (0, 1, 1.5, "high"):
+            with pytest.raises(ValueError, match="x_coverage"):
+                SystemOneRequest.model_validate(body("A ticket.", {"u": URGENT}) | {"x_coverage": wrong})
+    finally:
+        service.close()
+
+
 def test_the_same_request_and_fits_give_the_same_numbers_hit_miss_or_cache_off(
     fitted: tuple[Path, list[Any]], tiny_chat_path: Path
 ) -> None:
@@ -219,6 +250,7 @@ def test_onepass_calibrate_writes_fits_a_report_and_warns_on_few_examples(tiny_c
     assert "warning: only 20 labelled examples" in done.stderr
     report = (tmp_path / "examples.report.md").read_text()
     assert report.startswith("# Calibration fitted to your examples: tiny-chat") and "reliability" in report
+    assert "## Answer sets (x_set)" in report and "| 90% held / mean size |" in report
     assert (tmp_path / "examples.report.png").stat().st_size > 1000
     assert (
         "Reliability diagram: examples.report.png" in report

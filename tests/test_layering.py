@@ -22,6 +22,7 @@ GROUND = {
     "config",
     "config_sources",
     "contract",
+    "confidence",
     "contract_jobs",
     "errors",
     "images",

@@ -97,7 +97,9 @@ class ModelService:
         )
         decoded_at = time.perf_counter()
         # a question seen for the first time has its content-free prior measured here
-        calibrated = self.calibration.calibrate(decoded.base, decoded.asked, fits, decoded.state_mean)
+        calibrated = self.calibration.calibrate(
+            decoded.base, decoded.asked, fits, decoded.state_mean, request.x_coverage
+        )
         return self.render(decoded, calibrated, started, decoded_at)
 
     def forget_state(self, request: SystemOneRequest) -> None:
@@ -264,7 +266,8 @@ def _answer(asked: QuestionReadouts, found: AnswerProbabilities) -> Answer:
     fit = found.fit
     used = None if fit is None else CalibrationUsed(id=fit.id, method=fit.method, examples=fit.examples)
     mass = asked.reading.mass(asked.readouts) if asked.readouts else None
-    return answer_of(asked.question, found.probabilities, mass, found.raw, used)
+    shown = None if found.answer_set is None or found.coverage is None else (found.answer_set, found.coverage)
+    return answer_of(asked.question, found.probabilities, mass, found.raw, used, shown)
 
 
 def question_readouts(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from app.calibration import candidates
+from app.calibration import candidates, conformal
 from app.calibration.candidates import Candidate
 from app.calibration.evidence import TINY, Array, Example, log_ratio
 from app.calibration.fit import Fit, sharpened, softmax
@@ -44,6 +44,7 @@ class FitChoice:
     candidates: dict[str, float]  # cross-validated log loss of each candidate
     folds: int = FOLDS
     not_tried: str | None = None  # why the per-label candidates were left out, if they were
+    sets: dict[str, dict[str, float]] | None = None  # the adopted fit's answer sets, held out (conformal.py)
 
 
 def fold_count(n: int) -> int:
@@ -115,8 +116,12 @@ def choose(
     # The chosen fit's own confidence, corrected by one temperature on its held-out-fold answers.
     held_out = np.log(np.maximum(predicted[best], TINY))
     sharpen = float(candidates.newton(held_out[:, :, None], right, np.ones(1), np.full(1, 1e-6), np.ones(1))[0])
-    after = scores(sharpened(predicted[best], sharpen), right)
-    return FitChoice(replace(fit, sharpen=sharpen), best, True, before, after, losses, count, not_tried)
+    held = sharpened(predicted[best], sharpen)
+    after = scores(held, right)
+    conformity = tuple(sorted(conformal.nonconformity(p, y, ordered) for p, y in zip(held, right, strict=True)))
+    sets = conformal.held_out_sets(held, right.tolist(), ordered)
+    fitted = replace(fit, sharpen=sharpen, conformity=conformity)
+    return FitChoice(fitted, best, True, before, after, losses, count, not_tried, sets)
 
 
 def _applied(fit: Fit, example: Example) -> list[float]:

@@ -51,6 +51,8 @@ class Fit:
     weights: tuple[tuple[float, ...], ...] = ()  # one row per label, one column per feature
     penalty: float = 0.0
     sharpen: float = 1.0  # a last temperature: the fit's own over- or under-confidence, corrected
+    # Its held-out answers' nonconformities, sorted: what its answer sets are bounded by (conformal.py).
+    conformity: tuple[float, ...] = ()
 
     @property
     def reads_every_question(self) -> bool:
@@ -83,6 +85,7 @@ class Fit:
             "weights": [list(row) for row in self.weights],
             "penalty": self.penalty,
             "sharpen": self.sharpen,
+            "conformity": list(self.conformity),
         }
 
     @classmethod
@@ -102,6 +105,7 @@ class Fit:
             weights=tuple(tuple(float(x) for x in row) for row in data["weights"]),
             penalty=float(data["penalty"]),
             sharpen=float(data.get("sharpen", 1.0)),
+            conformity=tuple(float(x) for x in data.get("conformity", ())),
         )
 
     def apply(
@@ -188,6 +192,8 @@ class FitRecord:
     states: int | None = None  # a label-free fit: the states it was fitted on
     before: dict[str, Any] | None = None  # contextual calibration's scores on the examples
     after: dict[str, Any] | None = None  # the fit's, cross-validated
+    # its answer sets on its held-out answers, per coverage: {"0.9": {"coverage": ..., "size": ...}}
+    sets: dict[str, Any] | None = None
     question_set: tuple[str, ...] | None = None  # a question-set fit: the keys of every question it reads
     # the keys of the questions every example asked it with (None: they asked it in different sets); in
     # question-first, where a question's prompt holds the whole set, the fit applies to that set only
@@ -203,7 +209,7 @@ class FitRecord:
             "fit": self.fit.to_json(),
             "examples": self.examples,
         }
-        optional = {"states": self.states, "before": self.before, "after": self.after}
+        optional = {"states": self.states, "before": self.before, "after": self.after, "sets": self.sets}
         found.update({name: value for name, value in optional.items() if value is not None})
         if self.question_set is not None:
             found["set"] = list(self.question_set)
@@ -227,6 +233,7 @@ class FitRecord:
             states=None if data.get("states") is None else int(data["states"]),
             before=data.get("before"),
             after=data.get("after"),
+            sets=data.get("sets"),
             question_set=None if question_set is None else tuple(str(key) for key in question_set),
             asked_with=None if asked_with is None else tuple(str(key) for key in asked_with),
             id=str(data.get("id", "")),

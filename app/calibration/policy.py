@@ -16,7 +16,7 @@ from typing import Literal, Protocol, get_args
 import numpy as np
 from numpy.typing import NDArray
 
-from app.calibration import candidates, choosing
+from app.calibration import candidates, choosing, conformal
 from app.calibration.contextual import Priors, divide
 from app.calibration.evidence import Evidence, Example, ratio_of
 from app.calibration.fit import Fit, FitRecord
@@ -88,12 +88,15 @@ class QuestionReadouts:
 
 @dataclass(frozen=True)
 class AnswerProbabilities:
-    """A question's answer probabilities, its raw ones where calibration changed them (x_raw), and the
-    user's fit that gave them (x_calibration)."""
+    """A question's answer probabilities, its raw ones where calibration changed them (x_raw), the
+    user's fit that gave them (x_calibration), and the fit's answer set at `coverage` (x_set: the label
+    indices, in the set's order)."""
 
     probabilities: list[float]
     raw: list[float] | None = None
     fit: FitRecord | None = None
+    answer_set: list[int] | None = None
+    coverage: float | None = None
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,9 @@ class FitsFound:
 class Calibration:
     """One model's calibration: its mode, its temperature, the content-free priors, the user's fits."""
 
-    def __init__(self, mode: str, temperature: float, priors: Priors, store: FitStore | None = None) -> None:
+    def __init__(
+        self, mode: str, temperature: float, priors: Priors, store: FitStore | None = None, coverage: float = 0.9
+    ) -> None:
         if mode not in get_args(Mode):
             raise ValueError(f"calibration is one of {', '.join(get_args(Mode))}, not {mode!r}")
         if temperature <= 0:
@@ -133,6 +138,7 @@ class Calibration:
         self.temperature = temperature  # T0: divides the calibrated log-probabilities (below 1 sharpens)
         self.priors = priors
         self.store = store  # None: this model keeps no fits
+        self.coverage = conformal.checked_coverage(coverage)  # a fitted answer's set's, unless a request asks another
 
     def fits_for(self, questions: Mapping[str, Question], *, same_set: bool = False) -> FitsFound:
         """The fits that answer these questions. A question-set fit applies only when the request asks
@@ -153,19 +159,49 @@ class Calibration:
         )
 
     def calibrate(
-        self, base: Snapshot, asked: Mapping[str, QuestionReadouts], fits: FitsFound, state_mean: Vector | None = None
+        self,
+        base: Snapshot,
+        asked: Mapping[str, QuestionReadouts],
+        fits: FitsFound,
+        state_mean: Vector | None = None,
+        coverage: float | None = None,
     ) -> dict[str, AnswerProbabilities]:
         """Each question's probabilities. `base`: the snapshot the suffixes followed (the priors are
-        measured after it, the first time a question is seen); `state_mean`: the state's, where read."""
+        measured after it, the first time a question is seen); `state_mean`: the state's, where read;
+        `coverage`: the answer sets' (None: this model's default)."""
         fitted = self._fitted(base, asked, fits, state_mean)
+        coverage = self.coverage if coverage is None else coverage
         found = {}
         for qid, question in asked.items():
             record = fits.by_id.get(qid)
             if record is not None:
                 raw = question.raw() if question.readouts else None  # None: read from the state alone
-                found[qid] = AnswerProbabilities(fitted[qid], raw, record)
+                found[qid] = _with_set(question.question, fitted[qid], raw, record, coverage)
             else:
                 found[qid] = self._unfitted(base, question)
+        return found
+
+    def answer_evidence(
+        self,
+        questions: Mapping[str, Question],
+        row: Mapping[str, Evidence],
+        fits: FitsFound,
+        coverage: float | None = None,
+    ) -> dict[str, AnswerProbabilities]:
+        """Each question's answer from its stored evidence about one state (what fitting keeps of an
+        answered state, `row` by question id), as `calibrate` answers it from a decode: by its fit,
+        with the fit's set, where one applies; else contextually calibrated (or raw with "none")."""
+        coverage = self.coverage if coverage is None else coverage
+        ratios = {question_key(questions[qid]): ratio_of(e) for qid, e in row.items()}
+        found = {}
+        for qid, question in questions.items():
+            e, record = row[qid], fits.by_id.get(qid)
+            if record is None:
+                calibrated = e.raw if self.mode == "none" else divide(e.raw, e.prior, self.temperature)
+                found[qid] = AnswerProbabilities(list(calibrated), e.raw)
+            else:
+                fitted = record.fit.apply(e.labels, e.raw, e.prior, e.hidden, ratios, e.state_mean)
+                found[qid] = _with_set(question, fitted, e.raw, record, coverage)
         return found
 
     def evidence(
@@ -232,3 +268,15 @@ class Calibration:
         for qid in state_only:
             found[qid] = fits.by_id[qid].fit.apply_to_state(label_keys(asked[qid].question), state_mean)
         return found
+
+
+def _with_set(
+    question: Question, probabilities: list[float], raw: list[float] | None, record: FitRecord, coverage: float
+) -> AnswerProbabilities:
+    """A fitted answer with its set at `coverage`, where the fit kept held-out answers to bound one (a
+    label-free fit, or one stored before sets were, has none)."""
+    if not record.fit.conformity:
+        return AnswerProbabilities(probabilities, raw, record)
+    bound = conformal.threshold(record.fit.conformity, coverage)
+    labels = conformal.answer_set(probabilities, bound, question.type == "score")
+    return AnswerProbabilities(probabilities, raw, record, labels, coverage)

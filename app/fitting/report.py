@@ -36,6 +36,7 @@ def markdown(reports: list[dict[str, Any]], model: str, examples: int, seconds: 
             f"| {_cell(before, 'accuracy')} -> {_cell(after, 'accuracy')} "
             f"| {_cell(before, 'brier')} -> {_cell(after, 'brier')} | {_cell(before, 'ece')} -> {_cell(after, 'ece')} |"
         )
+    lines += _sets_table(reports)
     errors = [f"- {r['name']} ({r['key']}): {r['error']}" for r in reports if r["error"]]
     if errors:
         lines += [
@@ -70,6 +71,30 @@ def markdown(reports: list[dict[str, Any]], model: str, examples: int, seconds: 
         candidates = ", ".join(f"{name} {loss:.3f}" for name, loss in sorted(r["candidates"].items()))
         lines += ["", f"Cross-validated log loss: contextual {r['before']['log_loss']:.3f}; {candidates}."]
     return "\n".join(lines) + "\n"
+
+
+def _sets_table(reports: list[dict[str, Any]]) -> list[str]:
+    """Each adopted fit's answer sets on its held-out answers: how often they held the right label, and
+    their mean size, at each coverage asked of them."""
+    fitted = [r for r in reports if r.get("sets")]
+    if not fitted:
+        return []
+    levels = list(fitted[0]["sets"])
+    lines = [
+        "",
+        "## Answer sets (x_set)",
+        "",
+        "Each fitted answer carries the smallest set of labels that holds the right one at the coverage a "
+        "request asks (90% by default). Measured on the held-out answers: half of them set the bound, the "
+        "other half are scored, over 200 random halvings. A question without a fit gets no set.",
+        "",
+        "| question | " + " | ".join(f"{float(level):.0%} held / mean size" for level in levels) + " |",
+        "|---|" + "---|" * len(levels),
+    ]
+    for r in fitted:
+        cells = [f"{r['sets'][level]['coverage']:.3f} / {r['sets'][level]['size']:.2f}" for level in levels]
+        lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 # matplotlib is a dev extra, not a dependency of the server: the report's tables carry the same bins.

@@ -137,6 +137,7 @@ class QuestionReport:
             "before": choice.before.to_json() if choice else None,
             "after": choice.after.to_json() if choice else None,
             "candidates": choice.candidates if choice else {},
+            "sets": choice.sets if choice and choice.adopted else None,
             "warning": self.warning,
             "error": self.error,
         }
@@ -324,6 +325,7 @@ def fit_question(
             examples=len(labelled),
             before=choice.before.to_json(),
             after=choice.after.to_json(),
+            sets=choice.sets,
             question_set=None if reads is None else tuple(reads),
             asked_with=asked_with,
         )

@@ -135,6 +135,7 @@ def assemble(
     *,
     calibration: str = "none",
     calibration_temperature: float = 1.0,
+    coverage: float = 0.9,
     disk: DiskTier | None = None,
     fits: FitStore | None = None,
     key_fn: Callable[..., CacheKey] = cache_key,
@@ -149,7 +150,7 @@ def assemble(
         lambda base, jobs: engine.decode_suffixes(base, jobs).readouts,
         DiskPriors(disk, engine.fingerprint, engine.kv_settings) if disk is not None else None,
     )
-    policy = Calibration(calibration, calibration_temperature, priors, fits)
+    policy = Calibration(calibration, calibration_temperature, priors, fits, coverage)
     return ModelService(name, engine, prompter, states, question_sets, policy, dependence_of(prompter))
 
 
@@ -185,6 +186,7 @@ def load_spec(spec: ModelSpec) -> ModelService:
             cache,
             calibration=calibration,
             calibration_temperature=spec.settings.calibration_temperature,
+            coverage=spec.settings.answer_set_coverage,
             disk=disk_tier_for(spec, engine) if cache.enabled else None,
             fits=fits_for(spec, engine, prompter),
         )
