@@ -227,7 +227,8 @@ class CalibrationUsed(BaseModel):
 class AnswerSet(BaseModel):
     """The labels that hold the right one with probability `coverage`, by split conformal prediction on
     the held-out answers of the fit that answered (docs/calibration.md): a noul's true/false, a
-    choice's option names (most probable first), a score's levels (a run of adjacent ones, in order)."""
+    choice's option names (most probable first), a score's levels (a run of adjacent ones, in order);
+    none where no label is probable enough at that coverage."""
 
     labels: list[bool] | list[str]
     coverage: Probability

@@ -136,14 +136,15 @@ def test_a_fitted_answer_carries_its_set_at_the_coverage_asked_and_an_unfitted_o
             answers = service.answer(request).wire()["answers"]
             assert "x_set" not in answers["other"]  # no fit, no held-out answers: no set
             shown = answers["team"]["x_set"]
-            assert shown["coverage"] == (coverage or 0.9) and shown["labels"][0] == answers["team"]["choice"]
+            assert shown["coverage"] == (coverage or 0.9)
+            assert shown["labels"][:1] in ([], [answers["team"]["choice"]])  # most probable first
             sets[coverage] = shown["labels"]
         assert sets[None] == sets[0.9]
         assert set(sets[0.5]) <= set(sets[0.9]) <= set(sets[0.99])
         assert sorted(sets[0.99]) == ["Alpha", "Beta", "Gamma"]  # rank ceil(61 x 0.99) of 60 answers: every label
         urgent = service.answer(SystemOneRequest.model_validate(body("A ticket.", {"u": URGENT}))).wire()["answers"]
         if "x_calibration" in urgent["u"]:
-            assert urgent["u"]["x_set"]["labels"] in ([True], [False], [True, False], [False, True])
+            assert urgent["u"]["x_set"]["labels"] in ([], [True], [False], [True, False], [False, True])
         for wrong in (0, 1, 1.5, "high"):
             with pytest.raises(ValueError, match="x_coverage"):
                 SystemOneRequest.model_validate(body("A ticket.", {"u": URGENT}) | {"x_coverage": wrong})

@@ -14,8 +14,9 @@ def test_a_wider_set_is_less_sure_and_a_certain_answer_is_worth_nothing() -> Non
     one = AnswerProbabilities([0.6, 0.3, 0.1], answer_set=[0], coverage=0.9)
     two = AnswerProbabilities([0.6, 0.3, 0.1], answer_set=[0, 1], coverage=0.9)
     every = AnswerProbabilities([0.4, 0.3, 0.3], answer_set=[0, 1, 2], coverage=0.9)
+    none = AnswerProbabilities([0.4, 0.3, 0.3], answer_set=[], coverage=0.9)
     assert unsureness(certain) == 0.0
-    assert unsureness(one) < unsureness(two) < unsureness(every) <= 1.0
+    assert unsureness(one) < unsureness(two) < unsureness(every) == unsureness(none) <= 1.0
     assert worth({"a": certain, "b": every}) == unsureness(every) / 2
 
 

@@ -1,17 +1,19 @@
 """Answer sets with a coverage guarantee: split conformal prediction on a fit's held-out answers.
 
 A fit's examples were each answered by the fit cross-validated (fitted on the other folds), so each
-one's answer is a held-out answer. For an answer p and its right label y the nonconformity is the
-probability mass a set must take, in the set's own order, to reach y: the labels most probable first
-(APS, Romano et al. 2020, without its randomisation, so an answer's set is a function of its
-probabilities), or for a score's ordered levels an interval grown from the most probable level toward
-its more probable neighbour, so the set is always a run of adjacent levels. With the n held-out
-nonconformities sorted, a new answer's set at coverage c takes its labels, in that order, while their
-mass stays within the ceil((n + 1) c)-th smallest of them (all labels when that rank exceeds n), and
-always its most probable one. If the examples and the new states are exchangeable, the set holds the
-right label with probability at least about c: the scores come from fits on 4/5 of the examples, not
-the one served (cross-conformal, Vovk 2015), and docs/calibration.md gives the coverage measured on
-held-out data.
+one's answer is a held-out answer. For an answer p and its right label y the nonconformity is how
+little probability the set must reach down to, to take y: 1 - p_y for a noul or a choice (the least
+ambiguous sets of Sadinle, Lei and Wasserman 2019, the smallest on average for a given coverage),
+and for a score 1 - the least probability on the levels from the most probable one to y, so that a
+score's set is always a run of adjacent levels. With the n held-out nonconformities sorted, a new
+answer's set at coverage c is every label whose nonconformity is within the ceil((n + 1) c)-th
+smallest of them (every label when that rank exceeds n). If the examples and the new states are
+exchangeable, the set holds the right label with probability at least c, and at most about
+c + 1/(n + 1): each label's nonconformity is a function of the answer alone, so a set is too (no
+randomisation, unlike APS), and it grows where the answer spreads its probability. A set may be
+empty: no label is probable enough at that coverage, which marks an answer to check as a wide set
+does. The scores come from fits on 4/5 of the examples, not the one served (cross-conformal, Vovk
+2015), so the coverage is measured on held-out data too (docs/calibration.md).
 """
 
 from __future__ import annotations
@@ -30,32 +32,20 @@ Probabilities = Sequence[float] | NDArray[np.float64]  # one answer's, in its la
 CHECK_SHARE, CHECK_SPLITS = 0.5, 200
 
 
-def set_order(probabilities: Probabilities, ordered: bool) -> list[int]:
-    """The labels in the order a set takes them. Ties go to the lower index, so the order is a
-    function of the probabilities alone."""
-    p = [float(x) for x in probabilities]
-    top = min(range(len(p)), key=lambda i: (-p[i], i))
+def _top(probabilities: Probabilities) -> int:
+    """The most probable label; ties to the lower index."""
+    return min(range(len(probabilities)), key=lambda i: (-float(probabilities[i]), i))
+
+
+def nonconformity(probabilities: Probabilities, label: int, ordered: bool) -> float:
+    """How little probability a set must take to hold `label`: 1 - its probability, or for a score's
+    levels 1 - the least probability between the most probable level and it."""
+    if not 0 <= label < len(probabilities):
+        raise ValueError(f"label {label} is not among the {len(probabilities)} labels")
     if not ordered:
-        return sorted(range(len(p)), key=lambda i: (-p[i], i))
-    found, low, high = [top], top - 1, top + 1
-    while low >= 0 or high < len(p):
-        if high >= len(p) or (low >= 0 and p[low] >= p[high]):
-            found.append(low)
-            low -= 1
-        else:
-            found.append(high)
-            high += 1
-    return found
-
-
-def nonconformity(probabilities: Probabilities, right: int, ordered: bool) -> float:
-    """The mass of the labels a set takes up to and including the right one."""
-    mass = 0.0
-    for label in set_order(probabilities, ordered):
-        mass += float(probabilities[label])
-        if label == right:
-            return mass
-    raise ValueError(f"label {right} is not among the {len(probabilities)} labels")
+        return 1.0 - float(probabilities[label])
+    low, high = sorted((_top(probabilities), label))
+    return 1.0 - min(float(p) for p in probabilities[low : high + 1])
 
 
 def checked_coverage(coverage: float) -> float:
@@ -65,23 +55,16 @@ def checked_coverage(coverage: float) -> float:
 
 
 def threshold(scores: Sequence[float], coverage: float) -> float:
-    """The set's mass bound at `coverage` from the sorted held-out nonconformities: their
+    """The sets' bound at `coverage` from the sorted held-out nonconformities: their
     ceil((n + 1) coverage)-th smallest, or infinity (every label) when n is too few for that rank."""
     rank = math.ceil((len(scores) + 1) * checked_coverage(coverage))
     return math.inf if rank > len(scores) else float(scores[rank - 1])
 
 
 def answer_set(probabilities: Probabilities, bound: float, ordered: bool) -> list[int]:
-    """The labels of an answer's set under the mass bound `bound`, in the set's order: the most
-    probable label, then each next one while the mass taken stays within the bound."""
-    order = set_order(probabilities, ordered)
-    found, mass = [order[0]], float(probabilities[order[0]])
-    for label in order[1:]:
-        mass += float(probabilities[label])
-        if mass > bound:
-            break
-        found.append(label)
-    return found
+    """The labels whose nonconformity is within `bound`: most probable first, or a score's levels in order."""
+    found = [i for i in range(len(probabilities)) if nonconformity(probabilities, i, ordered) <= bound]
+    return found if ordered else sorted(found, key=lambda i: (-float(probabilities[i]), i))
 
 
 def held_out_sets(

@@ -1,9 +1,9 @@
 """Which states to label next: those whose answers the fits are least sure of, spread over the states.
 
 A state's worth is the mean, over its questions, of how unsure its answer is: for a question answered
-by a fit with answer sets, the share of the other labels its set takes (one label: 0, every label:
-1), plus a small part of the probability left off its top label, so that among equal sets the less
-sure answer comes first; for a question without one, the probability left off the top label. States
+by a fit with answer sets, the share of the other labels its set takes (one label: 0, every label or
+none: 1), plus a small part of the probability left off its top label, so that among equal sets the
+less sure answer comes first; for a question without one, the probability left off the top label. States
 are taken greedily by worth times distance: the distance (1 - cosine similarity of the states' mean
 vectors, Snapshot.state_mean) to the nearest state already labelled or taken, so that fifty labels
 are not fifty near-copies of one ticket (a core-set with uncertainty, as in Ash et al. 2020's BADGE,
@@ -29,7 +29,8 @@ def unsureness(answer: AnswerProbabilities) -> float:
     if answer.answer_set is None:
         return off_top
     others = len(answer.probabilities) - 1
-    return (1 - TIE_SHARE) * (len(answer.answer_set) - 1) / others + TIE_SHARE * off_top
+    taken = len(answer.answer_set) - 1 if answer.answer_set else others  # none: no label is probable enough
+    return (1 - TIE_SHARE) * taken / others + TIE_SHARE * off_top
 
 
 def worth(answers: Mapping[str, AnswerProbabilities]) -> float:
