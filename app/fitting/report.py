@@ -37,6 +37,7 @@ def markdown(reports: list[dict[str, Any]], model: str, examples: int, seconds: 
             f"| {_cell(before, 'brier')} -> {_cell(after, 'brier')} | {_cell(before, 'ece')} -> {_cell(after, 'ece')} |"
         )
     lines += _sets_table(reports)
+    lines += _unreached(reports)
     errors = [f"- {r['name']} ({r['key']}): {r['error']}" for r in reports if r["error"]]
     if errors:
         lines += [
@@ -94,6 +95,23 @@ def _sets_table(reports: list[dict[str, Any]]) -> list[str]:
     for r in fitted:
         cells = [f"{r['sets'][level]['coverage']:.3f} / {r['sets'][level]['size']:.2f}" for level in levels]
         lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _unreached(reports: list[dict[str, Any]]) -> list[str]:
+    """The questions a fit leaves unsure, and what their data suggests (app/fitting/reach.py)."""
+    unsure = [r for r in reports if r.get("reach")]
+    if not unsure:
+        return []
+    lines = ["", "## Where the fits stay unsure", ""]
+    for r in unsure:
+        found = r["reach"]
+        width = "" if found["set_size"] is None else f", 90% sets of {found['set_size']:.2f} labels on average"
+        lines += [
+            f"- **{r['name']}**: cross-validated accuracy {found['accuracy']:.3f}{width}.",
+            f"  More labels of the same kind: {found['more_labels']}.",
+            f"  Otherwise: {found['advice']}.",
+        ]
     return lines
 
 

@@ -35,6 +35,7 @@ from app.calibration import (
 from app.contract import ChoiceQuestion, NoulQuestion, Question, SystemOneRequest, canonical_json
 from app.errors import InvalidRequest
 from app.fitting.journal import EvidenceJournal
+from app.fitting.reach import reach
 from app.progress import Progress
 
 log = logging.getLogger("onepass.calibrate")
@@ -121,6 +122,7 @@ class QuestionReport:
     label_free: str | None = None  # the label-free method adopted for a question without labels
     error: str | None = None  # what went wrong fitting it: its fit is not stored, the others are
     name: str = ""  # how the report names it: its ids, and its options where other questions share the ids
+    reach: dict[str, Any] | None = None  # where its fit leaves it unsure: what the data suggests (reach.py)
 
     def to_json(self) -> dict[str, Any]:
         choice = self.choice
@@ -138,6 +140,7 @@ class QuestionReport:
             "after": choice.after.to_json() if choice else None,
             "candidates": choice.candidates if choice else {},
             "sets": choice.sets if choice and choice.adopted else None,
+            "reach": self.reach,
             "warning": self.warning,
             "error": self.error,
         }
@@ -313,7 +316,8 @@ def fit_question(
         example_of(e, right, canonical, None if sets is None else sets[n]) for n, (_, e, right) in enumerate(labelled)
     ]
     sample = [example_of(e, None, canonical) for _, _, e in rows]  # every state, labelled or not
-    choice = calibration.choose(train, sample, key, ordered=question.type == "score")
+    ordered = question.type == "score"
+    choice = calibration.choose(train, sample, key, ordered=ordered)
     record = None
     if choice.adopted and choice.fit is not None:
         reads = sorted({f[0] for f in choice.fit.features}) if choice.fit.reads_every_question else None
@@ -329,8 +333,9 @@ def fit_question(
             question_set=None if reads is None else tuple(reads),
             asked_with=asked_with,
         )
-    report = QuestionReport(key, ids, shown, len(labelled), unlabelled, choice, _notes(len(labelled), choice))
-    return report, record
+    unsure = reach(calibration, choice, train, sample, key, ordered)
+    notes = _notes(len(labelled), choice)
+    return QuestionReport(key, ids, shown, len(labelled), unlabelled, choice, notes, reach=unsure), record
 
 
 LABEL_FREE = "batch (label-free)"
