@@ -90,7 +90,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?=
 PORT ?=
 
-.PHONY: api-examples setup vulkan-deps bench-native test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-images bench-fleet bench-calibration eval load check-gpu clean clean-build
+.PHONY: api-examples setup vulkan-deps bench-native test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-images bench-fleet bench-calibration bench-labelling eval load check-gpu clean clean-build
 
 # `make setup` records the choice even when that build is installed already (choosing it again).
 setup: $(INSTALL_STAMP)
@@ -286,6 +286,14 @@ bench-calibration: model $(BENCH_STAMP)
 	$(BIN)/python -m bench.evidence
 	$(BIN)/python -m bench.evidence --seed 1 --per-workload 100 --out bench/results/calibration-evidence-test.json
 	$(BIN)/python -m bench.calibration_study
+
+# The labelling loop on the same evidence (make bench-calibration writes it; without its *.hidden.npz the probes
+# are not tried, and the bench says so): labels chosen by onepass label's ranking against random ones, held-out
+# accuracy and 90% answer sets; and the support priority asked as its facts (bench/priority_facts.py answers
+# those with the default model first, about 2 minutes): bench/results/<date>-<sha>-labelling.{json,md}.
+bench-labelling: model $(BENCH_STAMP)
+	$(BIN)/python -m bench.priority_facts
+	$(BIN)/python -m bench.labelling $(BENCH_ARGS)
 
 # Accuracy and calibration on tests/eval/items.jsonl: make eval EVAL_ARGS="--model models/other.gguf"
 EVAL_ARGS ?=

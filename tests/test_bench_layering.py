@@ -24,7 +24,10 @@ LAYERS: list[set[str]] = [
         "restart",
         "shared_suffixes",
         "image_states",
+        "priority_facts",
     },
+    # what builds on a scenario's pieces: the labelling loop on calibration_study's evidence
+    {"labelling"},
     # make bench; what reads the eval set or compares its reports, or compares onepass with llama.cpp
     {"run", "compare_evals", "native_template", "native_decision"},
     {"native_speed"},  # onepass and llama.cpp's /v1/systemone on speed: reads native_decision's agreement

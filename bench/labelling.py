@@ -1,0 +1,381 @@
+"""The labelling loop, simulated on the project's pipelines: labels chosen by the ranking against labels
+chosen at random, and the answer sets' coverage on items no fit saw.
+
+Reads the stored evidence of the pipeline workloads (bench/evidence.py: the default model's answers,
+hidden vectors beside them). Per workload, seed 0's items are the unlabelled states a user has; seed
+1's items that are not among them are held out. Two ways to choose which states get labels:
+
+- ranked, as `onepass label` does: no fit at first; take the next BATCH states app/fitting/ranking.py
+  ranks first (their answers as served now, with the fits so far, and their mean vectors), label
+  them (the generator's right answers stand in for the user), refit as the fitting run does
+  (app/fitting/runner.py's fit_all), and so on;
+- random: the same numbers of states drawn at random from the pool, REPEATS draws each.
+
+After 20, 40, 60 and 100 labels each question is scored on the held-out items as a request would be
+answered (Calibration.answer_evidence): accuracy, and for a fitted question its 90% sets' coverage
+and mean size. With bench/results/priority-facts-evidence.json (bench/priority_facts.py) it also
+fits the support priority with its facts asked beside it (the question-set fit) on the first 100
+items and scores it on the held-out ones. Writes bench/results/<date>-<sha>-labelling.{json,md}.
+
+    .venv/bin/python -m bench.labelling [--repeats 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.calibration import Calibration, Evidence, FitRecord, FitsFound, question_key
+from app.contract import SystemOneRequest
+from app.fitting.ranking import next_to_label, worth
+from app.fitting.runner import UserExample, fit_all
+from bench.calibration_study import TEST, fitting_at, load, load_hidden, parsed
+from bench.evidence import OUT as EVIDENCE
+from bench.output import RESULTS, Progress, git_sha, machine, table, write_atomically
+from bench.priority_facts import FACTS, facts_of, priority_of
+from bench.priority_facts import OUT as FACTS_EVIDENCE
+
+SIZES = (20, 40, 60, 100)
+BATCH = 10
+COVERAGE = 0.9
+# The issue's targets on this machine and the default model (issue 51, item 3).
+COVERED = (0.87, 0.95)
+SMALL_SET, SURE = 1.3, 0.95
+
+
+@dataclass
+class Data:
+    """One workload's pool (states a user has, with the answers a user would give) and held-out items."""
+
+    questions: dict[str, Any]
+    pool: tuple[list[UserExample], list[dict[str, Evidence]]]
+    test: tuple[list[UserExample], list[dict[str, Evidence]]]
+
+
+def workloads(names: Sequence[str] | None) -> tuple[dict[str, Data], float, str]:
+    data, test = load(EVIDENCE), load(TEST)
+    hidden, test_hidden = load_hidden(EVIDENCE), load_hidden(TEST)
+    found = {}
+    for name, workload in data["workloads"].items():
+        if names and name not in names:
+            continue
+        seen = {item["state"] for item in workload["items"]}
+        fresh = [i for i, item in enumerate(test["workloads"][name]["items"]) if item["state"] not in seen]
+        pool = parsed(name, workload, hidden)
+        found[name] = Data(workload["questions"], pool, parsed(name, test["workloads"][name], test_hidden, fresh))
+    return found, float(data["calibration_temperature"]), str(data["fingerprint"])
+
+
+def fitted(
+    calibration: Calibration, examples: list[UserExample], evidence: list[dict[str, Evidence]]
+) -> dict[str, FitRecord]:
+    _, records = fit_all(examples, evidence, calibration, question_set=False)
+    return {record.key: record for record in records}
+
+
+def fits_of(records: dict[str, FitRecord], request: SystemOneRequest) -> FitsFound:
+    """The fits that answer the request's questions, as a served model finds them: a question-set fit
+    where the request asks its whole set, else the question's own."""
+    keys = {qid: question_key(q) for qid, q in request.questions.items()}
+    asked = set(keys.values())
+    sets = {r.key: r for r in records.values() if r.question_set is not None and set(r.question_set) <= asked}
+    single = {r.key: r for r in records.values() if r.question_set is None}
+    return FitsFound({qid: sets.get(k) or single[k] for qid, k in keys.items() if k in sets or k in single})
+
+
+Pair = tuple[list[UserExample], list[dict[str, Evidence]]]
+
+
+def scored(calibration: Calibration, records: dict[str, FitRecord], test: Pair) -> dict[str, dict[str, Any]]:
+    """Each question on the held-out items, answered as a request would be: accuracy; a fitted
+    question's 90% sets' coverage and mean size."""
+    examples, evidence = test
+    request = examples[0].request
+    fits = fits_of(records, request)
+    rows: dict[str, dict[str, list[float]]] = {q: {"right": [], "covered": [], "size": []} for q in request.questions}
+    for example, row in zip(examples, evidence, strict=True):
+        for qid, answer in calibration.answer_evidence(request.questions, row, fits, COVERAGE).items():
+            if qid not in example.answers:  # asked beside the labelled questions (a policy's facts)
+                continue
+            right = example.answers[qid]
+            rows[qid]["right"].append(float(int(np.argmax(answer.probabilities)) == right))
+            if answer.answer_set is not None:
+                rows[qid]["covered"].append(float(right in answer.answer_set))
+                rows[qid]["size"].append(float(len(answer.answer_set)))
+    found = {}
+    for qid, got in rows.items():
+        if not got["right"]:
+            continue
+        record = fits.by_id.get(qid)
+        found[qid] = {
+            "method": record.method if record else "contextual",
+            "accuracy": float(np.mean(got["right"])),
+            "coverage": float(np.mean(got["covered"])) if got["covered"] else None,
+            "size": float(np.mean(got["size"])) if got["size"] else None,
+        }
+    return found
+
+
+def ranked(calibration: Calibration, data: Data, sizes: Sequence[int], progress: Progress) -> dict[int, Any]:
+    """The loop `onepass label` runs, labels standing in for the user's: rank, label a batch, refit."""
+    examples, evidence = data.pool
+    request = examples[0].request
+    vectors = [next(iter(row.values())).state_mean for row in evidence]
+    labelled: list[int] = []
+    records: dict[str, FitRecord] = {}
+    found = {}
+    while len(labelled) < max(sizes):
+        fits = fits_of(records, request)
+        worths = [worth(calibration.answer_evidence(request.questions, row, fits, COVERAGE)) for row in evidence]
+        upto = min(size for size in sizes if size > len(labelled))
+        labelled += next_to_label(worths, vectors, labelled, min(BATCH, upto - len(labelled)))
+        records = fitted(calibration, [examples[i] for i in labelled], [evidence[i] for i in labelled])
+        if len(labelled) in sizes:
+            found[len(labelled)] = scored(calibration, records, data.test)
+            progress.step(f"ranked {len(labelled)}")
+    return found
+
+
+def drawn(
+    calibration: Calibration, data: Data, sizes: Sequence[int], repeats: int, progress: Progress
+) -> dict[int, Any]:
+    """The same numbers of labels drawn at random: each question's scores averaged over the draws."""
+    examples, evidence = data.pool
+    rng = np.random.default_rng(0)
+    found = {}
+    for size in sizes:
+        runs = []
+        for _ in range(repeats):
+            chosen = sorted(int(i) for i in rng.choice(len(examples), size, replace=False))
+            records = fitted(calibration, [examples[i] for i in chosen], [evidence[i] for i in chosen])
+            runs.append(scored(calibration, records, data.test))
+            progress.step(f"random {size}")
+        found[size] = {qid: averaged([run[qid] for run in runs]) for qid in runs[0]}
+    return found
+
+
+def averaged(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    def mean(key: str) -> float | None:
+        values = [run[key] for run in runs if run[key] is not None]
+        return float(np.mean(values)) if values else None
+
+    methods = sorted({run["method"] for run in runs})
+    return {
+        "method": ", ".join(methods),
+        "accuracy": mean("accuracy"),
+        "coverage": mean("coverage"),
+        "size": mean("size"),
+    }
+
+
+def with_facts(calibration: Calibration, data: Data, n_fit: int) -> dict[str, Any] | None:
+    """The support priority where its fit alone stays unsure: fitted alone; with its facts asked beside
+    it as nouls (their answers labelled too, read back from the ticket) and the question-set fit offered;
+    and the policy applied to the facts' fitted answers. Fitted on the first `n_fit` pool items, scored
+    on the held-out ones."""
+    if not FACTS_EVIDENCE.is_file():
+        return None
+    facts = json.loads(FACTS_EVIDENCE.read_text())
+    asked = {**data.questions, **FACTS}
+
+    def joined(pair: Pair, rows: list[dict[str, Any]]) -> Pair:
+        by_state = {row["state"]: row["evidence"] for row in rows}
+        examples, evidence = [], []
+        for example, row in zip(*pair, strict=True):
+            state = str(example.request.state)
+            if state in by_state:
+                request = SystemOneRequest.model_validate({"model": "jev-latest", "state": state, "questions": asked})
+                right = {q: 0 if yes else 1 for q, yes in facts_of(state).items()}  # a noul's labels: true, false
+                examples.append(UserExample(request, {**example.answers, **right}))
+                mean = next(iter(row.values())).state_mean  # the state's: the facts' state probes read it
+                extra = {q: Evidence(e["labels"], e["raw"], e["prior"], None, mean) for q, e in by_state[state].items()}
+                evidence.append({**row, **extra})
+        return examples, evidence
+
+    train = joined((data.pool[0][:n_fit], data.pool[1][:n_fit]), facts["sets"]["fit"])
+    test = joined(data.test, facts["sets"]["held_out"])
+    alone = fitted(calibration, *_only(train, data.questions))
+    found: dict[str, Any] = {"fit": len(train[0]), "held_out": len(test[0])}
+    found["alone"] = scored(calibration, alone, _only(test, data.questions))["priority"]
+    reports, records = fit_all(train[0], train[1], calibration, question_set=True)
+    with_set = scored(calibration, {r.key: r for r in records}, test)
+    found["facts"] = {q: with_set[q] for q in FACTS}
+    report = next(r.to_json() for r in reports if r.ids == ["priority"])
+    offered = {name: loss for name, loss in report["candidates"].items() if name.startswith("question_set")}
+    found["question_set"] = {
+        **with_set["priority"],
+        "best_set_candidate": min(offered, key=offered.__getitem__) if offered else None,
+        "its_log_loss": min(offered.values()) if offered else None,
+        "chosen_log_loss": report["after"]["log_loss"],
+    }
+    found["policy_over_facts"] = policy_accuracy(calibration, {r.key: r for r in records}, test)
+    return found
+
+
+def _only(pair: Pair, questions: dict[str, Any]) -> Pair:
+    """The examples with only `questions` asked (and answered), their evidence likewise."""
+    examples, evidence = [], []
+    for example, row in zip(*pair, strict=True):
+        request = example.request.model_copy(update={"questions": {q: example.request.questions[q] for q in questions}})
+        examples.append(UserExample(request, {q: example.answers[q] for q in questions}))
+        evidence.append({q: row[q] for q in questions})
+    return examples, evidence
+
+
+def policy_accuracy(calibration: Calibration, records: dict[str, FitRecord], test: Pair) -> float:
+    """How often the priority's policy, applied to the facts' fitted answers, gives the right priority."""
+    examples, evidence = test
+    fits = fits_of(records, examples[0].request)
+    right = []
+    for example, row in zip(examples, evidence, strict=True):
+        answers = calibration.answer_evidence(example.request.questions, row, fits, COVERAGE)
+        said = {q: int(np.argmax(answers[q].probabilities)) == 0 for q in FACTS}
+        right.append(priority_of(said) == example.answers["priority"])
+    return float(np.mean(right))
+
+
+def mean_over(rows: dict[str, Any], key: str) -> float:
+    return float(np.mean([row[key] for row in rows.values()]))
+
+
+def targets(report: dict[str, Any]) -> dict[str, Any]:
+    """The issue's three targets, each with what was measured."""
+    fitted_rows = [
+        (name, qid, size, row)
+        for name, w in report["workloads"].items()
+        for way in ("ranked", "random")
+        for size, rows in w[way].items()
+        for qid, row in rows.items()
+        if row["coverage"] is not None and int(size) == max(SIZES)
+    ]
+    covered = all(COVERED[0] <= row["coverage"] <= COVERED[1] for *_, row in fitted_rows)
+    small = [row["size"] < SMALL_SET for *_, row in fitted_rows if row["accuracy"] > SURE]
+    at_40 = float(np.mean([mean_over(w["ranked"][40], "accuracy") for w in report["workloads"].values()]))
+    at_100 = float(np.mean([mean_over(w["random"][100], "accuracy") for w in report["workloads"].values()]))
+    return {
+        "coverage_within": {"met": covered, "range": list(COVERED), "at_labels": max(SIZES)},
+        "small_sets_where_sure": {"met": all(small), "questions": len(small)},
+        "ranked_40_vs_random_100": {"met": at_40 >= at_100, "ranked_40": at_40, "random_100": at_100},
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# The labelling loop on the pipelines: {report['model']}",
+        "",
+        f"{report['date']}, commit {report['git']}, {report['machine']}.",
+        "",
+        f"Pool: seed 0's items per workload (the states a user has); held out: seed 1's items not in the pool. "
+        f"Ranked: {BATCH} states at a time as app/fitting/ranking.py orders them, refit after each batch. Random: "
+        f"{report['repeats']} draws per size, averaged. Accuracy of every question on the held-out items as a request "
+        f"is answered; for a fitted question its {COVERAGE:.0%} sets' coverage and mean size.",
+        "",
+    ]
+    for w in report["workloads"].values():  # sizes are keys: numbers in memory, strings once read from JSON
+        for way in ("ranked", "random"):
+            w[way] = {int(size): rows for size, rows in w[way].items()}
+    for name, w in report["workloads"].items():
+        lines += [f"## {name} (pool {w['pool']}, held out {w['held_out']})", ""]
+        rows = []
+        for size in SIZES:
+            for way in ("ranked", "random"):
+                for qid, row in w[way][size].items():
+                    cov = "-" if row["coverage"] is None else f"{row['coverage']:.3f}"
+                    size_cell = "-" if row["size"] is None else f"{row['size']:.2f}"
+                    rows.append([size, way, qid, row["method"], f"{row['accuracy']:.3f}", cov, size_cell])
+        lines += table(["labels", "chosen", "question", "method", "accuracy", "90% coverage", "set size"], rows)
+        lines.append("")
+    lines += ["## Mean accuracy over questions", ""]
+    rows = []
+    for size in SIZES:
+        ranked_mean = np.mean([mean_over(w["ranked"][size], "accuracy") for w in report["workloads"].values()])
+        random_mean = np.mean([mean_over(w["random"][size], "accuracy") for w in report["workloads"].values()])
+        rows.append([size, f"{ranked_mean:.3f}", f"{random_mean:.3f}"])
+    lines += table(["labels", "ranked", "random"], rows)
+    t = report["targets"]
+    met = {key: "met" if value["met"] else "NOT met" for key, value in t.items()}
+    lines += [
+        "",
+        "## Targets (issue 51)",
+        "",
+        f"- every fitted question's 90% sets cover between {COVERED[0]} and {COVERED[1]} of the held-out items "
+        f"at {max(SIZES)} labels: {met['coverage_within']}",
+        f"- mean set size under {SMALL_SET} where the accuracy is above {SURE} "
+        f"({t['small_sets_where_sure']['questions']} such rows): {met['small_sets_where_sure']}",
+        f"- ranked with 40 labels ({t['ranked_40_vs_random_100']['ranked_40']:.3f}) at least random with 100 "
+        f"({t['ranked_40_vs_random_100']['random_100']:.3f}): {met['ranked_40_vs_random_100']}",
+    ]
+    facts = report.get("priority_facts")
+    if facts:
+        lines += [
+            "",
+            "## Where a fit cannot reach: the support priority asked as its facts",
+            "",
+            f"Fitted on {facts['fit']} tickets, scored on {facts['held_out']} held out. bench/priority_facts.py asks "
+            f"{', '.join(FACTS)} as nouls about each ticket; their right answers are read back from the ticket.",
+            "",
+        ]
+        shown = [("priority alone", facts["alone"]), ("priority, question-set fit offered", facts["question_set"])]
+        shown += [(f"fact: {q}", row) for q, row in facts["facts"].items()]
+        rows = [
+            [name, r["method"], f"{r['accuracy']:.3f}", "-" if r["size"] is None else f"{r['size']:.2f}"]
+            for name, r in shown
+        ]
+        rows.append(
+            ["priority by its policy over the facts' fitted answers", "-", f"{facts['policy_over_facts']:.3f}", "-"]
+        )
+        lines += table(["what", "method", "accuracy", "90% set size"], rows)
+        offered = facts["question_set"]
+        if offered["best_set_candidate"]:
+            lines += [
+                "",
+                f"The question-set fit's best candidate ({offered['best_set_candidate']}) had a cross-validated "
+                f"log loss of {offered['its_log_loss']:.3f}; the fit chosen, {offered['chosen_log_loss']:.3f}.",
+            ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="random draws per number of labels")
+    parser.add_argument("--workloads", nargs="*", help="only these (default: every workload)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    data, t0, fingerprint = workloads(args.workloads)
+    calibration = fitting_at(t0)
+    progress = Progress(len(data) * len(SIZES) * (1 + args.repeats), "labelling loop")
+    report: dict[str, Any] = {
+        "model": load(EVIDENCE)["model"],
+        "fingerprint": fingerprint,
+        "date": datetime.date.today().isoformat(),
+        "git": git_sha(),
+        "machine": machine(),
+        "repeats": args.repeats,
+        "workloads": {},
+    }
+    for name, d in data.items():
+        report["workloads"][name] = {
+            "pool": len(d.pool[0]),
+            "held_out": len(d.test[0]),
+            "ranked": ranked(calibration, d, SIZES, progress),
+            "random": drawn(calibration, d, SIZES, args.repeats, progress),
+        }
+    if "support" in data:
+        report["priority_facts"] = with_facts(calibration, data["support"], max(SIZES))
+    report["targets"] = targets(report)
+    stem = f"{report['date']}-{report['git']}-labelling"
+    write_atomically(args.out / f"{stem}.json", json.dumps(report, indent=1))
+    write_atomically(args.out / f"{stem}.md", markdown(report))
+    print(markdown(report))
+    print(f"wrote {args.out / stem}.{{json,md}}")
+
+
+if __name__ == "__main__":
+    main()
