@@ -39,6 +39,14 @@ from app.jobs import BackgroundJob, JobRegistry
 
 log = logging.getLogger("onepass.label")
 CONTENT_KEYS = ("state", "questions", *IMAGE_FIELDS)  # what a label line repeats of its state
+# What a label did to the refits: started one, or it is owed one (after the refit running now, once the
+# states are answered), or none will run (the server is stopping).
+REFIT_STARTED, REFIT_PENDING, REFIT_AFTER_ANSWERING, REFIT_CLOSED = (
+    "started",
+    "after the one running",
+    "once the states are answered",
+    "none: the server is stopping",
+)
 
 
 @dataclass(frozen=True)
@@ -192,29 +200,32 @@ class LabellingSession:
                     continue  # warned about when the session started
         return found
 
-    def label(self, state: Any, answers: Any) -> dict[str, Any]:
-        """Store the answers for a state (its line in the states file), then refit in the background.
-        InvalidRequest (422) for a state or answers that are not one; nothing is stored then."""
+    def label(self, state: Any, answers: Any) -> tuple[dict[str, Any], str]:
+        """Store the answers for a state (its line in the states file), then refit in the background:
+        the line as stored, and what became of the refit (REFIT_STARTED, ...). InvalidRequest (422) for a
+        state or answers that are not one; nothing is stored then."""
         if isinstance(state, bool) or not isinstance(state, int) or state not in self.states.items:
             message = f"a state's line in {self.states.path.name}: one of {self.order[0]}..{self.order[-1]}"
             raise InvalidRequest.at(("state",), message, "value_error", state)
         self._indices(state, answers)
         item = self.states.items[state]
         line = self.labels.put(state, {**{k: item[k] for k in CONTENT_KEYS if k in item}, "answers": answers})
-        self._start_refit()
-        return line
+        return line, self._start_refit()
 
     # --- refits -------------------------------------------------------------------------------
 
-    def _start_refit(self) -> None:
+    def _start_refit(self) -> str:
         with self._lock:
-            if self._closed or self._evidence is None:
-                return  # once the states are answered, a refit starts if any are labelled
+            if self._closed:
+                return REFIT_CLOSED
+            if self._evidence is None:
+                return REFIT_AFTER_ANSWERING  # once the states are answered, a refit starts if any are labelled
             if self._refitting:
                 self._pending = True
-                return
+                return REFIT_PENDING
             self._refitting = True
             self._launch()
+            return REFIT_STARTED
 
     def _launch(self) -> None:
         """Start a refit on every label stored now (with the lock held)."""

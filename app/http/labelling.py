@@ -121,10 +121,10 @@ def _label(session: LabellingSession, payload: Any) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise InvalidRequest.at((), 'an object: {"state": line, "answers": {...}}', "dict_type", payload)
     try:
-        line = session.label(payload.get("state"), payload.get("answers"))
+        line, refit = session.label(payload.get("state"), payload.get("answers"))
     except OSError as error:  # the file could not be written: the label is not stored
         raise ApiError(500, "internal_error", f"could not write {session.labels.path}: {error}") from error
-    return {"stored": line, "labelled": len(session.labelled()), "refit": _job(session.refit)}
+    return {"stored": line, "labelled": len(session.labelled()), "refit": refit}
 
 
 async def store_label(request: Request) -> JSONResponse:
