@@ -25,6 +25,7 @@ from typing import Any
 import blake3
 
 from app.contract import canonical_json
+from app.paths import fsync_folder
 
 log = logging.getLogger("onepass.labels")
 STATE_KEY, DIGEST_KEY = "x_state", "x_digest"
@@ -44,14 +45,6 @@ def sealed(line: Mapping[str, Any]) -> dict[str, Any]:
     """The line with its digest."""
     fields = {k: v for k, v in line.items() if k != DIGEST_KEY}
     return {**fields, DIGEST_KEY: digest_of(fields)}
-
-
-def _sync_folder(folder: Path) -> None:
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 class LabelsFile:
@@ -131,4 +124,4 @@ class LabelsFile:
                     os.unlink(out.name)
                 raise
         os.replace(out.name, self.path)
-        _sync_folder(folder)
+        fsync_folder(folder)
