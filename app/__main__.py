@@ -1,16 +1,22 @@
-"""The CLI: `python -m app` (or `onepass`) serves System One answers over HTTP."""
+"""The CLI: `python -m app` (or `onepass`) serves System One answers over HTTP; `onepass calibrate`
+fits calibrations to examples; `onepass label STATES.jsonl` serves with a labelling session."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import uvicorn
 
 from app.config_sources import DEFAULT_CONFIG_PATH, ConfigError, SettingsSource
 from app.engine.devices import backends, devices, gpu_layers_problem
+from app.fitting.labelling import LabellingFiles, read_states
+from app.fitting.labels import LabelsFile, labels_path
+from app.fitting.runner import ExampleError
 from app.fleet.processes import listening_socket, url_of
 from app.fleet.routing import replica_name
 from app.http.server import create_app
@@ -25,6 +31,33 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         calibrate(given[1:])
         return
+    if given[:1] == ["label"]:
+        flags, files = labelling_files(given[1:])
+        serve(flags, files)
+        return
+    serve(given)
+
+
+def labelling_files(argv: Sequence[str]) -> tuple[list[str], LabellingFiles]:
+    """`onepass label STATES.jsonl [--labels FILE] [server flags]`: the server flags, and the files."""
+    parser = argparse.ArgumentParser(
+        prog="onepass label",
+        description="Serve as onepass does, with a labelling session for STATES.jsonl on the default model: "
+        "label its states in the page's Label tab; each label is kept in the labels file as it is given.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("states", type=Path, help="JSON lines: {state, questions, answers?} per line")
+    parser.add_argument("--labels", type=Path, help="the labels file (default: STATES.labels.jsonl beside it)")
+    ours, flags = parser.parse_known_args(argv)
+    try:
+        states = read_states(ours.states)
+        labels = LabelsFile(ours.labels or labels_path(ours.states))
+    except (ExampleError, OSError) as error:
+        sys.exit(f"onepass label: {error}")
+    return flags, LabellingFiles(states, labels)
+
+
+def serve(given: list[str], labelling: LabellingFiles | None = None) -> None:
     try:
         source = SettingsSource(tuple(given), dict(os.environ), DEFAULT_CONFIG_PATH)
         settings = source.load()
@@ -57,8 +90,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     started.info("listening on %s", url)
     if not settings.no_ui:
         started.info("try it in a browser: %s/", url)
+    if labelling is not None:  # on stdout: what the user of `onepass label` needs, whatever the log level
+        page = f"{url}/#label" if not settings.no_ui else f"{url}/v1/labelling (the page is off: --no-ui)"
+        print(f"label the states of {labelling.states.path} at {page}", flush=True)
+        print(f"labels are kept in {labelling.labels.path}", flush=True)
+    app = create_app(settings, source=source, replica=replica_name(settings.replica_name, port), labelling=labelling)
     config = uvicorn.Config(
-        create_app(settings, source=source, replica=replica_name(settings.replica_name, port)),
+        app,
         log_level=settings.log_level.lower(),
         access_log=False,  # RequestObserver logs one JSON line per request, with more in it
         timeout_graceful_shutdown=int(settings.shutdown_timeout),

@@ -15,23 +15,28 @@ import httpx
 import uvicorn
 
 from app.config import Settings
+from app.fitting.labelling import LabellingFiles
 from app.fleet.processes import listening_socket, url_of
 from app.http.server import create_app, default_loader
 from app.serving.registry import ModelRegistry
 
 
 class RunningServer:
-    """Serving `registry`; without one, the app loads its own with `loader` in the background."""
+    """Serving `registry`; without one, the app loads its own with `loader` in the background. With
+    `labelling`, a labelling session on those files (as `onepass label` serves)."""
 
     def __init__(
         self,
         settings: Settings,
         registry: ModelRegistry | None = None,
         loader: Callable[[Settings], ModelRegistry] = default_loader,
+        labelling: LabellingFiles | None = None,
     ) -> None:
         self.sock = listening_socket("127.0.0.1", 0, backlog=64)
         self.base_url = url_of(self.sock)
-        config = uvicorn.Config(create_app(settings, registry, loader), log_level="warning", lifespan="on")
+        config = uvicorn.Config(
+            create_app(settings, registry, loader, labelling=labelling), log_level="warning", lifespan="on"
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()

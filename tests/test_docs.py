@@ -461,19 +461,20 @@ def argparse_cli(source: Path) -> Cli | None:
 @cache
 def cli_of(module: str) -> Cli | None:
     """What `python -m module` takes; None where that is not known (not ours, not there, no argparse)."""
-    if module == "app":  # the server; `onepass calibrate` takes flags of its own and every server flag
+    if module == "app":  # the server; `onepass calibrate` and `onepass label` take flags of their own and the server's
         calibrate = argparse_cli(REPO_ROOT / "app" / "fitting" / "cli.py")
-        assert calibrate is not None
-        return Cli(SERVER_FLAGS, {"calibrate": calibrate.flags | SERVER_FLAGS})
+        label = argparse_cli(REPO_ROOT / "app" / "__main__.py")
+        assert calibrate is not None and label is not None
+        return Cli(SERVER_FLAGS, {"calibrate": calibrate.flags | SERVER_FLAGS, "label": label.flags | SERVER_FLAGS})
     source = module_file(module) if is_ours(module) else None
     return None if source is None else argparse_cli(source)
 
 
 def onepass_flags() -> frozenset[str]:
-    """What `onepass` and `onepass calibrate` take."""
+    """What `onepass`, `onepass calibrate` and `onepass label` take."""
     server = cli_of("app")
     assert server is not None
-    return server.flags | server.subcommands["calibrate"]
+    return server.flags | server.subcommands["calibrate"] | server.subcommands["label"]
 
 
 def flag_name(word: str) -> str | None:
@@ -658,7 +659,7 @@ def test_every_command_of_ours_is_the_venvs() -> None:
             continue  # installed into an environment of the reader's: its programs are on PATH there
         given = words(run.text)
         program = next((w for w in given if not re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", w)), "").lstrip("(")
-        if run.text == "onepass calibrate" or ("/" in program and "/bin/" not in program):
+        if run.text in ("onepass calibrate", "onepass label") or ("/" in program and "/bin/" not in program):
             continue  # the subcommand's name in a sentence; a folder such as ~/.cache/onepass
         if not VENV_PROGRAM.fullmatch(program):
             problems.append(f"{run.where}: `{run.text}`: write it as .venv/bin/onepass or .venv/bin/python")

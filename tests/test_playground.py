@@ -44,7 +44,7 @@ from tests.loading import load_model
 from tests.skip_groups import skip
 from tests.tiny_vision import write_tiny_mmproj
 
-PAGE_FILES = ("/", "/index.html", "/app.js", "/app.css", "/examples.json")
+PAGE_FILES = ("/", "/index.html", "/app.js", "/label.js", "/app.css", "/examples.json")
 EXAMPLES: dict[str, Any] = json.loads((PAGE_DIRECTORY / "examples.json").read_text())
 
 # What the browser test types into the form: three questions of the three types, and an option
@@ -285,7 +285,7 @@ def test_the_page_loads_nothing_from_outside_the_server(page: Page, live_url: st
     origin = urlsplit(live_url)
     assert {(urlsplit(url).scheme, urlsplit(url).netloc) for url in requested} == {(origin.scheme, origin.netloc)}
     paths = {urlsplit(url).path for url in requested}
-    assert paths == {"/", "/app.js", "/app.css", "/examples.json", "/v1/models", "/v1/systemone"}
+    assert paths == {"/", "/app.js", "/label.js", "/app.css", "/examples.json", "/v1/models", "/v1/systemone"}
 
 
 def test_an_example_fills_the_form_in_one_click_and_a_json_state_is_sent_as_json(page: Page, live_url: str) -> None:

@@ -39,6 +39,8 @@ from app.calibration import Evidence
 from app.config import Settings
 from app.config_sources import SettingsSource
 from app.contract import SystemOneRequest, SystemOneResponse
+from app.fitting.labelling import LabellingFiles, read_states
+from app.fitting.labels import LabelsFile, labels_path
 from app.http.server import create_app
 from app.paths import REPO_ROOT
 from app.platform.tiny_gguf import write_tiny_gguf
@@ -246,6 +248,7 @@ class Server:
 
     folder: Path
     settings: dict[str, Any] = field(default_factory=dict)  # on top of the config file
+    labelling: LabellingFiles | None = None  # `onepass label`'s session
     gates: list[Gate] = field(default_factory=list)
     logged: list[dict[str, Any]] = field(default_factory=list)
 
@@ -261,7 +264,7 @@ class Server:
     def running(self) -> Iterator[TestClient]:
         source = SettingsSource(("--config", str(self.folder / "onepass.toml")), {}, None)
         settings = dataclasses.replace(source.load(), **self.settings)
-        app = create_app(settings, loader=self.loader, source=source, replica=REPLICA)
+        app = create_app(settings, loader=self.loader, source=source, replica=REPLICA, labelling=self.labelling)
         handler = _Lines(self.logged)
         requests = logging.getLogger("onepass.requests")
         level = requests.level
@@ -331,6 +334,7 @@ def examples(folder: Path) -> dict[str, str]:
         _restarted(client, restarted, shown)
     _auth(folder, shown)
     _health(folder, shown)
+    _labelling(folder, shown)
     return {name: text.replace(str(folder), SHOWN_FOLDER) for name, text in shown.items()}
 
 
@@ -460,6 +464,31 @@ def _calibrations(client: TestClient, server: Server, shown: dict[str, str]) -> 
     fit_id = fits["fits"][0]["id"]
     deleted = client.delete(f"/v1/calibrations/{fit_id}?model=tiny").json()
     shown["fit-delete"] = blocks(block(curl("DELETE", f"/v1/calibrations/{fit_id}?model=tiny")), json_block(deleted))
+
+
+def _labelling(folder: Path, shown: dict[str, str]) -> None:
+    """`onepass label states.jsonl`: two states, the first labelled in the file, so that which state
+    comes next does not depend on the model's numbers."""
+    states = folder / "states.jsonl"
+    lines = [example(1), {k: v for k, v in example(2).items() if k != "answers"}]
+    states.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    files = LabellingFiles(read_states(states), LabelsFile(labels_path(states)))
+    with Server(folder, labelling=files).running() as client:
+        session = runtime(client.app).labelling
+        session.answering.thread.join(WAIT_S)
+        offered = client.get("/v1/labelling/next?count=5").json()
+        shown["label-next"] = blocks(block(curl("GET", "/v1/labelling/next?count=5")), json_block(offered))
+        body = {"state": 2, "answers": {"refund": False}}
+        stored = client.post("/v1/labelling/labels", json=body).json()
+        shown["label-post"] = blocks(block(curl("POST", "/v1/labelling/labels", body)), json_block(stored))
+        refused = client.post("/v1/labelling/labels", json={"state": 2, "answers": {"refund": "no"}}).json()
+        shown["label-422"] = blocks("A label the question cannot take stores nothing:\n", json_block(refused))
+        session.refit.thread.join(WAIT_S)
+        shown["label-session"] = blocks(
+            block(curl("GET", "/v1/labelling")), json_block(client.get("/v1/labelling").json())
+        )
+    with Server(folder).running() as client:
+        shown["label-404"] = json_block(client.get("/v1/labelling").json())
 
 
 def _reload(client: TestClient, folder: Path, shown: dict[str, str]) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.answering.service import ModelService
+from app.calibration import Evidence
 from app.contract_jobs import CalibrationJob, FitError, FitReport, StoredFit
 from app.fitting.runner import UserExample, answer_all, fit_all, journal_for, store_all
 from app.jobs import BackgroundJob
@@ -32,6 +33,8 @@ class FitWork:
     fits: list[StoredFit] = field(default_factory=list)
     report: list[FitReport] | None = None  # once it has run
     errors: list[FitError] = field(default_factory=list)  # the questions that could not be fitted or stored
+    # the examples' evidence where it is known already (a labelling session keeps it): nothing is answered
+    evidence: list[dict[str, Evidence]] | None = None
 
     def __post_init__(self) -> None:
         self.progress = Progress(len(self.examples), show=False)
@@ -41,9 +44,14 @@ class FitWork:
             journal, store = journal_for(service), service.calibration.store
             if store is None or journal is None:
                 raise RuntimeError("this model has no folder for fits")
-            answered = answer_all(service, self.examples, self.progress, self.cancel.is_set, journal)
-            self.reused = answered.reused
-            reports, records = fit_all(self.examples, answered.evidence, service.calibration, self.question_set)
+            evidence = self.evidence
+            if evidence is None:
+                answered = answer_all(service, self.examples, self.progress, self.cancel.is_set, journal)
+                self.reused, evidence = answered.reused, answered.evidence
+            else:
+                self.reused = len(evidence)
+                self.progress.skip(len(evidence))
+            reports, records = fit_all(self.examples, evidence, service.calibration, self.question_set)
             stored, reports = store_all(store, reports, records)
         self.fits = [StoredFit(id=r.id, key=r.key, method=r.method, examples=r.examples) for r in stored]
         report = [FitReport.model_validate(r.to_json()) for r in reports]

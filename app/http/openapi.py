@@ -73,6 +73,7 @@ def build_openapi(version: str) -> dict[str, Any]:
             },
             "/health/live": {"get": {"operationId": "live", "responses": {"200": json_object}}},
             **_calibration_paths(_json(ref[CalibrationJob]), error, errors, json_object),
+            **_labelling_paths(error, errors, json_object),
         },
         "components": {"schemas": schema.get("$defs", {})},
     }
@@ -138,6 +139,45 @@ def _calibration_paths(
                 "operationId": "deleteCalibration",
                 "parameters": [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}],
                 "responses": {"200": json_object, "404": {"description": "no such fit", **error}},
+            }
+        },
+    }
+
+
+def _labelling_paths(error: dict[str, Any], errors: dict[str, Any], json_object: dict[str, Any]) -> dict[str, Any]:
+    """`onepass label`'s session (docs/api.md#labelling); 404 on a server without one."""
+    none = {"description": "this server has no labelling session", **error}
+    label = {
+        "type": "object",
+        "required": ["state", "answers"],
+        "properties": {
+            "state": {"type": "integer", "description": "the state's line in the states file, from 1"},
+            "answers": {"type": "object", "description": "per question: true/false, an option name, a level index"},
+        },
+    }
+    count = {"name": "count", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1}}
+    return {
+        "/v1/labelling": {
+            "get": {"operationId": "labelling", "responses": {"200": json_object, "401": errors["401"], "404": none}}
+        },
+        "/v1/labelling/next": {
+            "get": {
+                "operationId": "labellingNext",
+                "parameters": [count],
+                "responses": {
+                    "200": json_object,
+                    "401": errors["401"],
+                    "404": none,
+                    "422": errors["422"],
+                    "503": errors["503"],
+                },
+            }
+        },
+        "/v1/labelling/labels": {
+            "post": {
+                "operationId": "storeLabel",
+                "requestBody": {"required": True, "content": {"application/json": {"schema": label}}},
+                "responses": {"200": json_object, "401": errors["401"], "404": none, "422": errors["422"]},
             }
         },
     }

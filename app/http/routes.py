@@ -5,6 +5,7 @@ from __future__ import annotations
 from starlette.routing import BaseRoute, Route
 
 from app.http.calibrations import delete_fit, fitting_job, list_fits, start_fitting
+from app.http.labelling import labelling, next_states, store_label
 from app.http.models import cache_stats, list_models, load_model_route, unload_model_route
 from app.http.operations import health, health_live, metrics_text, openapi_json, reload_config
 from app.http.systemone import batch_job, cancel_batch_job, systemone
@@ -22,6 +23,9 @@ API_ROUTES: list[BaseRoute] = [
     Route("/v1/calibrations", list_fits, methods=["GET"]),
     Route("/v1/calibrations/jobs/{id}", fitting_job, methods=["GET"]),
     Route("/v1/calibrations/{id}", delete_fit, methods=["DELETE"]),
+    Route("/v1/labelling", labelling, methods=["GET"]),
+    Route("/v1/labelling/next", next_states, methods=["GET"]),
+    Route("/v1/labelling/labels", store_label, methods=["POST"]),
     Route("/metrics", metrics_text, methods=["GET"]),
     Route("/openapi.json", openapi_json, methods=["GET"]),
     Route("/health", health, methods=["GET"]),

@@ -15,6 +15,7 @@ from app.config import Settings
 from app.config_sources import ConfigError, SettingsSource, reload_settings
 from app.errors import ApiError, ModelNotFound
 from app.fitting.jobs import FitWork
+from app.fitting.labelling import LabellingSession
 from app.http.admission import Admission
 from app.http.batch_jobs import BatchWork
 from app.images import IMAGES_BODY_BYTES
@@ -47,6 +48,7 @@ class Runtime:
     admission: Admission = field(default_factory=Admission)  # per model: requests admitted, not yet answered
     fit_jobs: JobRegistry[FitWork] = field(default_factory=lambda: JobRegistry("fitting"))
     batch_jobs: JobRegistry[BatchWork] = field(default_factory=lambda: JobRegistry("batch"))
+    labelling: LabellingSession | None = None  # `onepass label`'s session, once the model is loaded
 
     def accepts(self, authorization: bytes) -> bool:
         """Whether an Authorization header's value lets a request in (any value while auth is off)."""

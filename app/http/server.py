@@ -13,9 +13,11 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
+from app.answering.service import ModelService
 from app.config import Settings
 from app.config_sources import ConfigError, SettingsSource, package_version
 from app.errors import ApiError
+from app.fitting.labelling import LabellingFiles, LabellingSession
 from app.fleet.routing import REPLICA_HEADER, replica_name
 from app.http.errors import EXCEPTION_HANDLERS
 from app.http.middleware import PUBLIC_PATHS, ContainInternalErrors, RequireApiKey
@@ -61,14 +63,29 @@ def _configured_names(settings: Settings) -> dict[str, str] | None:
         return None
 
 
+def _start_labelling(runtime: Runtime, files: LabellingFiles | None) -> None:
+    """The labelling session on the default model, answering its states as a job (once the models are loaded)."""
+    registry = runtime.registry
+    if files is None or registry is None:
+        return
+    name = registry.default_name
+
+    def lease() -> contextlib.AbstractContextManager[ModelService]:
+        return registry.lease(name)
+
+    runtime.labelling = LabellingSession(files.states, files.labels, name, lease, runtime.fit_jobs)
+    runtime.labelling.start()
+
+
 def _lifespan(
     settings: Settings,
     source: SettingsSource | None,
     registry: ModelRegistry | None,
     loader: Callable[[Settings], ModelRegistry],
+    labelling: LabellingFiles | None = None,
 ) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[dict[str, Any]]]:
-    """Start: the runtime, and the models loading in the background unless `registry` is given.
-    Stop: fitting and batch jobs cancelled, the models closed."""
+    """Start: the runtime, and the models loading in the background unless `registry` is given, then
+    the labelling session if there is one. Stop: fitting and batch jobs cancelled, the models closed."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
@@ -82,6 +99,7 @@ def _lifespan(
                 try:
                     runtime.registry = loader(settings)
                     log.info("ready: serving %s", runtime.registry.default_name)
+                    _start_labelling(runtime, labelling)
                 except Exception as error:
                     log.exception("loading the model failed")
                     runtime.load_error = str(error)
@@ -91,6 +109,7 @@ def _lifespan(
             thread = threading.Thread(target=load_in_background, name="onepass-load", daemon=True)
             thread.start()
         else:
+            _start_labelling(runtime, labelling)
             runtime.loaded.set()
         loop = asyncio.get_running_loop()
         hangup = _watch_sighup(loop, runtime)
@@ -99,6 +118,8 @@ def _lifespan(
         finally:
             if hangup:
                 loop.remove_signal_handler(signal.SIGHUP)
+            if runtime.labelling is not None:
+                runtime.labelling.close()  # no refit starts after this
             runtime.fit_jobs.cancel_all(settings.shutdown_timeout)
             runtime.batch_jobs.cancel_all(settings.shutdown_timeout)
             if thread is not None:
@@ -120,12 +141,13 @@ def create_app(
     loader: Callable[[Settings], ModelRegistry] = default_loader,
     source: SettingsSource | None = None,
     replica: str | None = None,
+    labelling: LabellingFiles | None = None,
 ) -> Starlette:
     """The app. With `registry` it serves that; otherwise the lifespan loads one in the background.
 
     `source` (where `settings` were read from) lets SIGHUP and POST /v1/config/reload read them again.
     `replica` names this server in every response's X-Onepass-Replica (default: --replica-name, else the
-    host name; the CLI adds the port).
+    host name; the CLI adds the port). `labelling`: the states and labels files `onepass label` serves.
     """
     replica = replica or replica_name(settings.replica_name)
     page = None if settings.no_ui else Page()
@@ -138,7 +160,7 @@ def create_app(
             Middleware(ContainInternalErrors),
             Middleware(RequireApiKey, public=frozenset(public)),
         ],
-        lifespan=_lifespan(settings, source, registry, loader),
+        lifespan=_lifespan(settings, source, registry, loader, labelling),
         exception_handlers=EXCEPTION_HANDLERS,
     )
     app.state.openapi = build_openapi(package_version())

@@ -1,0 +1,351 @@
+"""A labelling session (`onepass label S.jsonl`): the states answered once, ranked by what a label would
+teach the fits, labelled by the user into a verified file (app/fitting/labels.py), and refitted in the
+background as labels arrive.
+
+Answering every state is a job in the server's one JobRegistry of calibration jobs, through
+`answer_all` with the evidence journal on (a restart reuses what was answered). Each state's evidence is
+then kept, and after each refit the answers and the ranking are computed again from it, with the fits
+the model's FitStore holds now: no model call. A refit is a calibration job too (fit_all on every
+labelled state's evidence, stored in the model's FitStore, which the served answers read); labels that
+arrive while one runs start one more after it, never a queue.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.calibration import MIN_LABELLED, AnswerProbabilities, Calibration, Evidence, FitRecord, question_key
+from app.contract import canonical_json
+from app.errors import InvalidRequest
+from app.fitting.jobs import FitWork, Lease
+from app.fitting.labels import LabelsFile
+from app.fitting.ranking import next_to_label, worth
+from app.fitting.runner import (
+    IMAGE_FIELDS,
+    ExampleError,
+    UserExample,
+    answer_all,
+    journal_for,
+    parse_examples,
+    right_index,
+)
+from app.jobs import BackgroundJob, JobRegistry
+
+log = logging.getLogger("onepass.label")
+CONTENT_KEYS = ("state", "questions", *IMAGE_FIELDS)  # what a label line repeats of its state
+# What a label did to the refits: started one, or it is owed one (after the refit running now, once the
+# states are answered), or none will run (the server is stopping).
+REFIT_STARTED, REFIT_PENDING, REFIT_AFTER_ANSWERING, REFIT_CLOSED = (
+    "started",
+    "after the one running",
+    "once the states are answered",
+    "none: the server is stopping",
+)
+
+
+@dataclass(frozen=True)
+class StatesFile:
+    """The states to label, by their line in the file (from 1): as written, and parsed."""
+
+    path: Path
+    items: dict[int, dict[str, Any]]
+    examples: dict[int, UserExample]  # their answers: those the file gives (such a state counts as labelled)
+
+
+def read_states(path: Path, model: str = "jev-latest") -> StatesFile:
+    """The states file, each line checked as `onepass calibrate` checks an example; ExampleError names
+    the first line that is not one."""
+    items, examples = {}, {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            (example,) = parse_examples([item], model)
+        except ValueError as error:  # ExampleError too
+            why = str(error).removeprefix("example 1: ")
+            raise ExampleError(f"{path}: line {n}: {why}") from None
+        items[n], examples[n] = item, example
+    if not items:
+        raise ExampleError(f"{path}: no states")
+    return StatesFile(path, items, examples)
+
+
+@dataclass(frozen=True)
+class LabellingFiles:
+    """What `onepass label` hands the server: the states, and their labels file."""
+
+    states: StatesFile
+    labels: LabelsFile
+
+
+def content(item: Mapping[str, Any]) -> str:
+    """A state's content as a label line repeats it: its state, questions and images."""
+    return canonical_json({k: item[k] for k in CONTENT_KEYS if k in item})
+
+
+@dataclass
+class _Answering(FitWork):
+    """Every state answered once (the journal keeps each as it is answered); fits nothing."""
+
+    session: LabellingSession | None = None
+
+    def run(self) -> str:
+        assert self.session is not None
+        with self.lease() as service:
+            journal = journal_for(service)
+            if journal is None:
+                raise RuntimeError(f"{self.model} keeps no fits (no calibration_dir): nothing to label for")
+            answered = answer_all(service, self.examples, self.progress, self.cancel.is_set, journal)
+            self.reused = answered.reused
+            same_set = service.plan(self.examples[0].request).question_set is not None
+        self.session.answered(answered.evidence, same_set)
+        return "done"
+
+    def summary(self) -> str:
+        return f"{self.model}: {len(self.examples)} states answered for labelling ({self.reused} reused)"
+
+
+@dataclass
+class _Refit(FitWork):
+    """A refit on the labelled states' kept evidence; when it ends, the session answers again from the
+    evidence, and starts one more refit if labels came meanwhile."""
+
+    session: LabellingSession | None = None
+
+    def run(self) -> str:
+        assert self.session is not None
+        try:
+            status = super().run()
+            self.session.refitted()
+            return status
+        finally:
+            self.session.refit_ended()
+
+
+class LabellingSession:
+    """One states file's labelling, on one served model."""
+
+    def __init__(
+        self, states: StatesFile, labels: LabelsFile, model: str, lease: Lease, jobs: JobRegistry[FitWork]
+    ) -> None:
+        self.states, self.labels, self.model, self.lease, self.jobs = states, labels, model, lease, jobs
+        self.order = sorted(states.items)  # line numbers
+        self._lock = threading.Lock()
+        self._evidence: dict[int, dict[str, Evidence]] | None = None
+        self._answers: dict[int, dict[str, AnswerProbabilities]] = {}
+        self._same_set = False
+        self._refitting = self._pending = self._closed = False
+        self.answering: BackgroundJob[FitWork] | None = None
+        self.refit: BackgroundJob[FitWork] | None = None
+        self.coverage = 0.9  # the answer sets' coverage: the model's default, read once the states are answered
+        self.warnings = list(labels.warnings) + self._unmatched()
+
+    def _unmatched(self) -> list[str]:
+        found = []
+        for n, line in self.labels.lines().items():
+            if n not in self.states.items or content(line) != content(self.states.items[n]):
+                found.append(f"{self.labels.path}: the label of state {n} is not of line {n} of {self.states.path}")
+            else:
+                try:
+                    self._indices(n, line.get("answers"))
+                except InvalidRequest as error:
+                    found.append(f"{self.labels.path}: the label of state {n}: {error}")
+        for message in found:
+            log.warning("%s (left out)", message)
+        return found
+
+    def start(self) -> None:
+        """Answer every state, as a job."""
+        examples = [self.states.examples[n] for n in self.order]
+        self.answering = self.jobs.start(_Answering(self.model, self.lease, examples, False, session=self))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    # --- labels -------------------------------------------------------------------------------
+
+    def _indices(self, state: int, answers: Any) -> dict[str, int]:
+        """The answers as label indices, checked as `onepass calibrate` checks an example's; a 422 otherwise."""
+        questions = self.states.examples[state].request.questions
+        if not isinstance(answers, dict) or not answers:
+            raise InvalidRequest.at(("answers",), "an object of answers by question id", "dict_type", answers)
+        found = {}
+        for qid, value in answers.items():
+            if qid not in questions:
+                known = ", ".join(sorted(questions))
+                raise InvalidRequest.at(("answers", qid), f"no question {qid!r} (its questions: {known})", "key", qid)
+            try:
+                found[qid] = right_index(questions[qid], value)
+            except ValueError as error:
+                raise InvalidRequest.at(("answers", qid), str(error), "value_error", value) from None
+        return found
+
+    def labelled(self) -> dict[int, UserExample]:
+        """Every labelled state, with its answers: the labels file's where it has a sound line, else the
+        states file's own answers."""
+        found = {n: e for n, e in self.states.examples.items() if e.answers}
+        for n, line in self.labels.lines().items():
+            if n in self.states.items and content(line) == content(self.states.items[n]):
+                try:
+                    found[n] = UserExample(self.states.examples[n].request, self._indices(n, line.get("answers")))
+                except InvalidRequest:
+                    continue  # warned about when the session started
+        return found
+
+    def label(self, state: Any, answers: Any) -> tuple[dict[str, Any], str]:
+        """Store the answers for a state (its line in the states file), then refit in the background:
+        the line as stored, and what became of the refit (REFIT_STARTED, ...). InvalidRequest (422) for a
+        state or answers that are not one; nothing is stored then."""
+        if isinstance(state, bool) or not isinstance(state, int) or state not in self.states.items:
+            message = f"a state's line in {self.states.path.name}: one of {self.order[0]}..{self.order[-1]}"
+            raise InvalidRequest.at(("state",), message, "value_error", state)
+        self._indices(state, answers)
+        item = self.states.items[state]
+        line = self.labels.put(state, {**{k: item[k] for k in CONTENT_KEYS if k in item}, "answers": answers})
+        return line, self._start_refit()
+
+    # --- refits -------------------------------------------------------------------------------
+
+    def _start_refit(self) -> str:
+        with self._lock:
+            if self._closed:
+                return REFIT_CLOSED
+            if self._evidence is None:
+                return REFIT_AFTER_ANSWERING  # once the states are answered, a refit starts if any are labelled
+            if self._refitting:
+                self._pending = True
+                return REFIT_PENDING
+            self._refitting = True
+            self._launch()
+            return REFIT_STARTED
+
+    def _launch(self) -> None:
+        """Start a refit on every label stored now (with the lock held)."""
+        assert self._evidence is not None
+        labelled = self.labelled()
+        examples = [labelled[n] for n in sorted(labelled)]
+        evidence = [self._evidence[n] for n in sorted(labelled)]
+        work = _Refit(self.model, self.lease, examples, False, evidence=evidence, session=self)
+        self.refit = self.jobs.start(work)
+
+    def refit_ended(self) -> None:
+        with self._lock:
+            if self._pending and not self._closed:
+                self._pending = False
+                self._launch()
+            else:
+                self._refitting = self._pending = False
+
+    def answered(self, evidence: list[dict[str, Evidence]], same_set: bool) -> None:
+        with self._lock:
+            self._evidence = dict(zip(self.order, evidence, strict=True))
+            self._same_set = same_set
+        self.refitted()
+        if self.labelled():
+            self._start_refit()
+
+    def refitted(self) -> None:
+        """Answer every state again from its evidence, with the fits stored now."""
+        with self._lock:
+            evidence, same_set = self._evidence, self._same_set
+        if evidence is None:
+            return
+        with self.lease() as service:
+            calibration = service.calibration
+            answers = {n: self._answer(calibration, n, row, same_set) for n, row in evidence.items()}
+        with self._lock:
+            self._answers, self.coverage = answers, calibration.coverage
+
+    def _answer(
+        self, calibration: Calibration, n: int, row: dict[str, Evidence], same_set: bool
+    ) -> dict[str, AnswerProbabilities]:
+        questions = self.states.examples[n].request.questions
+        return calibration.answer_evidence(questions, row, calibration.fits_for(questions, same_set=same_set))
+
+    # --- what the user sees -------------------------------------------------------------------
+
+    @property
+    def refitting(self) -> bool:
+        """Whether a refit runs now."""
+        with self._lock:
+            return self._refitting
+
+    @property
+    def refit_pending(self) -> bool:
+        """Whether labels came while a refit ran: one more runs after it."""
+        with self._lock:
+            return self._pending
+
+    @property
+    def ready(self) -> bool:
+        with self._lock:
+            return bool(self._answers)
+
+    def answers(self, state: int) -> dict[str, AnswerProbabilities]:
+        with self._lock:
+            return self._answers.get(state, {})
+
+    def ranked(self, count: int) -> list[int]:
+        """Up to `count` unlabelled states (their lines), the most worth labelling first."""
+        with self._lock:
+            answers, evidence = self._answers, self._evidence or {}
+        if not answers:
+            return []
+        labelled = set(self.labelled())
+        worths = [worth(answers[n]) for n in self.order]
+        vectors = [next(iter(evidence[n].values())).state_mean for n in self.order]
+        done = [i for i, n in enumerate(self.order) if n in labelled]
+        return [self.order[i] for i in next_to_label(worths, vectors, done, count)]
+
+    def questions(self, coverage: float) -> list[dict[str, Any]]:
+        """Per question (by content): how many states ask it and are labelled for it, the fit that answers
+        it now (method, cross-validated accuracy, its held-out sets at `coverage`), and the mean size of
+        its sets over the unlabelled states now."""
+        with self._lock:
+            answers = self._answers
+        labelled = self.labelled()
+        figures: dict[str, dict[str, Any]] = {}
+        for n in self.order:
+            for qid, question in self.states.examples[n].request.questions.items():
+                key = question_key(question)
+                entry = figures.setdefault(key, {"ids": set(), "type": question.type, "states": 0, "labelled": 0})
+                entry.update(ids=entry["ids"] | {qid}, states=entry["states"] + 1)
+                found = answers.get(n, {}).get(qid)
+                if found is not None and found.fit is not None:
+                    entry.setdefault("fit", found.fit)
+                if n in labelled and qid in labelled[n].answers:
+                    entry["labelled"] += 1
+                elif found is not None and found.answer_set is not None:
+                    entry.setdefault("sizes", []).append(len(found.answer_set))
+        return [_figures(key, entry, coverage) for key, entry in figures.items()]
+
+
+def _figures(key: str, entry: dict[str, Any], coverage: float) -> dict[str, Any]:
+    record: FitRecord | None = entry.get("fit")
+    sizes: list[int] = entry.get("sizes", [])
+    labelled = entry["labelled"]
+    note = None
+    if record is None:
+        note = f"no fit yet ({labelled} of {MIN_LABELLED} labels)" if labelled < MIN_LABELLED else "no fit adopted yet"
+    sets = (record.sets or {}).get(f"{coverage:g}") if record is not None else None
+    return {
+        "key": key,
+        "name": ", ".join(sorted(entry["ids"])),
+        "type": entry["type"],
+        "states": entry["states"],
+        "labelled": labelled,
+        "method": None if record is None else record.method,
+        "examples": None if record is None else record.examples,
+        "accuracy": None if record is None or record.after is None else record.after["accuracy"],
+        "sets": sets,
+        "mean_set_size": sum(sizes) / len(sizes) if sizes else None,
+        "note": note,
+    }

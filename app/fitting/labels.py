@@ -1,0 +1,127 @@
+"""The user's labels for a states file, kept as a verified file beside it: `S.labels.jsonl` for `S.jsonl`.
+
+Each line is an example as `onepass calibrate` reads it (state, questions, the state's image fields,
+answers), plus `x_state` (the line of the state in S.jsonl, from 1) and `x_digest` (blake3 of the
+line's canonical JSON without it). Every change rewrites the whole file atomically (a temporary file
+in the same folder, flushed and synced, renamed over, the folder synced) before it returns, so a label
+once acknowledged survives a kill -9 and no crash leaves half a file. Reading checks each line's digest:
+a damaged line is skipped with a warning naming it, and the file as it was is kept beside it
+(`FILE.damaged`) before the next rewrite leaves that line out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from app.contract import canonical_json
+from app.paths import fsync_folder
+
+log = logging.getLogger("onepass.labels")
+STATE_KEY, DIGEST_KEY = "x_state", "x_digest"
+
+
+def labels_path(states: Path) -> Path:
+    """Where the labels of `states` are kept by default: S.labels.jsonl beside S.jsonl."""
+    return states.with_name(states.name.removesuffix(".jsonl") + ".labels.jsonl")
+
+
+def digest_of(line: Mapping[str, Any]) -> str:
+    fields = {k: v for k, v in line.items() if k != DIGEST_KEY}
+    return blake3.blake3(canonical_json(fields).encode()).hexdigest()
+
+
+def sealed(line: Mapping[str, Any]) -> dict[str, Any]:
+    """The line with its digest."""
+    fields = {k: v for k, v in line.items() if k != DIGEST_KEY}
+    return {**fields, DIGEST_KEY: digest_of(fields)}
+
+
+class LabelsFile:
+    """The labels of one states file, by state (its line in the states file). Thread-safe."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.warnings: list[str] = []  # what reading it found wrong, a line each
+        self._lock = threading.Lock()
+        self._lines: dict[int, dict[str, Any]] = self._read()
+
+    def _read(self) -> dict[int, dict[str, Any]]:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        found: dict[int, dict[str, Any]] = {}
+        for n, raw in enumerate(text.splitlines(), 1):
+            if not raw.strip():
+                continue
+            why = self._fault(raw)
+            if why is not None:
+                self._warn(f"{self.path}: line {n} skipped: {why}")
+                continue
+            line = json.loads(raw)
+            found[line[STATE_KEY]] = line  # a later line for the same state replaces an earlier one
+        if self.warnings:  # the next rewrite leaves the damaged lines out: keep the file as it was
+            shutil.copyfile(self.path, self.path.with_name(self.path.name + ".damaged"))
+            self._warn(f"{self.path}: kept as it was in {self.path.name}.damaged")
+        return found
+
+    @staticmethod
+    def _fault(raw: str) -> str | None:
+        try:
+            line = json.loads(raw)
+        except ValueError as error:
+            return f"not JSON ({error})"
+        if not isinstance(line, dict) or not isinstance(line.get(DIGEST_KEY), str):
+            return "not a labelled example with its digest"
+        if line[DIGEST_KEY] != digest_of(line):
+            return "its digest does not match (damaged, or edited by hand)"
+        state = line.get(STATE_KEY)
+        if isinstance(state, bool) or not isinstance(state, int) or state < 1:
+            return f"{STATE_KEY} is not a line number"
+        return None
+
+    def _warn(self, message: str) -> None:
+        log.warning("%s", message)
+        self.warnings.append(message)
+
+    def lines(self) -> dict[int, dict[str, Any]]:
+        """Each labelled state's line, by its line in the states file."""
+        with self._lock:
+            return dict(self._lines)
+
+    def put(self, state: int, example: Mapping[str, Any]) -> dict[str, Any]:
+        """Store the labels of `state` (an example: state, questions, images, answers), replacing any it
+        had; returns the line as written. On return the line is on disk."""
+        line = sealed({**{k: v for k, v in example.items() if k not in (STATE_KEY, DIGEST_KEY)}, STATE_KEY: state})
+        with self._lock:
+            lines = {**self._lines, state: line}
+            self._write(lines)
+            self._lines = lines
+        return line
+
+    def _write(self, lines: Mapping[int, Mapping[str, Any]]) -> None:
+        folder = self.path.parent
+        folder.mkdir(parents=True, exist_ok=True)
+        text = "".join(canonical_json(lines[n]) + "\n" for n in sorted(lines))
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, suffix=".tmp", delete=False) as out:
+            try:
+                out.write(text)
+                out.flush()
+                os.fsync(out.fileno())
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(out.name)
+                raise
+        os.replace(out.name, self.path)
+        fsync_folder(folder)

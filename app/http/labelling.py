@@ -1,0 +1,134 @@
+"""/v1/labelling: the labelling session `onepass label S.jsonl` serves (app/fitting/labelling.py): its
+progress and figures, the next states to label with their current answers, and storing a label."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from app.calibration import AnswerProbabilities
+from app.contract import CalibrationUsed, Question, answer_of
+from app.errors import ApiError, InvalidRequest
+from app.fitting.jobs import FitWork
+from app.fitting.labelling import LabellingSession
+from app.http.body import parse_json, read_body
+from app.http.runtime import runtime_of
+from app.jobs import BackgroundJob
+
+MOST_NEXT = 50  # states one GET /v1/labelling/next may ask for
+IMAGE_TYPES = {"png": "image/png", "jpg": "image/jpeg", "jpeg": "image/jpeg"}
+
+
+def _session(request: Request) -> LabellingSession:
+    session = runtime_of(request).labelling
+    if session is None:
+        raise ApiError(
+            404, "not_found", "this server has no labelling session: start one with `onepass label STATES.jsonl`"
+        )
+    return session
+
+
+def _job(job: BackgroundJob[FitWork] | None) -> dict[str, Any] | None:
+    if job is None:
+        return None
+    progress = job.work.progress
+    shown = {"id": job.id, "status": job.status, "done": progress.done, "total": progress.total}
+    return shown | {"reused": job.work.reused, "eta_s": job.eta_s(), "error": job.error}
+
+
+def _overview(session: LabellingSession) -> dict[str, Any]:
+    return {
+        "model": session.model,
+        "states_file": str(session.states.path),
+        "labels_file": str(session.labels.path),
+        "states": len(session.order),
+        "labelled": len(session.labelled()),
+        "coverage": session.coverage,
+        "answering": _job(session.answering),
+        "refit": _job(session.refit),
+        "refit_pending": session.refit_pending,
+        "questions": session.questions(session.coverage),
+        "warnings": session.warnings,
+    }
+
+
+async def labelling(request: Request) -> JSONResponse:
+    """GET /v1/labelling: the session's progress, labels and per-question figures."""
+    session = _session(request)
+    return JSONResponse(await anyio.to_thread.run_sync(_overview, session))
+
+
+def _answer(question: Question, found: AnswerProbabilities) -> dict[str, Any]:
+    fit = found.fit
+    used = None if fit is None else CalibrationUsed(id=fit.id, method=fit.method, examples=fit.examples)
+    shown = None if found.answer_set is None or found.coverage is None else (found.answer_set, found.coverage)
+    answer = answer_of(question, found.probabilities, None, found.raw, used, shown)
+    return answer.model_dump(mode="json", exclude_none=True)
+
+
+def _images(item: dict[str, Any]) -> list[str]:
+    """The state's images as data URLs, as the states file gives them (Jev's assets, llama.cpp's URLs)."""
+    urls = [url for field in ("files", "images") for url in item.get(field) or [] if isinstance(url, str)]
+    for asset in (item.get("assets") or {}).values():
+        if isinstance(asset, dict) and isinstance(asset.get("data_base64"), str):
+            kind = IMAGE_TYPES.get(str(asset.get("format")), "image/png")
+            urls.append(f"data:{kind};base64,{asset['data_base64']}")
+    return urls
+
+
+def _state(session: LabellingSession, n: int) -> dict[str, Any]:
+    item = session.states.items[n]
+    questions = session.states.examples[n].request.questions
+    found = session.answers(n)
+    return {
+        "state": n,
+        "text": item["state"],
+        "questions": item["questions"],
+        "images": _images(item),
+        "answers": {qid: _answer(questions[qid], found[qid]) for qid in questions if qid in found},
+    }
+
+
+def _count(request: Request) -> int:
+    given = request.query_params.get("count", "1")
+    if not given.isdigit() or not 1 <= int(given) <= MOST_NEXT:
+        detail = {"loc": ["query", "count"], "msg": f"a whole number from 1 to {MOST_NEXT}", "type": "value_error"}
+        raise InvalidRequest([{**detail, "input": given}])
+    return int(given)
+
+
+def _next(session: LabellingSession, count: int) -> dict[str, Any]:
+    if not session.ready:
+        job = session.answering
+        if job is not None and job.status not in ("running", "done"):
+            raise ApiError(503, "overloaded", f"answering the states {job.status}: {job.error or 'see the log'}")
+        done = "" if job is None else f": {job.work.progress.done} of {job.work.progress.total}"
+        raise ApiError(503, "overloaded", f"the states are still being answered{done}", {"Retry-After": "2"})
+    ranked = session.ranked(count)
+    return {"states": [_state(session, n) for n in ranked], "labelled": len(session.labelled())}
+
+
+async def next_states(request: Request) -> JSONResponse:
+    """GET /v1/labelling/next?count=N: the next states to label, best first, with their current answers."""
+    session, count = _session(request), _count(request)
+    return JSONResponse(await anyio.to_thread.run_sync(_next, session, count))
+
+
+def _label(session: LabellingSession, payload: Any) -> dict[str, Any]:
+    if not isinstance(payload, dict):
+        raise InvalidRequest.at((), 'an object: {"state": line, "answers": {...}}', "dict_type", payload)
+    try:
+        line, refit = session.label(payload.get("state"), payload.get("answers"))
+    except OSError as error:  # the file could not be written: the label is not stored
+        raise ApiError(500, "internal_error", f"could not write {session.labels.path}: {error}") from error
+    return {"stored": line, "labelled": len(session.labelled()), "refit": refit}
+
+
+async def store_label(request: Request) -> JSONResponse:
+    """POST /v1/labelling/labels {"state": line, "answers": {...}}: answered once the label is on disk."""
+    session = _session(request)
+    payload = parse_json(await read_body(request, runtime_of(request).settings.max_body_bytes))
+    return JSONResponse(await anyio.to_thread.run_sync(_label, session, payload))

@@ -1,0 +1,301 @@
+"""Labelling (`onepass label`, /v1/labelling) on the tiny model with real llama.cpp: the labels file
+(verified lines, atomic rewrites, a damaged line skipped, read by `onepass calibrate`), the session over
+HTTP (ranking, 422s that store nothing, refits that change the served answers, labels during a refit)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from app.answering.service import ModelService
+from app.calibration import Calibration
+from app.fitting.cli import main as calibrate_main
+from app.fitting.labelling import LabellingFiles, LabellingSession, read_states
+from app.fitting.labels import LabelsFile, digest_of, labels_path
+from app.fitting.runner import ExampleError, parse_examples, read_jsonl
+from app.http.server import create_app
+from app.serving.registry import ModelRegistry
+from tests.conftest import tiny_settings
+from tests.labelling_states import (
+    QUESTIONS,
+    TEAM,
+    WAIT_S,
+    answered,
+    index_of,
+    line_of,
+    right,
+    settled,
+    state,
+    write_states,
+)
+from tests.loading import load_model
+
+# --- the labels file ------------------------------------------------------------------------------
+
+
+def test_each_label_is_a_verified_line_in_calibrate_s_format_and_a_relabel_replaces_it(tmp_path: Path) -> None:
+    path = labels_path(tmp_path / "states.jsonl")
+    assert path.name == "states.labels.jsonl"
+    labels = LabelsFile(path)
+    labels.put(4, {**state(1), "answers": right(1)})
+    labels.put(2, {**state(0), "answers": {"team": "Beta"}})
+    labels.put(4, {**state(1), "answers": {"team": "Gamma", "urgent": True}})  # again: replaces line 4's
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["x_state"] for line in lines] == [2, 4]
+    assert lines[1]["answers"] == {"team": "Gamma", "urgent": True}
+    assert all(line["x_digest"] == digest_of(line) for line in lines)
+    assert sorted(os.listdir(tmp_path)) == ["states.labels.jsonl"]  # no temporary file left behind
+    parsed = parse_examples(read_jsonl(path.read_text()))  # what onepass calibrate reads
+    assert [e.answers for e in parsed] == [{"team": 1}, {"team": 2, "urgent": 0}]
+    assert LabelsFile(path).lines() == {2: lines[0], 4: lines[1]} and not LabelsFile(path).warnings
+
+
+def test_a_failed_rewrite_leaves_the_file_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "labels.jsonl"
+    labels = LabelsFile(path)
+    labels.put(1, {**state(0), "answers": right(0)})
+    before = path.read_bytes()
+
+    def full_disk(descriptor: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        labels.put(2, {**state(1), "answers": right(1)})
+    monkeypatch.undo()
+    assert path.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["labels.jsonl"]
+    assert set(labels.lines()) == {1}  # what it holds is what the file holds
+
+
+def test_a_damaged_line_is_skipped_with_a_warning_naming_it_and_the_file_kept(tmp_path: Path) -> None:
+    path = tmp_path / "labels.jsonl"
+    labels = LabelsFile(path)
+    for n in (1, 2, 3):
+        labels.put(n, {**state(n), "answers": right(n)})
+    lines = path.read_text().splitlines()
+    edited = json.loads(lines[1])
+    edited["answers"]["team"] = "Gamma"  # by hand: the digest no longer matches
+    damaged = "\n".join([lines[0], json.dumps(edited), lines[2][: len(lines[2]) // 2]]) + "\n"
+    path.write_text(damaged)
+    again = LabelsFile(path)
+    assert set(again.lines()) == {1}
+    assert any("line 2 skipped: its digest does not match" in w for w in again.warnings)
+    assert any("line 3 skipped: not JSON" in w for w in again.warnings)
+    assert (tmp_path / "labels.jsonl.damaged").read_text() == damaged
+    again.put(5, {**state(5), "answers": right(5)})
+    assert [json.loads(line)["x_state"] for line in path.read_text().splitlines()] == [1, 5]
+
+
+def test_onepass_calibrate_reads_the_labels_file_as_it_is(
+    tiny_chat_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    labels = LabelsFile(tmp_path / "s.labels.jsonl")
+    for i in range(10):
+        labels.put(line_of(i), {**state(i), "answers": right(i)})
+    flags = ["-m", str(tiny_chat_path), "-t", "1", "--repack", "off", "--flash-attn", "off"]
+    flags += ["--session-cache-disk-bytes", "0", "--calibration-dir", str(tmp_path / "fits")]
+    calibrate_main([str(labels.path), *flags])
+    shown = capsys.readouterr().out
+    assert "team: 10 labelled" in shown and "urgent: 10 labelled" in shown
+    assert (tmp_path / "s.labels.report.md").is_file()
+
+
+def test_a_states_file_with_a_bad_line_is_refused_naming_the_line(tmp_path: Path) -> None:
+    path = write_states(tmp_path / "s.jsonl", 5)
+    path.write_text(path.read_text() + json.dumps({**state(9), "answers": {"team": "Delta"}}) + "\n")
+    with pytest.raises(ExampleError, match=r"s.jsonl: line 7: 'Delta' is not one of the options"):
+        read_states(path)
+
+
+# --- the session over HTTP ------------------------------------------------------------------------
+
+
+def served(tiny_chat_path: Path, folder: Path) -> ModelService:
+    return load_model(tiny_settings(tiny_chat_path, calibration="contextual", calibration_dir=folder / "fits"))
+
+
+@pytest.fixture
+def labelling(tiny_chat_path: Path, tmp_path: Path) -> Iterator[tuple[TestClient, LabellingSession, Path]]:
+    """A server over the tiny model with a session for 24 states, 4 of them labelled in the states file."""
+    states = write_states(tmp_path / "states.jsonl", 24, labelled=4)
+    files = LabellingFiles(read_states(states), LabelsFile(labels_path(states)))
+    service = served(tiny_chat_path, tmp_path)
+    app = create_app(tiny_settings(tiny_chat_path), registry=ModelRegistry.serving(service), labelling=files)
+    try:
+        with TestClient(app) as client:
+            session = client.app.state.runtime.labelling  # type: ignore[attr-defined]
+            answered(session)
+            yield client, session, labels_path(states)
+    finally:
+        service.close()
+
+
+def post(client: TestClient, line: int, answers: Any) -> Any:
+    return client.post("/v1/labelling/labels", json={"state": line, "answers": answers})
+
+
+def test_without_a_session_the_routes_say_so_with_a_404(client: TestClient) -> None:
+    for method, path in (("GET", "/v1/labelling"), ("GET", "/v1/labelling/next"), ("POST", "/v1/labelling/labels")):
+        refused = client.request(method, path, json={"state": 1, "answers": {}})
+        assert refused.status_code == 404
+        assert (
+            refused.json()["detail"]["error_type"] == "not_found"
+            and "onepass label" in refused.json()["detail"]["message"]
+        )
+
+
+def test_the_ranking_offers_unlabelled_states_only_with_their_answers(
+    labelling: tuple[TestClient, LabellingSession, Path],
+) -> None:
+    client, _, _ = labelling
+    overview = client.get("/v1/labelling").json()
+    assert overview["states"] == 24 and overview["labelled"] == 4
+    assert overview["answering"]["status"] == "done" and overview["answering"]["done"] == 24
+    team = next(q for q in overview["questions"] if q["name"] == "team")
+    assert team["labelled"] == 4 and team["note"] == "no fit yet (4 of 8 labels)" and team["method"] is None
+    offered = client.get("/v1/labelling/next?count=50").json()["states"]
+    assert len(offered) == 20 and {index_of(s["state"]) for s in offered} == set(range(4, 24))
+    first = offered[0]
+    assert first["questions"] == QUESTIONS and first["text"] == state(index_of(first["state"]))["state"]
+    assert set(first["answers"]) == {"team", "urgent"} and first["images"] == []
+    assert "x_set" not in first["answers"]["team"]  # no fit yet: no set
+    assert [s["state"] for s in client.get("/v1/labelling/next?count=3").json()["states"]] == [
+        s["state"] for s in offered[:3]
+    ]
+    for count in ("0", "51", "two", "-1"):
+        refused = client.get(f"/v1/labelling/next?count={count}")
+        assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "count"]
+
+
+def test_a_bad_label_is_a_422_at_its_field_and_stores_nothing(
+    labelling: tuple[TestClient, LabellingSession, Path],
+) -> None:
+    client, _, labels = labelling
+    line = line_of(5)
+    cases = [
+        ({"state": line, "answers": {"team": "Delta"}}, ["body", "answers", "team"], "is not one of the options"),
+        ({"state": line, "answers": {"urgent": "yes"}}, ["body", "answers", "urgent"], "true or false"),
+        ({"state": line, "answers": {"nope": True}}, ["body", "answers", "nope"], "no question 'nope'"),
+        ({"state": line, "answers": {}}, ["body", "answers"], "an object of answers"),
+        ({"state": 4, "answers": right(5)}, ["body", "state"], "a state's line"),  # the blank line
+        ({"state": 999, "answers": right(5)}, ["body", "state"], "a state's line"),
+        ({"state": "5", "answers": right(5)}, ["body", "state"], "a state's line"),
+        ([1, 2], ["body"], "an object"),
+    ]
+    for body, loc, message in cases:
+        refused = client.post("/v1/labelling/labels", json=body)
+        assert refused.status_code == 422, body
+        assert refused.json()["detail"][0]["loc"] == loc and message in refused.json()["detail"][0]["msg"]
+    not_json = client.post("/v1/labelling/labels", content=b"{", headers={"Content-Type": "application/json"})
+    assert not_json.status_code == 422
+    assert not labels.exists()
+    assert client.get("/v1/labelling").json()["labelled"] == 4
+
+
+def test_after_eight_labels_a_refit_changes_the_served_answers_and_the_session_s(
+    labelling: tuple[TestClient, LabellingSession, Path],
+) -> None:
+    client, session, labels = labelling
+    ask = {"model": "jev-latest", "state": "A new ticket nobody labelled.", "questions": {"q": TEAM}}
+    before = client.post("/v1/systemone", json=ask).json()["answers"]["q"]
+    assert "x_calibration" not in before
+    offered = client.get("/v1/labelling/next?count=6").json()["states"]
+    for item in offered:
+        stored = post(client, item["state"], right(index_of(item["state"])))
+        assert stored.status_code == 200 and stored.json()["stored"]["x_state"] == item["state"]
+    settled(session)
+    overview = client.get("/v1/labelling").json()
+    assert overview["labelled"] == 10 and overview["refit"]["status"].startswith("done")
+    job = client.get(f"/v1/calibrations/jobs/{overview['refit']['id']}").json()  # a calibration job like any
+    assert job["total"] == 10 and job["reused"] == 10 and {r["labelled"] for r in job["report"]} == {10}
+    team = next(q for q in overview["questions"] if q["name"] == "team")
+    assert team["labelled"] == 10 and team["method"] and team["note"] is None
+    assert 0 <= team["accuracy"] <= 1 and set(team["sets"]) == {"coverage", "size"} and team["mean_set_size"] >= 1
+    after = client.post("/v1/systemone", json=ask).json()["answers"]["q"]
+    assert after["x_calibration"]["method"] == team["method"] and after["x_calibration"]["examples"] == 10
+    assert after["probabilities"] != before["probabilities"] and "x_set" in after
+    now = client.get("/v1/labelling/next?count=1").json()["states"][0]
+    assert now["answers"]["team"]["x_calibration"]["id"] == after["x_calibration"]["id"]
+    assert now["answers"]["team"]["x_set"]["coverage"] == 0.9
+    assert len(labels.read_text().splitlines()) == 6
+
+
+@pytest.mark.parametrize("run", range(5))
+def test_labels_that_arrive_during_a_refit_are_all_refitted_on(
+    labelling: tuple[TestClient, LabellingSession, Path], run: int
+) -> None:
+    """Twelve labels from four threads at once: each is stored, refits do not pile up (one runs, and at
+    most one more is owed), and the last refit read every label."""
+    client, session, labels = labelling
+    offered = [s["state"] for s in client.get("/v1/labelling/next?count=12").json()["states"]]
+    started: list[str] = []
+    lock = threading.Lock()
+
+    def label(lines: list[int]) -> None:
+        for line in lines:
+            reply = post(client, line, right(index_of(line)))
+            assert reply.status_code == 200
+            with lock:
+                started.append(reply.json()["stored"]["x_state"])
+                running = [job for job in session.jobs.all() if job.running and job is not session.answering]
+                assert len(running) <= 2  # one refit, and the one it started as it ended: never a queue
+
+    threads = [threading.Thread(target=label, args=(offered[k::4],)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    settled(session)
+    assert sorted(started) == sorted(offered) and len(labels.read_text().splitlines()) == 12
+    assert session.refit is not None and session.refit.work.progress.total == 16  # the 4 in the states file too
+    assert session.refit.status.startswith("done") and not session.refit_pending
+
+
+class HeldCalibration(Calibration):
+    """The model's calibration, whose first fit waits until the test lets it go: a refit caught running."""
+
+    def __init__(self, inner: Calibration) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.reached, self.release = threading.Event(), threading.Event()
+
+    def choose(self, examples: Any, unlabelled: Any, key: str, ordered: bool) -> Any:
+        self.reached.set()
+        assert self.release.wait(WAIT_S), "the test never let the refit go on"
+        return super().choose(examples, unlabelled, key, ordered)
+
+
+def test_labels_stored_while_a_refit_runs_get_one_more_refit_not_one_each(tiny_chat_path: Path, tmp_path: Path) -> None:
+    states = write_states(tmp_path / "states.jsonl", 24, labelled=8)
+    files = LabellingFiles(read_states(states), LabelsFile(labels_path(states)))
+    service = served(tiny_chat_path, tmp_path)
+    held = HeldCalibration(service.calibration)
+    service.calibration = held
+    app = create_app(tiny_settings(tiny_chat_path), registry=ModelRegistry.serving(service), labelling=files)
+    try:
+        with TestClient(app) as client:
+            session: LabellingSession = client.app.state.runtime.labelling  # type: ignore[attr-defined]
+            answered(session)  # eight labelled in the states file: a refit starts
+            assert held.reached.wait(WAIT_S)
+            first = session.refit
+            assert first is not None and first.running
+            for i in (10, 11, 12):  # stored while it runs, each owed the refit after it
+                assert post(client, line_of(i), right(i)).json()["refit"] == "after the one running"
+            overview = client.get("/v1/labelling").json()
+            assert overview["refit"]["id"] == first.id and overview["refit_pending"] and overview["labelled"] == 11
+            held.release.set()
+            settled(session)
+            refits = [job for job in session.jobs.all() if job is not session.answering]
+            assert session.refit is not None  # one more refit, for all three labels
+            assert [job.id for job in refits] == [first.id, session.refit.id]
+            assert [job.work.progress.total for job in refits] == [8, 11]
+            assert all(job.status.startswith("done") for job in refits) and not session.refit_pending
+    finally:
+        held.release.set()
+        service.close()
