@@ -34,7 +34,7 @@ import numpy as np
 
 from app.calibration import Calibration, Evidence, FitRecord, FitsFound, question_key
 from app.contract import SystemOneRequest
-from app.fitting.ranking import next_to_label, worth
+from app.fitting.ranking import next_to_label, worths
 from app.fitting.runner import UserExample, fit_all
 from bench.calibration_study import TEST, fitting_at, load, load_hidden, parsed
 from bench.evidence import OUT as EVIDENCE
@@ -133,9 +133,9 @@ def ranked(calibration: Calibration, data: Data, sizes: Sequence[int], progress:
     found = {}
     while len(labelled) < max(sizes):
         fits = fits_of(records, request)
-        worths = [worth(calibration.answer_evidence(request.questions, row, fits, COVERAGE)) for row in evidence]
+        worth = worths([calibration.answer_evidence(request.questions, row, fits, COVERAGE) for row in evidence])
         upto = min(size for size in sizes if size > len(labelled))
-        labelled += next_to_label(worths, vectors, labelled, min(BATCH, upto - len(labelled)))
+        labelled += next_to_label(worth, vectors, labelled, min(BATCH, upto - len(labelled)))
         records = fitted(calibration, [examples[i] for i in labelled], [evidence[i] for i in labelled])
         if len(labelled) in sizes:
             found[len(labelled)] = scored(calibration, records, data.test)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.calibration import AnswerProbabilities
-from app.fitting.ranking import next_to_label, unsureness, worth
+from app.calibration import AnswerProbabilities, Fit, FitRecord
+from app.fitting.ranking import next_to_label, unsureness, worth, worths
 
 
 def test_a_wider_set_is_less_sure_and_a_certain_answer_is_worth_nothing() -> None:
@@ -35,3 +35,12 @@ def test_without_mean_vectors_the_worth_alone_orders_them() -> None:
     worths = [0.1, 0.9, 0.5, 0.9]
     assert next_to_label(worths, [None] * 4, labelled=[3], count=3) == [1, 2, 0]
     assert next_to_label(worths, [None] * 4, labelled=[0, 1, 2, 3], count=3) == []
+
+
+def test_before_any_fit_every_state_is_worth_the_same_and_after_one_its_answers_decide() -> None:
+    sure, unsure = AnswerProbabilities([0.99, 0.01]), AnswerProbabilities([0.5, 0.5])
+    assert worths([{"q": sure}, {"q": unsure}]) == [1.0, 1.0]  # the model's own unsureness is not used
+    record = FitRecord("k", {}, "vector/0.1", Fit("vector", ("true", "false")), 10)
+    fitted = AnswerProbabilities([0.5, 0.5], fit=record, answer_set=[0, 1], coverage=0.9)
+    found = worths([{"q": sure, "r": fitted}, {"q": unsure, "r": fitted}])
+    assert found == [worth({"q": sure, "r": fitted}), worth({"q": unsure, "r": fitted})] and found[0] < found[1]

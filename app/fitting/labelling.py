@@ -25,7 +25,7 @@ from app.contract import canonical_json
 from app.errors import InvalidRequest
 from app.fitting.jobs import FitWork, Lease
 from app.fitting.labels import LabelsFile
-from app.fitting.ranking import next_to_label, worth
+from app.fitting.ranking import next_to_label, worths
 from app.fitting.runner import (
     IMAGE_FIELDS,
     ExampleError,
@@ -300,10 +300,10 @@ class LabellingSession:
         if not answers:
             return []
         labelled = set(self.labelled())
-        worths = [worth(answers[n]) for n in self.order]
+        worth_of = worths([answers[n] for n in self.order])
         vectors = [next(iter(evidence[n].values())).state_mean for n in self.order]
         done = [i for i, n in enumerate(self.order) if n in labelled]
-        return [self.order[i] for i in next_to_label(worths, vectors, done, count)]
+        return [self.order[i] for i in next_to_label(worth_of, vectors, done, count)]
 
     def questions(self, coverage: float) -> list[dict[str, Any]]:
         """Per question (by content): how many states ask it and are labelled for it, the fit that answers

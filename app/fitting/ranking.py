@@ -7,7 +7,10 @@ less sure answer comes first; for a question without one, the probability left o
 are taken greedily by worth times distance: the distance (1 - cosine similarity of the states' mean
 vectors, Snapshot.state_mean) to the nearest state already labelled or taken, so that fifty labels
 are not fifty near-copies of one ticket (a core-set with uncertainty, as in Ash et al. 2020's BADGE,
-without its gradients). Without mean vectors the worth alone decides.
+without its gradients). Without mean vectors the worth alone decides. Before any fit answers, every
+state is worth the same and the spread alone chooses: on development splits of the pipelines (seed 0
+only; docs/calibration.md), ranking the first labels by the model's own unsureness did no better
+than drawing them at random, and choosing them for spread did.
 """
 
 from __future__ import annotations
@@ -36,6 +39,14 @@ def unsureness(answer: AnswerProbabilities) -> float:
 def worth(answers: Mapping[str, AnswerProbabilities]) -> float:
     """A state's worth of a label: its questions' mean unsureness."""
     return float(np.mean([unsureness(answer) for answer in answers.values()]))
+
+
+def worths(states: Sequence[Mapping[str, AnswerProbabilities]]) -> list[float]:
+    """Each state's worth of a label: its questions' unsureness once a fit answers any of them, else
+    the same for every state."""
+    if not any(answer.fit is not None for answers in states for answer in answers.values()):
+        return [1.0] * len(states)
+    return [worth(answers) for answers in states]
 
 
 def next_to_label(
