@@ -6,9 +6,10 @@ hidden vectors beside them). Per workload, seed 0's items are the unlabelled sta
 1's items that are not among them are held out. Two ways to choose which states get labels:
 
 - ranked, as `onepass label` does: no fit at first; take the next BATCH states app/fitting/ranking.py
-  ranks first (their answers as served now, with the fits so far, and their mean vectors), label
-  them (the generator's right answers stand in for the user), refit as the fitting run does
-  (app/fitting/runner.py's fit_all), and so on;
+  offers (one in four drawn at random, on which the answer sets are calibrated; the others ranked by
+  their answers as served now, with the fits so far, and their mean vectors), label them (the
+  generator's right answers stand in for the user), refit as the fitting run does (app/fitting/
+  runner.py's fit_all), and so on;
 - random: the same numbers of states drawn at random from the pool, REPEATS draws each.
 
 After 20, 40, 60 and 100 labels each question is scored on the held-out items as a request would be
@@ -26,7 +27,7 @@ import argparse
 import datetime
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ import numpy as np
 
 from app.calibration import Calibration, Evidence, FitRecord, FitsFound, question_key
 from app.contract import SystemOneRequest
+from app.fitting import ranking
 from app.fitting.ranking import next_to_label, worths
 from app.fitting.runner import UserExample, fit_all
 from bench.calibration_study import TEST, fitting_at, load, load_hidden, parsed
@@ -128,6 +130,8 @@ def ranked(calibration: Calibration, data: Data, sizes: Sequence[int], progress:
     examples, evidence = data.pool
     request = examples[0].request
     vectors = [next(iter(row.values())).state_mean for row in evidence]
+    offered = ranking.drawn([str(example.request.state) for example in examples])
+    examples = [replace(e, drawn=i in set(offered)) for i, e in enumerate(examples)]
     labelled: list[int] = []
     records: dict[str, FitRecord] = {}
     found = {}
@@ -135,7 +139,7 @@ def ranked(calibration: Calibration, data: Data, sizes: Sequence[int], progress:
         fits = fits_of(records, request)
         worth = worths([calibration.answer_evidence(request.questions, row, fits, COVERAGE) for row in evidence])
         upto = min(size for size in sizes if size > len(labelled))
-        labelled += next_to_label(worth, vectors, labelled, min(BATCH, upto - len(labelled)))
+        labelled += next_to_label(worth, vectors, labelled, min(BATCH, upto - len(labelled)), offered)
         records = fitted(calibration, [examples[i] for i in labelled], [evidence[i] for i in labelled])
         if len(labelled) in sizes:
             found[len(labelled)] = scored(calibration, records, data.test)

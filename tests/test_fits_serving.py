@@ -80,6 +80,9 @@ def test_examples_are_checked_and_a_bad_one_is_named() -> None:
         parse_examples([{**examples(1)[0], "answers": {"urgent": "no"}}])
     with pytest.raises(ExampleError, match="keyed by the example's question ids"):
         parse_examples([{**examples(1)[0], "answers": {"nope": True}}])
+    assert [e.drawn for e in parse_examples([examples(1)[0], {**examples(1)[0], "x_drawn": False}])] == [True, False]
+    with pytest.raises(ExampleError, match="x_drawn is true or false"):
+        parse_examples([{**examples(1)[0], "x_drawn": "no"}])
 
 
 def test_a_learnable_bias_is_adopted_and_reported(fitted: tuple[Path, list[Any]]) -> None:

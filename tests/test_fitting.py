@@ -273,3 +273,13 @@ def test_a_state_probe_learns_what_the_states_mean_says_and_is_told_apart_from_t
         fit.apply(test[0].labels, test[0].raw, test[0].prior, test[0].hidden)
     without = [replace(e, state_mean=None) for e in train]
     assert not any(name.startswith("state_probe/") for name in choose(without, temperature=1.0).candidates)
+
+
+def test_the_answer_sets_are_bounded_by_the_examples_drawn_like_the_traffic_when_enough_are() -> None:
+    examples = biased(100, 1, (2.0, 0.0, -1.0), 0.3)
+    quarter = [i % 4 == 0 for i in range(100)]  # onepass label's random draws among ranked states
+    fit = choose(examples, temperature=1.0, drawn=quarter).fit
+    assert fit is not None and len(fit.conformity) == 25
+    few = [i < MIN_LABELLED - 1 for i in range(100)]  # too few to bound a set: every example does
+    fit = choose(examples, temperature=1.0, drawn=few).fit
+    assert fit is not None and len(fit.conformity) == 100

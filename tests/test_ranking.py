@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from app.calibration import AnswerProbabilities, Fit, FitRecord
-from app.fitting.ranking import next_to_label, unsureness, worth, worths
+from app.fitting.ranking import DRAWN_EVERY, drawn, next_to_label, unsureness, worth, worths
 
 
 def test_a_wider_set_is_less_sure_and_a_certain_answer_is_worth_nothing() -> None:
@@ -44,3 +44,17 @@ def test_before_any_fit_every_state_is_worth_the_same_and_after_one_its_answers_
     fitted = AnswerProbabilities([0.5, 0.5], fit=record, answer_set=[0, 1], coverage=0.9)
     found = worths([{"q": sure, "r": fitted}, {"q": unsure, "r": fitted}])
     assert found == [worth({"q": sure, "r": fitted}), worth({"q": unsure, "r": fitted})] and found[0] < found[1]
+
+
+def test_one_label_in_four_goes_to_a_state_drawn_by_its_content_s_hash() -> None:
+    keys = [f"ticket {i}" for i in range(10)]
+    chosen = drawn(keys)
+    assert len(chosen) == 3 and chosen == drawn(list(keys))  # ceil(10 / 4), a function of the contents
+    assert drawn(keys[::-1]) == [9 - i for i in chosen]  # the same states whatever their order
+    worths_ = [float(i) for i in range(10)]  # the ranking alone would take 9, 8, 7, ...
+    rest = [i for i in range(9, -1, -1) if i not in chosen]
+    first = next_to_label(worths_, [None] * 10, [], 5, chosen)
+    assert first == [chosen[0], *rest[:3], chosen[1]]  # labels 0 and 4 of DRAWN_EVERY = 4 are drawn
+    assert DRAWN_EVERY == 4
+    later = next_to_label(worths_, [None] * 10, first, 4, chosen)
+    assert later == [*rest[3:6], chosen[2]]  # labels 5, 6, 7 ranked, 8 drawn

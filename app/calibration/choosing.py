@@ -86,11 +86,14 @@ def choose(
     unlabelled: Sequence[Example] = (),
     key: str = "",
     ordered: bool = False,
+    drawn: Sequence[bool] | None = None,
 ) -> FitChoice:
     """Fit every candidate (candidates.table), keep the one with the lowest cross-validated log loss if
     it beats contextual calibration's log loss on the same examples. Examples that carry their set
     row add the question-set candidates of the question `key`; `ordered`: its labels are a score's
-    levels. Raises TooFewExamples below MIN_LABELLED examples."""
+    levels; `drawn`: the examples drawn like the traffic, whose held-out answers bound the answer sets
+    (all of them when fewer than MIN_LABELLED are; None: all). Raises TooFewExamples below
+    MIN_LABELLED examples."""
     n = len(examples)
     if n < MIN_LABELLED:
         raise TooFewExamples(f"{n} labelled examples: a cross-validated fit needs at least {MIN_LABELLED}")
@@ -118,8 +121,12 @@ def choose(
     sharpen = float(candidates.newton(held_out[:, :, None], right, np.ones(1), np.full(1, 1e-6), np.ones(1))[0])
     held = sharpened(predicted[best], sharpen)
     after = scores(held, right)
-    conformity = tuple(sorted(conformal.nonconformity(p, y, ordered) for p, y in zip(held, right, strict=True)))
-    sets = conformal.held_out_sets(held, right.tolist(), ordered)
+    chosen = np.asarray(drawn if drawn is not None and sum(drawn) >= MIN_LABELLED else [True] * n, dtype=bool)
+    held_drawn, right_drawn = held[chosen], right[chosen]
+    conformity = tuple(
+        sorted(conformal.nonconformity(p, y, ordered) for p, y in zip(held_drawn, right_drawn, strict=True))
+    )
+    sets = conformal.held_out_sets(held_drawn, right_drawn.tolist(), ordered)
     fitted = replace(fit, sharpen=sharpen, conformity=conformity)
     return FitChoice(fitted, best, True, before, after, losses, count, not_tried, sets)
 

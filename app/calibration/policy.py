@@ -221,10 +221,16 @@ class Calibration:
         return found
 
     def choose(
-        self, examples: Sequence[Example], unlabelled: Sequence[Example], key: str, ordered: bool
+        self,
+        examples: Sequence[Example],
+        unlabelled: Sequence[Example],
+        key: str,
+        ordered: bool,
+        drawn: Sequence[bool] | None = None,
     ) -> choosing.FitChoice:
-        """The fit for one question's labelled examples (app/calibration/choosing.py), at this model's temperature."""
-        return choosing.choose(examples, self.temperature, unlabelled, key, ordered)
+        """The fit for one question's labelled examples (app/calibration/choosing.py), at this model's
+        temperature; `drawn`: which examples were drawn like the traffic (None: all)."""
+        return choosing.choose(examples, self.temperature, unlabelled, key, ordered, drawn)
 
     def label_free(self, sample: Sequence[Example]) -> Fit:
         """Batch calibration, fitted on states without labels."""

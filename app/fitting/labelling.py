@@ -25,8 +25,9 @@ from app.contract import canonical_json
 from app.errors import InvalidRequest
 from app.fitting.jobs import FitWork, Lease
 from app.fitting.labels import LabelsFile
-from app.fitting.ranking import next_to_label, worths
+from app.fitting.ranking import drawn, next_to_label, worths
 from app.fitting.runner import (
+    DRAWN_KEY,
     IMAGE_FIELDS,
     ExampleError,
     UserExample,
@@ -137,6 +138,9 @@ class LabellingSession:
     ) -> None:
         self.states, self.labels, self.model, self.lease, self.jobs = states, labels, model, lease, jobs
         self.order = sorted(states.items)  # line numbers
+        # the states offered at random (ranking.drawn), as indices into `order` and as lines
+        self.drawn = drawn([content(states.items[n]) for n in self.order])
+        self.drawn_lines = {self.order[i] for i in self.drawn}
         self._lock = threading.Lock()
         self._evidence: dict[int, dict[str, Evidence]] | None = None
         self._answers: dict[int, dict[str, AnswerProbabilities]] = {}
@@ -195,7 +199,8 @@ class LabellingSession:
         for n, line in self.labels.lines().items():
             if n in self.states.items and content(line) == content(self.states.items[n]):
                 try:
-                    found[n] = UserExample(self.states.examples[n].request, self._indices(n, line.get("answers")))
+                    indices = self._indices(n, line.get("answers"))
+                    found[n] = UserExample(self.states.examples[n].request, indices, line.get(DRAWN_KEY) is not False)
                 except InvalidRequest:
                     continue  # warned about when the session started
         return found
@@ -209,7 +214,8 @@ class LabellingSession:
             raise InvalidRequest.at(("state",), message, "value_error", state)
         self._indices(state, answers)
         item = self.states.items[state]
-        line = self.labels.put(state, {**{k: item[k] for k in CONTENT_KEYS if k in item}, "answers": answers})
+        shown = {k: item[k] for k in CONTENT_KEYS if k in item}
+        line = self.labels.put(state, {**shown, "answers": answers, DRAWN_KEY: state in self.drawn_lines})
         return line, self._start_refit()
 
     # --- refits -------------------------------------------------------------------------------
@@ -303,7 +309,7 @@ class LabellingSession:
         worth_of = worths([answers[n] for n in self.order])
         vectors = [next(iter(evidence[n].values())).state_mean for n in self.order]
         done = [i for i, n in enumerate(self.order) if n in labelled]
-        return [self.order[i] for i in next_to_label(worth_of, vectors, done, count)]
+        return [self.order[i] for i in next_to_label(worth_of, vectors, done, count, self.drawn)]
 
     def questions(self, coverage: float) -> list[dict[str, Any]]:
         """Per question (by content): how many states ask it and are labelled for it, the fit that answers

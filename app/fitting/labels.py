@@ -1,8 +1,9 @@
 """The user's labels for a states file, kept as a verified file beside it: `S.labels.jsonl` for `S.jsonl`.
 
 Each line is an example as `onepass calibrate` reads it (state, questions, the state's image fields,
-answers), plus `x_state` (the line of the state in S.jsonl, from 1) and `x_digest` (blake3 of the
-line's canonical JSON without it). Every change rewrites the whole file atomically (a temporary file
+answers, and `x_drawn`: whether the state was offered at random, app/fitting/ranking.py), plus
+`x_state` (the line of the state in S.jsonl, from 1) and `x_digest` (blake3 of the line's canonical
+JSON without it). Every change rewrites the whole file atomically (a temporary file
 in the same folder, flushed and synced, renamed over, the folder synced) before it returns, so a label
 once acknowledged survives a kill -9 and no crash leaves half a file. Reading checks each line's digest:
 a damaged line is skipped with a warning naming it, and the file as it was is kept beside it

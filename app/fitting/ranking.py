@@ -7,7 +7,9 @@ less sure answer comes first; for a question without one, the probability left o
 are taken greedily by worth times distance: the distance (1 - cosine similarity of the states' mean
 vectors, Snapshot.state_mean) to the nearest state already labelled or taken, so that fifty labels
 are not fifty near-copies of one ticket (a core-set with uncertainty, as in Ash et al. 2020's BADGE,
-without its gradients). Without mean vectors the worth alone decides. Before any fit answers, every
+without its gradients). Without mean vectors the worth alone decides. One label in four goes to a
+state drawn at random instead (by a hash of its content): the answer sets are calibrated on those
+alone, since states chosen for being unsure would set their bound too loose. Before any fit answers, every
 state is worth the same and the spread alone chooses: on development splits of the pipelines (seed 0
 only; docs/calibration.md), ranking the first labels by the model's own unsureness did no better
 than drawing them at random, and choosing them for spread did.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import blake3
 import numpy as np
 from numpy.typing import NDArray
 
@@ -24,6 +27,9 @@ from app.calibration import AnswerProbabilities
 
 # How much of "probability off the top label" breaks ties between answers with sets of one size.
 TIE_SHARE = 0.1
+# One state in this many is offered at random rather than by worth: the labels the answer sets are
+# calibrated on, which must be drawn like the traffic for their coverage to hold (conformal.py).
+DRAWN_EVERY = 4
 
 
 def unsureness(answer: AnswerProbabilities) -> float:
@@ -49,15 +55,42 @@ def worths(states: Sequence[Mapping[str, AnswerProbabilities]]) -> list[float]:
     return [worth(answers) for answers in states]
 
 
+def drawn(keys: Sequence[str]) -> list[int]:
+    """The states offered at random, in the order they are offered: the 1 in DRAWN_EVERY whose content
+    (`keys`) hashes lowest, so that which they are depends on nothing a model answered or a user said."""
+    order = sorted(range(len(keys)), key=lambda i: blake3.blake3(keys[i].encode()).digest())
+    return order[: -(-len(keys) // DRAWN_EVERY)]
+
+
 def next_to_label(
     worths: Sequence[float],
     vectors: Sequence[NDArray[np.float32] | None],
     labelled: Sequence[int],
     count: int,
+    drawn: Sequence[int] = (),
 ) -> list[int]:
-    """Up to `count` state indices to label next, best first, none of them in `labelled`."""
+    """Up to `count` state indices to label next, none of them in `labelled`: one label in DRAWN_EVERY
+    (by the count of labels) the next of the `drawn` states, the others the best ranked of the rest."""
+    done = set(labelled)
+    left = [i for i in drawn if i not in done]
+    ranked = _ranked(worths, vectors, labelled, [*labelled, *left], count)
+    found: list[int] = []
+    while len(found) < count and (left or ranked):
+        turn = (len(labelled) + len(found)) % DRAWN_EVERY == 0
+        found.append(left.pop(0) if left and (turn or not ranked) else ranked.pop(0))
+    return found
+
+
+def _ranked(
+    worths: Sequence[float],
+    vectors: Sequence[NDArray[np.float32] | None],
+    labelled: Sequence[int],
+    excluded: Sequence[int],
+    count: int,
+) -> list[int]:
+    """Up to `count` states not in `excluded`, best first: worth times distance to the labelled and taken."""
     n = len(worths)
-    left = [i for i in range(n) if i not in set(labelled)]
+    left = [i for i in range(n) if i not in set(excluded)]
     if not left:
         return []
     value = np.asarray(worths, dtype=np.float64)

@@ -49,6 +49,7 @@ LABEL_FREE_TYPES = ("noul", "score")
 FEW_STATES = 20
 # An example's images come as a request's do, in JSON: Jev's `assets` (base64) or llama.cpp's data URLs.
 IMAGE_FIELDS = ("assets", "images", "files")
+DRAWN_KEY = "x_drawn"  # false: the example was chosen for being unsure (onepass label's ranked states)
 
 
 class ExampleError(ValueError):
@@ -61,6 +62,9 @@ class UserExample:
 
     request: SystemOneRequest
     answers: dict[str, int]  # question id -> index of the right label (labelled questions only)
+    # Drawn like the traffic (not chosen for being unsure, `x_drawn: false`): its held-out answer may
+    # calibrate the answer sets (app/calibration/conformal.py).
+    drawn: bool = True
 
 
 def right_index(question: Question, value: Any) -> int:
@@ -88,7 +92,11 @@ def parse_examples(items: Iterable[Any], model: str = "jev-latest") -> list[User
             answers = item.get("answers") or {}
             if not isinstance(answers, dict) or set(answers) - set(request.questions):
                 raise ValueError("answers must be an object keyed by the example's question ids")
-            found.append(UserExample(request, {q: right_index(request.questions[q], v) for q, v in answers.items()}))
+            drawn = item.get(DRAWN_KEY, True)
+            if not isinstance(drawn, bool):
+                raise ValueError(f"{DRAWN_KEY} is true or false, not {drawn!r}")
+            indices = {q: right_index(request.questions[q], v) for q, v in answers.items()}
+            found.append(UserExample(request, indices, drawn))
         except InvalidRequest as error:
             where = ".".join(str(part) for part in error.details[0]["loc"][1:]) if error.details else ""
             raise ExampleError(f"example {n}: {where}: {error}") from None
@@ -317,7 +325,8 @@ def fit_question(
     ]
     sample = [example_of(e, None, canonical) for _, _, e in rows]  # every state, labelled or not
     ordered = question.type == "score"
-    choice = calibration.choose(train, sample, key, ordered=ordered)
+    drawn = [examples[i].drawn for i, qid, _ in rows if qid in examples[i].answers]
+    choice = calibration.choose(train, sample, key, ordered=ordered, drawn=drawn)
     record = None
     if choice.adopted and choice.fit is not None:
         reads = sorted({f[0] for f in choice.fit.features}) if choice.fit.reads_every_question else None
