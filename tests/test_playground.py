@@ -419,6 +419,7 @@ def test_an_answer_read_from_the_state_alone_shows_its_numbers_and_fit_without_a
         centre=(0.0,) * width,
         spread=(1.0,) * width,
         weights=tuple(tuple(float(w) for w in rng.normal(0.0, 0.05, width)) for _ in range(2)),
+        conformity=tuple(sorted(float(x) for x in rng.uniform(0.0, 0.7, 30))),  # held-out answers: sets at 90%
     )
     assert service.calibration.store is not None
     service.calibration.store.put(
@@ -438,6 +439,10 @@ def test_an_answer_read_from_the_state_alone_shows_its_numbers_and_fit_without_a
         assert_shows(*shown(cards["refund"], ".noul"), api["refund"]["noul"])
         assert_bars(bars(cards["refund"]), {"true": api["refund"]["noul"], "false": 1 - api["refund"]["noul"]})
         assert page.one(".fit-line", cards["refund"]).text == "calibrated by your fit state_probe/0.001 (60 examples)"
+        labels = ", ".join("yes" if label else "no" for label in api["refund"]["x_set"]["labels"])
+        check = "" if len(api["refund"]["x_set"]["labels"]) == 1 else " not one label: check this answer"
+        assert page.one(".set-line", cards["refund"]).text == f"answer set at 90%: {{{labels}}}{check}"
+        assert not page.all(".set-line", cards["team"])  # no fit: no set
         assert not page.all(".mass-line", cards["refund"]) and not page.all(".raw", cards["refund"])
         assert_shows(*shown(cards["team"], ".mass"), api["team"]["x_label_mass"])
         assert page.all(".raw", cards["team"]) and not page.all(".fit-line", cards["team"])

@@ -329,6 +329,13 @@ function answerCard(id, answer) {
     const fit = answer.x_calibration;
     card.append(el("p", "fit-line", "calibrated by your fit ", el("code", "fit", fit.method), ` (${fit.examples} examples)`));
   }
+  if (answer.x_set) {
+    // the labels that hold the right one at the coverage asked: not exactly one, an answer to check
+    const labels = answer.x_set.labels.map((label) => (label === true ? "yes" : label === false ? "no" : String(label)));
+    const check = labels.length === 1 ? [] : [el("span", "check", " not one label: check this answer")];
+    const coverage = `${Math.round(100 * answer.x_set.coverage)}%`;
+    card.append(el("p", "set-line", `answer set at ${coverage}: `, el("span", "set", `{${labels.join(", ")}}`), ...check));
+  }
   if (raw !== undefined) {
     card.append(el("details", "raw", el("summary", null, "uncalibrated (x_raw)"), bars(raw, labelOf, argmax(raw))));
   }
