@@ -38,10 +38,10 @@ def main() -> None:
         answered += 1
         return evidence(self, request, hidden=hidden)
 
-    def failing(self: Calibration, examples: Any, unlabelled: Any, key: str, ordered: bool) -> Any:
+    def failing(self: Calibration, examples: Any, unlabelled: Any, key: str, ordered: bool, drawn: Any = None) -> Any:
         if key == ours.fail_key:
             raise RuntimeError("a fault injected into this question's fit")
-        return choose(self, examples, unlabelled, key, ordered)
+        return choose(self, examples, unlabelled, key, ordered, drawn)
 
     with (
         mock.patch.object(ModelService, "evidence", counted),
