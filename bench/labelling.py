@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from app.calibration import Calibration, Evidence, FitRecord, FitsFound, question_key
+from app.calibration import Calibration, Evidence, FitRecord, FitsFound, fits_among
 from app.contract import SystemOneRequest
 from app.fitting import ranking
 from app.fitting.ranking import next_to_label, worths
@@ -85,11 +85,8 @@ def fitted(
 def fits_of(records: dict[str, FitRecord], request: SystemOneRequest) -> FitsFound:
     """The fits that answer the request's questions, as a served model finds them: a question-set fit
     where the request asks its whole set, else the question's own."""
-    keys = {qid: question_key(q) for qid, q in request.questions.items()}
-    asked = set(keys.values())
-    sets = {r.key: r for r in records.values() if r.question_set is not None and set(r.question_set) <= asked}
     single = {r.key: r for r in records.values() if r.question_set is None}
-    return FitsFound({qid: sets.get(k) or single[k] for qid, k in keys.items() if k in sets or k in single})
+    return FitsFound(fits_among(request.questions, records.values(), single.get))
 
 
 Pair = tuple[list[UserExample], list[dict[str, Evidence]]]

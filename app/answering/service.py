@@ -15,7 +15,16 @@ from numpy.typing import NDArray
 
 from app.answering.prompter import Dependence, Plan, Prompter, Suffix, TemplateRefused, TooManyOptions
 from app.calibration import AnswerProbabilities, Calibration, Evidence, QuestionReadouts
-from app.contract import Answer, CalibrationUsed, SystemOneRequest, SystemOneResponse, TimingMs, Usage, answer_of
+from app.contract import (
+    Answer,
+    CalibrationUsed,
+    Question,
+    SystemOneRequest,
+    SystemOneResponse,
+    TimingMs,
+    Usage,
+    answer_of,
+)
 from app.engine.llama import Engine, Readout, RestoreError, Snapshot, SuffixReadouts, SuffixTokens, Timing
 from app.engine.tiers import PrefixCache, ResolvedPrefix
 from app.errors import ApiError, Cancelled, InvalidRequest
@@ -262,12 +271,17 @@ class ModelService:
 
 
 def _answer(asked: QuestionReadouts, found: AnswerProbabilities) -> Answer:
-    """One question's answer on the wire, with the fit that calibrated it, if any."""
+    mass = asked.reading.mass(asked.readouts) if asked.readouts else None
+    return answer_from(asked.question, found, mass)
+
+
+def answer_from(question: Question, found: AnswerProbabilities, mass: float | None = None) -> Answer:
+    """One question's answer on the wire from its probabilities, with the fit that calibrated it and the
+    fit's answer set, if any; `mass`: its label mass, where a readout was read."""
     fit = found.fit
     used = None if fit is None else CalibrationUsed(id=fit.id, method=fit.method, examples=fit.examples)
-    mass = asked.reading.mass(asked.readouts) if asked.readouts else None
     shown = None if found.answer_set is None or found.coverage is None else (found.answer_set, found.coverage)
-    return answer_of(asked.question, found.probabilities, mass, found.raw, used, shown)
+    return answer_of(question, found.probabilities, mass, found.raw, used, shown)
 
 
 def question_readouts(

@@ -10,7 +10,7 @@ from app.calibration.contextual import CONTENT_FREE_STATES, DiskPriors, Priors, 
 from app.calibration.evidence import Evidence, Example, SetRow, example_of, ratio_of
 from app.calibration.fit import Fit, FitRecord
 from app.calibration.metrics import Scores
-from app.calibration.policy import AnswerProbabilities, Calibration, FitsFound, Mode, QuestionReadouts
+from app.calibration.policy import AnswerProbabilities, Calibration, FitsFound, Mode, QuestionReadouts, fits_among
 from app.calibration.scoring import softmax
 from app.calibration.store import FitStore, question_key
 
@@ -36,6 +36,7 @@ __all__ = [
     "SetRow",
     "TooFewExamples",
     "example_of",
+    "fits_among",
     "question_key",
     "ratio_of",
     "softmax",

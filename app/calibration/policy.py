@@ -9,7 +9,7 @@ user's examples, app/calibration/choosing.py) replaces either for the questions 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, get_args
 
@@ -124,6 +124,18 @@ class FitsFound:
         return frozenset(qid for qid, record in self.by_id.items() if not record.fit.reads_readout)
 
 
+def fits_among(
+    questions: Mapping[str, Question], set_fits: Iterable[FitRecord], single: Callable[[str], FitRecord | None]
+) -> dict[str, FitRecord]:
+    """By question id, the fit that answers each question: a question-set fit among `set_fits` whose
+    whole set the questions ask, else the question's own (`single`, by content key); none, left out."""
+    keys = {qid: question_key(question) for qid, question in questions.items()}
+    asked = set(keys.values())
+    sets = {r.key: r for r in set_fits if r.question_set is not None and set(r.question_set) <= asked}
+    found = {qid: sets.get(key) or single(key) for qid, key in keys.items()}
+    return {qid: record for qid, record in found.items() if record is not None}
+
+
 class Calibration:
     """One model's calibration: its mode, its temperature, the content-free priors, the user's fits."""
 
@@ -146,15 +158,13 @@ class Calibration:
         question of the request) a fit whose examples all asked one set applies only to that set."""
         if self.store is None:
             return FitsFound()
-        keys = {qid: question_key(question) for qid, question in questions.items()}
-        asked = set(keys.values())
-        set_fits = {record.key: record for record in self.store.for_set(asked)}
-        found = {qid: set_fits.get(key) or self.store.single(key) for qid, key in keys.items()}
+        asked = {question_key(question) for question in questions.values()}
+        found = fits_among(questions, self.store.for_set(asked), self.store.single)
         return FitsFound(
             {
                 qid: record
                 for qid, record in found.items()
-                if record is not None and not (same_set and record.asked_with and set(record.asked_with) != asked)
+                if not (same_set and record.asked_with and set(record.asked_with) != asked)
             }
         )
 

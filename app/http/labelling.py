@@ -9,8 +9,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from app.calibration import AnswerProbabilities
-from app.contract import CalibrationUsed, Question, answer_of
+from app.answering.service import answer_from
 from app.errors import ApiError, InvalidRequest
 from app.fitting.jobs import FitWork
 from app.fitting.labelling import LabellingSession
@@ -61,14 +60,6 @@ async def labelling(request: Request) -> JSONResponse:
     return JSONResponse(await anyio.to_thread.run_sync(_overview, session))
 
 
-def _answer(question: Question, found: AnswerProbabilities) -> dict[str, Any]:
-    fit = found.fit
-    used = None if fit is None else CalibrationUsed(id=fit.id, method=fit.method, examples=fit.examples)
-    shown = None if found.answer_set is None or found.coverage is None else (found.answer_set, found.coverage)
-    answer = answer_of(question, found.probabilities, None, found.raw, used, shown)
-    return answer.model_dump(mode="json", exclude_none=True)
-
-
 def _images(item: dict[str, Any]) -> list[str]:
     """The state's images as data URLs, as the states file gives them (Jev's assets, llama.cpp's URLs)."""
     urls = [url for field in ("files", "images") for url in item.get(field) or [] if isinstance(url, str)]
@@ -88,7 +79,11 @@ def _state(session: LabellingSession, n: int) -> dict[str, Any]:
         "text": item["state"],
         "questions": item["questions"],
         "images": _images(item),
-        "answers": {qid: _answer(questions[qid], found[qid]) for qid in questions if qid in found},
+        "answers": {
+            qid: answer_from(questions[qid], found[qid]).model_dump(mode="json", exclude_none=True)
+            for qid in questions
+            if qid in found
+        },
     }
 
 
