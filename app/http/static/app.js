@@ -297,6 +297,12 @@ function yesNo(p) {
   return { true: p, false: 1 - p };
 }
 
+// An answer's x_set as "{yes}", "{Billing, Account}", "{1, 2}" or "{}".
+function answerSet(set) {
+  const labels = set.labels.map((label) => (label === true ? "yes" : label === false ? "no" : String(label)));
+  return el("span", "set", `{${labels.join(", ")}}`);
+}
+
 function answerCard(id, answer) {
   const card = el("article", "answer", el("h3", null, el("span", "qid", id), " ", el("span", "type", answer.type)));
   card.dataset.qid = id;
@@ -331,10 +337,9 @@ function answerCard(id, answer) {
   }
   if (answer.x_set) {
     // the labels that hold the right one at the coverage asked: not exactly one, an answer to check
-    const labels = answer.x_set.labels.map((label) => (label === true ? "yes" : label === false ? "no" : String(label)));
-    const check = labels.length === 1 ? [] : [el("span", "check", " not one label: check this answer")];
+    const check = answer.x_set.labels.length === 1 ? [] : [el("span", "check", " not one label: check this answer")];
     const coverage = `${Math.round(100 * answer.x_set.coverage)}%`;
-    card.append(el("p", "set-line", `answer set at ${coverage}: `, el("span", "set", `{${labels.join(", ")}}`), ...check));
+    card.append(el("p", "set-line", `answer set at ${coverage}: `, answerSet(answer.x_set), ...check));
   }
   if (raw !== undefined) {
     card.append(el("details", "raw", el("summary", null, "uncalibrated (x_raw)"), bars(raw, labelOf, argmax(raw))));

@@ -148,8 +148,7 @@ function currentAnswer(answer) {
   else if (answer.type === "choice") line.append(answer.choice, " ", num(answer.probabilities[answer.choice], "p"));
   else line.append("expected score ", num(answer.score, "p"));
   if (answer.x_set) {
-    const labels = answer.x_set.labels.map((label) => (label === true ? "yes" : label === false ? "no" : String(label)));
-    line.append(" · set at ", `${Math.round(100 * answer.x_set.coverage)}%: `, el("span", "set", `{${labels.join(", ")}}`));
+    line.append(" · set at ", `${Math.round(100 * answer.x_set.coverage)}%: `, answerSet(answer.x_set));
   } else {
     line.append(" · no set (no fit yet)");
   }
