@@ -228,7 +228,35 @@ def test_few_examples_are_cross_validated_in_fewer_folds_and_too_few_are_not_fit
         assert choice.folds == 4 and set(choice.candidates) > {"temperature", "batch"}
         assert all(np.isfinite(loss) for loss in choice.candidates.values())
     with pytest.raises(ValueError, match="cannot be split into 5 folds"):
-        folds(4, 5)
+        folds(["a", "b", "c", "d", "d"], 5)
+
+
+def test_folds_keep_each_state_whole() -> None:
+    distinct = [str(i) for i in range(23)]
+    order = np.random.default_rng(23).permutation(23)
+    assert folds(distinct, 5) == [sorted(int(i) for i in order[f::5]) for f in range(5)]
+    states = [f"s{i % 7}" for i in range(30)]
+    found = folds(states, 4)
+    assert sorted(i for fold in found for i in fold) == list(range(30))
+    for state in set(states):
+        assert sum(any(states[i] == state for i in fold) for fold in found) == 1
+
+
+def test_a_state_asked_several_times_is_held_out_whole() -> None:
+    # Each state labelled three times alike, its label drawn at random and its vector its own: nothing
+    # in a state tells its label. Held out one example at a time, a state probe finds the state's other
+    # examples among those it learned from and looks right; held out a state at a time, it cannot.
+    rng = np.random.default_rng(5)
+    examples = []
+    for s in range(30):
+        vector, right = rng.normal(0, 1, 16).astype(np.float32), int(rng.integers(3))
+        examples += [Example(LABELS, (1 / 3,) * 3, (1 / 3,) * 3, right, state_mean=vector, state=f"s{s}")] * 3
+    unnamed = choose([replace(e, state=None) for e in examples], temperature=1.0)
+    assert unnamed.method.startswith("state_probe") and unnamed.after.accuracy > 0.9
+    grouped = choose(examples, temperature=1.0)
+    assert not grouped.method.startswith("state_probe") and grouped.after.accuracy < 0.6
+    with pytest.raises(TooFewExamples, match="9 labelled examples of 3 states"):
+        choose(examples[:9], temperature=1.0)
 
 
 def test_labels_no_example_picks_get_no_per_label_fit() -> None:

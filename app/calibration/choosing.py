@@ -2,7 +2,10 @@
 lowest held-out log loss adopted if it beats contextual calibration on the same examples.
 
 Cross-validated in 5 folds, fewer where the examples are few (at least MIN_FOLD_SIZE held out per
-fold, at least MIN_FOLDS folds, so a question needs MIN_LABELLED labelled examples). The candidates
+fold, at least MIN_FOLDS folds, so a question needs MIN_LABELLED labelled examples). The examples
+of one state are held out together: a state asked twice would otherwise be scored by a fit that
+learned its own label, which makes the answers look surer than on new states, and the answer sets
+calibrated on them too narrow (on the guardrail pipeline, whose states repeat). The candidates
 that learn a parameter per label are tried only when every label is the right answer of some
 example: a label no example shows would be learned as never right, and no held-out fold could tell
 whether it is.
@@ -48,22 +51,30 @@ class FitChoice:
 
 
 def fold_count(n: int) -> int:
-    """How many folds `n` labelled examples are cross-validated in; below MIN_FOLDS, none can be."""
+    """How many folds `n` labelled states are cross-validated in; below MIN_FOLDS, none can be."""
     return min(FOLDS, n // MIN_FOLD_SIZE)
 
 
-def folds(n: int, count: int = FOLDS) -> list[list[int]]:
-    if not MIN_FOLDS <= count <= n:
-        raise ValueError(f"{n} examples cannot be split into {count} folds")
-    order = np.random.default_rng(n).permutation(n)
-    return [sorted(int(i) for i in order[f::count]) for f in range(count)]
+def states_of(examples: Sequence[Example]) -> list[str]:
+    """Each example's state, as folds group them: its named state, else one of its own."""
+    return [e.state if e.state is not None else f"\0{i}" for i, e in enumerate(examples)]
+
+
+def folds(states: Sequence[str], count: int = FOLDS) -> list[list[int]]:
+    """The examples (by index) in `count` folds, every example of one state (`states`) in one fold."""
+    distinct = list(dict.fromkeys(states))
+    if not MIN_FOLDS <= count <= len(distinct):
+        raise ValueError(f"{len(distinct)} states cannot be split into {count} folds")
+    order = np.random.default_rng(len(states)).permutation(len(distinct))
+    fold_of = {distinct[j]: f % count for f, j in enumerate(order)}
+    return [[i for i, state in enumerate(states) if fold_of[state] == f] for f in range(count)]
 
 
 def cross_validated(candidate: Candidate, examples: Sequence[Example], count: int = FOLDS) -> Array:
     """Each example's probabilities from the candidate fitted on the other folds."""
     n = len(examples)
     found: Array | None = None
-    for held in folds(n, count):
+    for held in folds(states_of(examples), count):
         kept = set(held)
         fit = candidate.fit([examples[i] for i in range(n) if i not in kept])
         predicted = np.asarray([_applied(fit, examples[i]) for i in held])
@@ -97,7 +108,10 @@ def choose(
     n = len(examples)
     if n < MIN_LABELLED:
         raise TooFewExamples(f"{n} labelled examples: a cross-validated fit needs at least {MIN_LABELLED}")
-    count = fold_count(n)
+    distinct = len(set(states_of(examples)))
+    count = fold_count(distinct)
+    if count < MIN_FOLDS:
+        raise TooFewExamples(f"{n} labelled examples of {distinct} states: too few states to cross-validate a fit")
     missing = uncovered(examples)
     not_tried = None
     if missing:

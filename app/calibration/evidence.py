@@ -48,6 +48,9 @@ class Example:
     hidden: NDArray[np.float32] | None = field(default=None, compare=False)  # for the probe
     row: SetRow | None = field(default=None, compare=False)  # every question's ratios, for a question-set fit
     state_mean: NDArray[np.float32] | None = field(default=None, compare=False)  # for the state probe
+    # What names the state (None: this example's own): cross-validation holds one state's examples out
+    # together, so that a fit is scored on states it has not seen, as served answers are.
+    state: str | None = None
 
 
 def log_ratio(raw: Sequence[float] | Array, prior: Sequence[float] | Array) -> Array:
@@ -63,9 +66,11 @@ def ratio_of(evidence: Evidence) -> Ratio:
     return names, log_ratio([evidence.raw[i] for i in order], [evidence.prior[i] for i in order])
 
 
-def example_of(evidence: Evidence, right: int | None, labels: Sequence[str], row: SetRow | None = None) -> Example:
+def example_of(
+    evidence: Evidence, right: int | None, labels: Sequence[str], row: SetRow | None = None, state: str | None = None
+) -> Example:
     """The evidence with its labels in `labels` order (sorted: a choice's options may come in any order);
-    `right` indexes the evidence's own labels."""
+    `right` indexes the evidence's own labels; `state` names the state it is about."""
     order = [list(evidence.labels).index(label) for label in labels]
     return Example(
         tuple(labels),
@@ -75,4 +80,5 @@ def example_of(evidence: Evidence, right: int | None, labels: Sequence[str], row
         evidence.hidden,
         row,
         evidence.state_mean,
+        state,
     )

@@ -321,7 +321,8 @@ def fit_question(
     if sets is not None and len({frozenset(row.ratios) for row in sets}) > 1:
         sets = None  # a question-set fit needs every example to ask the same set
     train = [
-        example_of(e, right, canonical, None if sets is None else sets[n]) for n, (_, e, right) in enumerate(labelled)
+        example_of(e, right, canonical, None if sets is None else sets[n], state_name(examples[i].request))
+        for n, (i, e, right) in enumerate(labelled)
     ]
     sample = [example_of(e, None, canonical) for _, _, e in rows]  # every state, labelled or not
     ordered = question.type == "score"
@@ -348,6 +349,13 @@ def fit_question(
 
 
 LABEL_FREE = "batch (label-free)"
+
+
+def state_name(request: SystemOneRequest) -> str:
+    """What tells one example's state from another's (cross-validation holds a state out whole): its
+    text and its images, where they go."""
+    media = request.media
+    return json.dumps([request.state_text, [image.sha256 for image in media.images], media.placeholders])
 
 
 def _too_few(labelled: int, label_free: bool) -> str | None:
