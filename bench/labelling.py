@@ -36,7 +36,7 @@ import numpy as np
 from app.calibration import Calibration, Evidence, FitRecord, FitsFound, fits_among
 from app.contract import SystemOneRequest
 from app.fitting import ranking
-from app.fitting.ranking import next_to_label, worths
+from app.fitting.ranking import directions, next_to_label, worths
 from app.fitting.runner import UserExample, fit_all
 from bench.calibration_study import TEST, fitting_at, load, load_hidden, parsed
 from bench.evidence import OUT as EVIDENCE
@@ -126,7 +126,7 @@ def ranked(calibration: Calibration, data: Data, sizes: Sequence[int], progress:
     """The loop `onepass label` runs, labels standing in for the user's: rank, label a batch, refit."""
     examples, evidence = data.pool
     request = examples[0].request
-    vectors = [next(iter(row.values())).state_mean for row in evidence]
+    unit = directions([next(iter(row.values())).state_mean for row in evidence])
     offered = ranking.drawn([str(example.request.state) for example in examples])
     examples = [replace(e, drawn=i in set(offered)) for i, e in enumerate(examples)]
     labelled: list[int] = []
@@ -136,7 +136,7 @@ def ranked(calibration: Calibration, data: Data, sizes: Sequence[int], progress:
         fits = fits_of(records, request)
         worth = worths([calibration.answer_evidence(request.questions, row, fits, COVERAGE) for row in evidence])
         upto = min(size for size in sizes if size > len(labelled))
-        labelled += next_to_label(worth, vectors, labelled, min(BATCH, upto - len(labelled)), offered)
+        labelled += next_to_label(worth, unit, labelled, min(BATCH, upto - len(labelled)), offered)
         records = fitted(calibration, [examples[i] for i in labelled], [evidence[i] for i in labelled])
         if len(labelled) in sizes:
             found[len(labelled)] = scored(calibration, records, data.test)

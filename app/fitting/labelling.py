@@ -20,12 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
 from app.calibration import MIN_LABELLED, AnswerProbabilities, Calibration, Evidence, FitRecord, question_key
 from app.contract import canonical_json
 from app.errors import InvalidRequest
 from app.fitting.jobs import FitWork, Lease
 from app.fitting.labels import LabelsFile
-from app.fitting.ranking import drawn, next_to_label, worths
+from app.fitting.ranking import directions, drawn, next_to_label, worths
 from app.fitting.runner import (
     DRAWN_KEY,
     IMAGE_FIELDS,
@@ -143,6 +146,7 @@ class LabellingSession:
         self.drawn_lines = {self.order[i] for i in self.drawn}
         self._lock = threading.Lock()
         self._evidence: dict[int, dict[str, Evidence]] | None = None
+        self._directions: NDArray[np.float32] | None = None  # the states' (ranking.directions), once answered
         self._answers: dict[int, dict[str, AnswerProbabilities]] = {}
         self._same_set = False
         self._refitting = self._pending = self._closed = False
@@ -253,6 +257,7 @@ class LabellingSession:
     def answered(self, evidence: list[dict[str, Evidence]], same_set: bool) -> None:
         with self._lock:
             self._evidence = dict(zip(self.order, evidence, strict=True))
+            self._directions = directions([next(iter(row.values())).state_mean for row in evidence])
             self._same_set = same_set
         self.refitted()
         if self.labelled():
@@ -302,14 +307,13 @@ class LabellingSession:
     def ranked(self, count: int) -> list[int]:
         """Up to `count` unlabelled states (their lines), the most worth labelling first."""
         with self._lock:
-            answers, evidence = self._answers, self._evidence or {}
+            answers, unit = self._answers, self._directions
         if not answers:
             return []
         labelled = set(self.labelled())
         worth_of = worths([answers[n] for n in self.order])
-        vectors = [next(iter(evidence[n].values())).state_mean for n in self.order]
         done = [i for i, n in enumerate(self.order) if n in labelled]
-        return [self.order[i] for i in next_to_label(worth_of, vectors, done, count, self.drawn)]
+        return [self.order[i] for i in next_to_label(worth_of, unit, done, count, self.drawn)]
 
     def questions(self, coverage: float) -> list[dict[str, Any]]:
         """Per question (by content): how many states ask it and are labelled for it, the fit that answers

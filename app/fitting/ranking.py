@@ -62,18 +62,30 @@ def drawn(keys: Sequence[str]) -> list[int]:
     return order[: -(-len(keys) // DRAWN_EVERY)]
 
 
+def directions(vectors: Sequence[NDArray[np.float32] | None]) -> NDArray[np.float32] | None:
+    """What the spread compares: each state's mean vector less the states' mean (their mean vectors are
+    otherwise all alike), at unit length; None where a state has no vector. Made once per set of states."""
+    if not vectors or any(v is None for v in vectors):
+        return None
+    unit = np.stack([np.asarray(v, dtype=np.float32) for v in vectors])
+    unit -= unit.mean(axis=0)
+    unit /= np.maximum(np.sqrt(np.einsum("ij,ij->i", unit, unit)), 1e-12)[:, None]
+    return unit
+
+
 def next_to_label(
     worths: Sequence[float],
-    vectors: Sequence[NDArray[np.float32] | None],
+    unit: NDArray[np.float32] | None,
     labelled: Sequence[int],
     count: int,
     drawn: Sequence[int] = (),
 ) -> list[int]:
     """Up to `count` state indices to label next, none of them in `labelled`: one label in DRAWN_EVERY
-    (by the count of labels) the next of the `drawn` states, the others the best ranked of the rest."""
+    (by the count of labels) the next of the `drawn` states, the others the best ranked of the rest.
+    `unit`: the states' directions(), None to rank by worth alone."""
     done = set(labelled)
     left = [i for i in drawn if i not in done]
-    ranked = _ranked(worths, vectors, labelled, [*labelled, *left], count)
+    ranked = _ranked(worths, unit, labelled, [*labelled, *left], count)
     found: list[int] = []
     while len(found) < count and (left or ranked):
         turn = (len(labelled) + len(found)) % DRAWN_EVERY == 0
@@ -83,25 +95,23 @@ def next_to_label(
 
 def _ranked(
     worths: Sequence[float],
-    vectors: Sequence[NDArray[np.float32] | None],
+    unit: NDArray[np.float32] | None,
     labelled: Sequence[int],
     excluded: Sequence[int],
     count: int,
 ) -> list[int]:
     """Up to `count` states not in `excluded`, best first: worth times distance to the labelled and taken."""
     n = len(worths)
-    left = [i for i in range(n) if i not in set(excluded)]
+    out = set(excluded)
+    left = [i for i in range(n) if i not in out]
     if not left:
         return []
     value = np.asarray(worths, dtype=np.float64)
-    if any(v is None for v in vectors):
+    if unit is None:
         return sorted(left, key=lambda i: (-value[i], i))[:count]
-    unit = np.asarray(vectors, dtype=np.float64)
-    unit -= unit.mean(axis=0)  # what the states do not share: their mean vectors are otherwise all alike
-    unit /= np.maximum(np.linalg.norm(unit, axis=1, keepdims=True), 1e-12)
     nearest = np.full(n, 2.0)  # the largest cosine distance
-    for i in labelled:
-        nearest = np.minimum(nearest, 1.0 - unit @ unit[i])
+    if labelled:  # one product for all the labelled states: thousands of states, hundreds of labels
+        nearest = np.minimum(nearest, 1.0 - (unit @ unit[list(labelled)].T).max(axis=1).astype(np.float64))
     taken: list[int] = []
     open_ = np.zeros(n, dtype=bool)
     open_[left] = True
@@ -114,5 +124,5 @@ def _ranked(
             break
         taken.append(best)
         open_[best] = False
-        nearest = np.minimum(nearest, 1.0 - unit @ unit[best])
+        nearest = np.minimum(nearest, 1.0 - (unit @ unit[best]).astype(np.float64))
     return taken
