@@ -8,6 +8,7 @@ import json
 import os
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -300,4 +301,43 @@ def test_labels_stored_while_a_refit_runs_get_one_more_refit_not_one_each(tiny_c
             assert all(job.status.startswith("done") for job in refits) and not session.refit_pending
     finally:
         held.release.set()
+        service.close()
+
+
+class Declining(Calibration):
+    """The model's calibration, whose choices keep contextual calibration: a refit that adopts no fit."""
+
+    def __init__(self, inner: Calibration) -> None:
+        self.__dict__.update(inner.__dict__)
+
+    def choose(self, examples: Any, unlabelled: Any, key: str, ordered: bool, drawn: Any = None) -> Any:
+        choice = super().choose(examples, unlabelled, key, ordered, drawn)
+        return replace(choice, fit=None, method="contextual", adopted=False, after=choice.before, sets=None)
+
+
+def test_a_refit_that_adopts_no_fit_drops_the_session_s_earlier_fit(tiny_chat_path: Path, tmp_path: Path) -> None:
+    states = write_states(tmp_path / "states.jsonl", 24, labelled=4)
+    files = LabellingFiles(read_states(states), LabelsFile(labels_path(states)))
+    service = served(tiny_chat_path, tmp_path)
+    app = create_app(tiny_settings(tiny_chat_path), registry=ModelRegistry.serving(service), labelling=files)
+    ask = {"model": "jev-latest", "state": "A new ticket nobody labelled.", "questions": {"q": TEAM}}
+    try:
+        with TestClient(app) as client:
+            session: LabellingSession = client.app.state.runtime.labelling  # type: ignore[attr-defined]
+            answered(session)
+            for line in [s["state"] for s in client.get("/v1/labelling/next?count=6").json()["states"]]:
+                assert post(client, line, right(index_of(line))).status_code == 200
+            settled(session)
+            fitted = client.post("/v1/systemone", json=ask).json()["answers"]["q"]
+            assert fitted["x_calibration"]["examples"] == 10  # the ten labels' fit answers
+            service.calibration = Declining(service.calibration)  # the next refit finds no fit worth adopting
+            line = client.get("/v1/labelling/next?count=1").json()["states"][0]["state"]
+            assert post(client, line, right(index_of(line))).status_code == 200
+            settled(session)
+            assert session.refit is not None and session.refit.work.progress.total == 11
+            after = client.post("/v1/systemone", json=ask).json()["answers"]["q"]
+            assert "x_calibration" not in after and "x_set" not in after  # as before any label, not the old fit
+            team = next(q for q in client.get("/v1/labelling").json()["questions"] if q["name"] == "team")
+            assert team["method"] is None and team["note"] == "no fit adopted yet"
+    finally:
         service.close()

@@ -35,6 +35,10 @@ class FitWork:
     errors: list[FitError] = field(default_factory=list)  # the questions that could not be fitted or stored
     # the examples' evidence where it is known already (a labelling session keeps it): nothing is answered
     evidence: list[dict[str, Evidence]] | None = None
+    # A question fitted on labels without adopting a fit drops the fit stored for it (a labelling
+    # session's refits, where the latest labels decide); else an earlier fit stays, as `onepass
+    # calibrate` leaves it.
+    drops_unadopted: bool = False
 
     def __post_init__(self) -> None:
         self.progress = Progress(len(self.examples), show=False)
@@ -53,6 +57,10 @@ class FitWork:
                 self.progress.skip(len(evidence))
             reports, records = fit_all(self.examples, evidence, service.calibration, self.question_set)
             stored, reports = store_all(store, reports, records)
+            if self.drops_unadopted:
+                for r in reports:
+                    if r.choice is not None and not r.choice.adopted and r.error is None:
+                        store.forget(r.key)
         self.fits = [StoredFit(id=r.id, key=r.key, method=r.method, examples=r.examples) for r in stored]
         report = [FitReport.model_validate(r.to_json()) for r in reports]
         self.errors = [FitError(key=r.key, name=r.name, ids=r.ids, error=r.error) for r in report if r.error]

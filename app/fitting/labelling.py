@@ -243,7 +243,7 @@ class LabellingSession:
         labelled = self.labelled()
         examples = [labelled[n] for n in sorted(labelled)]
         evidence = [self._evidence[n] for n in sorted(labelled)]
-        work = _Refit(self.model, self.lease, examples, False, evidence=evidence, session=self)
+        work = _Refit(self.model, self.lease, examples, False, evidence=evidence, drops_unadopted=True, session=self)
         self.refit = self.jobs.start(work)
 
     def refit_ended(self) -> None:
