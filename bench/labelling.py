@@ -18,7 +18,7 @@ and mean size. With bench/results/priority-facts-evidence.json (bench/priority_f
 fits the support priority with its facts asked beside it (the question-set fit) on the first 100
 items and scores it on the held-out ones. Writes bench/results/<date>-<sha>-labelling.{json,md}.
 
-    .venv/bin/python -m bench.labelling [--repeats 3] [--quick]
+    .venv/bin/python -m bench.labelling [--repeats 10] [--workloads support logs]
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ COVERAGE = 0.9
 # The issue's targets on this machine and the default model (issue 51, item 3).
 COVERED = (0.87, 0.95)
 SMALL_SET, SURE = 1.3, 0.95
+# Random draws at max(SIZES) labels, where the coverage is judged: one draw's coverage moves by about
+# 0.05 with which states set the bound, so that the mean of 10 draws still moves by 0.015.
+COVERAGE_DRAWS = 30
 # The textbook way of choosing, as a measure of what choosing can buy on these pipelines: one fixed
 # learner (a state probe at MARGIN_PENALTY: no choice among fits, no drawn share), from MARGIN_START
 # random labels one label at a time to the state whose two likeliest labels are closest.
@@ -167,19 +170,24 @@ def ranked(calibration: Calibration, data: Data, sizes: Sequence[int], progress:
 def drawn(
     calibration: Calibration, data: Data, sizes: Sequence[int], repeats: int, progress: Progress
 ) -> dict[int, Any]:
-    """The same numbers of labels drawn at random: each question's scores averaged over the draws."""
+    """The same numbers of labels drawn at random: each question's scores averaged over `repeats` draws
+    (COVERAGE_DRAWS at the largest size)."""
     examples, evidence = data.pool
     rng = np.random.default_rng(0)
     found = {}
     for size in sizes:
         runs = []
-        for _ in range(repeats):
+        for _ in range(draws_at(size, repeats)):
             chosen = sorted(int(i) for i in rng.choice(len(examples), size, replace=False))
             records = fitted(calibration, [examples[i] for i in chosen], [evidence[i] for i in chosen])
             runs.append(scored(calibration, records, data.test))
             progress.step(f"random {size}")
         found[size] = {qid: averaged([run[qid] for run in runs]) for qid in runs[0]}
     return found
+
+
+def draws_at(size: int, repeats: int) -> int:
+    return max(repeats, COVERAGE_DRAWS) if size == max(SIZES) else repeats
 
 
 def averaged(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -192,7 +200,11 @@ def averaged(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "method": ", ".join(methods),
         "accuracy": mean("accuracy"),
         "coverage": mean("coverage"),
+        "coverage_sd": float(np.std(covered))
+        if (covered := [r["coverage"] for r in runs if r["coverage"] is not None])
+        else None,
         "size": mean("size"),
+        "draws": len(runs),
     }
 
 
@@ -312,21 +324,31 @@ def mean_over(rows: dict[str, Any], key: str) -> float:
 
 
 def targets(report: dict[str, Any]) -> dict[str, Any]:
-    """The issue's three targets, each with what was measured."""
-    fitted_rows = [
-        (name, qid, size, row)
-        for name, w in report["workloads"].items()
+    """The issue's three targets, each with what was measured. The coverage is judged on random labels,
+    the setting the guarantee is for, averaged over COVERAGE_DRAWS draws; the labelling loop's one run,
+    its sets bounded on its drawn quarter, is counted beside it."""
+    rows_at = {
+        way: [
+            row
+            for w in report["workloads"].values()
+            for size, rows in w[way].items()
+            for row in rows.values()
+            if row["coverage"] is not None and int(size) == max(SIZES)
+        ]
         for way in ("ranked", "random")
-        for size, rows in w[way].items()
-        for qid, row in rows.items()
-        if row["coverage"] is not None and int(size) == max(SIZES)
-    ]
-    covered = all(COVERED[0] <= row["coverage"] <= COVERED[1] for *_, row in fitted_rows)
-    small = [row["size"] < SMALL_SET for *_, row in fitted_rows if row["accuracy"] > SURE]
+    }
+    within = {way: [COVERED[0] <= row["coverage"] <= COVERED[1] for row in rows] for way, rows in rows_at.items()}
+    small = [row["size"] < SMALL_SET for rows in rows_at.values() for row in rows if row["accuracy"] > SURE]
     at_40 = float(np.mean([mean_over(w["ranked"][40], "accuracy") for w in report["workloads"].values()]))
     at_100 = float(np.mean([mean_over(w["random"][100], "accuracy") for w in report["workloads"].values()]))
     return {
-        "coverage_within": {"met": covered, "range": list(COVERED), "at_labels": max(SIZES)},
+        "coverage_within": {
+            "met": all(within["random"]),
+            "range": list(COVERED),
+            "at_labels": max(SIZES),
+            "random_within": f"{sum(within['random'])} of {len(within['random'])}",
+            "ranked_within": f"{sum(within['ranked'])} of {len(within['ranked'])}",
+        },
         "small_sets_where_sure": {"met": all(small), "questions": len(small)},
         "ranked_40_vs_random_100": {"met": at_40 >= at_100, "ranked_40": at_40, "random_100": at_100},
     }
@@ -341,8 +363,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"Pool: seed 0's items per workload (the states a user has); held out: seeds 1 and 2's items whose states "
         "are not in the pool. "
         f"Ranked: {BATCH} states at a time as app/fitting/ranking.py orders them, refit after each batch. Random: "
-        f"{report['repeats']} draws per size, averaged. Accuracy of every question on the held-out items as a request "
-        f"is answered; for a fitted question its {COVERAGE:.0%} sets' coverage and mean size.",
+        f"{report['repeats']} draws per size ({COVERAGE_DRAWS} at {max(SIZES)} labels), averaged. Accuracy of every "
+        f"question on the held-out items as a request is answered; for a fitted question its {COVERAGE:.0%} sets' "
+        "coverage (after random labels, ± the spread of one draw's) and mean size.",
         "",
     ]
     for w in report["workloads"].values():  # sizes are keys: numbers in memory, strings once read from JSON
@@ -355,6 +378,8 @@ def markdown(report: dict[str, Any]) -> str:
             for way in ("ranked", "random"):
                 for qid, row in w[way][size].items():
                     cov = "-" if row["coverage"] is None else f"{row['coverage']:.3f}"
+                    if row.get("coverage_sd") is not None:
+                        cov += f" ± {row['coverage_sd']:.3f}"
                     size_cell = "-" if row["size"] is None else f"{row['size']:.2f}"
                     rows.append([size, way, qid, row["method"], f"{row['accuracy']:.3f}", cov, size_cell])
         lines += table(["labels", "chosen", "question", "method", "accuracy", "90% coverage", "set size"], rows)
@@ -391,7 +416,9 @@ def markdown(report: dict[str, Any]) -> str:
         "## Targets (issue 51)",
         "",
         f"- every fitted question's 90% sets cover between {COVERED[0]} and {COVERED[1]} of the held-out items "
-        f"at {max(SIZES)} labels: {met['coverage_within']}",
+        f"at {max(SIZES)} random labels ({COVERAGE_DRAWS} draws): {met['coverage_within']} "
+        f"({t['coverage_within']['random_within']}; the ranked loop's one run, bounded on its drawn quarter: "
+        f"{t['coverage_within']['ranked_within']})",
         f"- mean set size under {SMALL_SET} where the accuracy is above {SURE} "
         f"({t['small_sets_where_sure']['questions']} such rows): {met['small_sets_where_sure']}",
         f"- ranked with 40 labels ({t['ranked_40_vs_random_100']['ranked_40']:.3f}) at least random with 100 "
@@ -429,13 +456,14 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3, help="random draws per number of labels")
+    parser.add_argument("--repeats", type=int, default=10, help="random draws per number of labels")
     parser.add_argument("--workloads", nargs="*", help="only these (default: every workload)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     data, t0, fingerprint = workloads(args.workloads)
     calibration = fitting_at(t0)
-    progress = Progress(len(data) * len(SIZES) * (1 + args.repeats), "labelling loop")
+    steps = len(SIZES) + sum(draws_at(size, args.repeats) for size in SIZES)
+    progress = Progress(len(data) * steps, "labelling loop")
     report: dict[str, Any] = {
         "model": load(EVIDENCE)["model"],
         "fingerprint": fingerprint,
