@@ -81,7 +81,9 @@ class FitStore:
     def forget(self, key: str) -> bool:
         """Delete the fit of one question's content (not a question-set fit); whether there was one."""
         found = [r for r in self.records() if r.key == key and r.question_set is None]
-        return any([self.delete(r.id) for r in found])
+        for record in found:
+            self.delete(record.id)
+        return bool(found)
 
     def records(self) -> list[FitRecord]:
         """Every sound fit in the folder, in the order of their ids."""
