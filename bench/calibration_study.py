@@ -25,7 +25,8 @@ from app.calibration.candidates import QuestionSetCandidate, fit_batch
 from app.calibration.evidence import log_ratio
 from app.calibration.fit import softmax
 from app.calibration.metrics import scores
-from app.fitting.runner import UserExample, fit_all, parse_examples, set_rows
+from app.fitting.examples import UserExample, parse_examples
+from app.fitting.runner import fit_all, set_rows
 from app.paths import REPO_ROOT
 from bench.evidence import OUT as EVIDENCE
 from bench.evidence import hidden_key, hidden_path, state_mean_key

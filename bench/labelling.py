@@ -39,8 +39,9 @@ from app.calibration.candidates import ProbeCandidate
 from app.calibration.evidence import Example, example_of
 from app.contract import SystemOneRequest
 from app.fitting import ranking
+from app.fitting.examples import UserExample
 from app.fitting.ranking import directions, next_to_label, worths
-from app.fitting.runner import UserExample, fit_all
+from app.fitting.runner import fit_all
 from bench.calibration_study import TEST, fitting_at, load, load_hidden, parsed
 from bench.evidence import OUT as EVIDENCE
 from bench.output import RESULTS, Progress, git_sha, machine, table, write_atomically

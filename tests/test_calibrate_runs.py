@@ -18,9 +18,10 @@ from starlette.testclient import TestClient
 
 from app.calibration import MIN_LABELLED, Calibration, question_key
 from app.contract import SystemOneRequest
+from app.fitting.examples import parse_examples, read_jsonl
 from app.fitting.journal import SUFFIX as EVIDENCE_SUFFIX
 from app.fitting.report import NO_MATPLOTLIB, reliability_png
-from app.fitting.runner import fit_all, parse_examples, read_jsonl
+from app.fitting.runner import fit_all
 from app.http.server import create_app
 from app.paths import REPO_ROOT
 from app.serving.registry import ModelRegistry

@@ -162,7 +162,8 @@ def test_bindings_that_misread_the_context_parameters_stop_the_engine(
 def test_a_fitting_run_on_a_head_stops_at_once_saying_the_model_takes_no_fit(
     models: dict[str, Path], tmp_path: Path
 ) -> None:
-    from app.fitting.runner import ExampleError, answer_all, parse_examples
+    from app.fitting.examples import ExampleError, parse_examples
+    from app.fitting.runner import answer_all
     from app.progress import Progress
 
     service = load_model(tiny_settings(models["kev"], n_ctx=1024, calibration_dir=tmp_path))

@@ -10,7 +10,8 @@ import pytest
 
 from app.config import Settings
 from app.contract import SystemOneRequest
-from app.fitting.runner import answer_all, fit_all, parse_examples
+from app.fitting.examples import parse_examples
+from app.fitting.runner import answer_all, fit_all
 from app.progress import Progress
 from bench.pipelines import WORKLOADS
 from tests.loading import load_model

@@ -22,8 +22,9 @@ from app.calibration.candidates import ProbeCandidate
 from app.calibration.store import SUFFIX
 from app.contract import SystemOneRequest
 from app.fitting.cli import main as calibrate_main
+from app.fitting.examples import ExampleError, parse_examples
 from app.fitting.layouts import LayoutRun, recommend
-from app.fitting.runner import ExampleError, answer_all, fit_all, parse_examples, served_seconds
+from app.fitting.runner import answer_all, fit_all, served_seconds
 from app.http.server import create_app
 from app.paths import REPO_ROOT
 from app.progress import Progress

@@ -16,8 +16,9 @@ import pytest
 
 from app.answering.service import ModelService
 from app.contract import SystemOneRequest
+from app.fitting.examples import ExampleError, parse_examples
 from app.fitting.journal import EvidenceJournal
-from app.fitting.runner import ExampleError, answer_all, fit_all, parse_examples
+from app.fitting.runner import answer_all, fit_all
 from app.platform.tiny_gguf import write_tiny_gguf
 from app.progress import Progress
 from tests.conftest import tiny_settings

@@ -18,9 +18,9 @@ from starlette.testclient import TestClient
 from app.answering.service import ModelService
 from app.calibration import Calibration
 from app.fitting.cli import main as calibrate_main
+from app.fitting.examples import ExampleError, parse_examples, read_jsonl
 from app.fitting.labelling import LabellingFiles, LabellingSession, read_states
 from app.fitting.labels import LabelsFile, digest_of, labels_path
-from app.fitting.runner import ExampleError, parse_examples, read_jsonl
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
 from tests.conftest import tiny_settings

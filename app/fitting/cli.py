@@ -17,20 +17,11 @@ from app.config import LAYOUTS
 from app.config_sources import DEFAULT_CONFIG_PATH, ConfigError, load_settings
 from app.engine.devices import gpu_layers_problem
 from app.errors import ModelNotFound
+from app.fitting.examples import ExampleError, UserExample, parse_examples, read_jsonl
 from app.fitting.layouts import LayoutRun, recommend
 from app.fitting.layouts import markdown as compared
 from app.fitting.report import markdown, reliability_png
-from app.fitting.runner import (
-    ExampleError,
-    UserExample,
-    answer_all,
-    fit_all,
-    journal_for,
-    parse_examples,
-    read_jsonl,
-    served_seconds,
-    store_all,
-)
+from app.fitting.runner import answer_all, fit_all, journal_for, served_seconds, store_all
 from app.progress import Progress
 from app.serving.loading import load_spec
 from app.serving.specs import ModelSpec, read_models_config

@@ -26,19 +26,11 @@ from numpy.typing import NDArray
 from app.calibration import MIN_LABELLED, AnswerProbabilities, Calibration, Evidence, FitRecord, question_key
 from app.contract import canonical_json
 from app.errors import InvalidRequest
+from app.fitting.examples import DRAWN_KEY, IMAGE_FIELDS, ExampleError, UserExample, parse_examples, right_index
 from app.fitting.jobs import FitWork, Lease
 from app.fitting.labels import LabelsFile
 from app.fitting.ranking import directions, drawn, next_to_label, worths
-from app.fitting.runner import (
-    DRAWN_KEY,
-    IMAGE_FIELDS,
-    ExampleError,
-    UserExample,
-    answer_all,
-    journal_for,
-    parse_examples,
-    right_index,
-)
+from app.fitting.runner import answer_all, journal_for
 from app.jobs import BackgroundJob, JobRegistry
 
 log = logging.getLogger("onepass.label")

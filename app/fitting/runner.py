@@ -1,11 +1,6 @@
-"""Fitting a model's calibration to a user's examples: read them, answer them through the normal path,
-fit each question with the model's calibration (app/calibration/), store the adopted fits, and report.
-
-An example is one state (with its images, as a JSON request carries them) with questions and,
-optionally, the right answer per question id: `true`/`false` for a noul, an option name for a choice,
-a level index for a score. Examples without answers are unlabelled: they feed the label-free batch
-calibration only.
-"""
+"""Fitting a model's calibration to a user's examples (app/fitting/examples.py reads them): answer them
+through the normal path, fit each question with the model's calibration (app/calibration/), store the
+adopted fits, and report."""
 
 from __future__ import annotations
 
@@ -13,12 +8,11 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.answering.service import ModelService
-from app.assets import request_of
 from app.calibration import (
     FOLDS,
     MIN_LABELLED,
@@ -32,10 +26,11 @@ from app.calibration import (
     question_key,
     ratio_of,
 )
-from app.contract import ChoiceQuestion, NoulQuestion, Question, SystemOneRequest, canonical_json
-from app.errors import InvalidRequest
+from app.contract import Question, canonical_json
+from app.fitting.examples import ExampleError, UserExample
 from app.fitting.journal import EvidenceJournal
 from app.fitting.reach import reach
+from app.fleet.routing import affinity_key_of
 from app.progress import Progress
 
 log = logging.getLogger("onepass.calibrate")
@@ -47,75 +42,6 @@ FEW_EXAMPLES = 50
 # calibration on held-out pipeline data (docs/calibration.md), from this many states on.
 LABEL_FREE_TYPES = ("noul", "score")
 FEW_STATES = 20
-# An example's images come as a request's do, in JSON: Jev's `assets` (base64) or llama.cpp's data URLs.
-IMAGE_FIELDS = ("assets", "images", "files")
-DRAWN_KEY = "x_drawn"  # false: the example was chosen for being unsure (onepass label's ranked states)
-
-
-class ExampleError(ValueError):
-    """An example that cannot be used; the message names it and says why."""
-
-
-@dataclass(frozen=True)
-class UserExample:
-    """One of the user's examples: a request, and the right answers it gives."""
-
-    request: SystemOneRequest
-    answers: dict[str, int]  # question id -> index of the right label (labelled questions only)
-    # Drawn like the traffic (not chosen for being unsure, `x_drawn: false`): its held-out answer may
-    # calibrate the answer sets (app/calibration/conformal.py).
-    drawn: bool = True
-
-
-def right_index(question: Question, value: Any) -> int:
-    if isinstance(question, NoulQuestion):
-        if not isinstance(value, bool):
-            raise ValueError(f"a noul's answer is true or false, not {value!r}")
-        return 0 if value else 1
-    if isinstance(question, ChoiceQuestion):
-        if value not in question.criteria:
-            raise ValueError(f"{value!r} is not one of the options {sorted(question.criteria)}")
-        return list(question.criteria).index(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < len(question.criteria):
-        raise ValueError(f"a score's answer is a level index from 0 to {len(question.criteria) - 1}, not {value!r}")
-    return value
-
-
-def parse_examples(items: Iterable[Any], model: str = "jev-latest") -> list[UserExample]:
-    found = []
-    for n, item in enumerate(items, 1):
-        try:
-            if not isinstance(item, dict):
-                raise ValueError("an example is an object with state, questions and (optionally) answers")
-            body = {k: item[k] for k in ("state", "questions")} | {k: item[k] for k in IMAGE_FIELDS if k in item}
-            request = request_of({"model": model, **body})
-            answers = item.get("answers") or {}
-            if not isinstance(answers, dict) or set(answers) - set(request.questions):
-                raise ValueError("answers must be an object keyed by the example's question ids")
-            drawn = item.get(DRAWN_KEY, True)
-            if not isinstance(drawn, bool):
-                raise ValueError(f"{DRAWN_KEY} is true or false, not {drawn!r}")
-            indices = {q: right_index(request.questions[q], v) for q, v in answers.items()}
-            found.append(UserExample(request, indices, drawn))
-        except InvalidRequest as error:
-            where = ".".join(str(part) for part in error.details[0]["loc"][1:]) if error.details else ""
-            raise ExampleError(f"example {n}: {where}: {error}") from None
-        except (KeyError, ValueError) as error:
-            raise ExampleError(f"example {n}: {error}") from None
-    if not found:
-        raise ExampleError("no examples")
-    return found
-
-
-def read_jsonl(text: str) -> list[Any]:
-    items = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                items.append(json.loads(line))
-            except ValueError as error:
-                raise ExampleError(f"line {n}: not JSON ({error})") from None
-    return items
 
 
 @dataclass(frozen=True)
@@ -320,9 +246,10 @@ def fit_question(
     sets = set_rows(examples, evidence, [i for i, _, _ in labelled]) if question_set else None
     if sets is not None and len({frozenset(row.ratios) for row in sets}) > 1:
         sets = None  # a question-set fit needs every example to ask the same set
+    keys = [affinity_key_of(examples[i].request.state_text, examples[i].request.media.images) for i, _, _ in labelled]
     train = [
-        example_of(e, right, canonical, None if sets is None else sets[n], state_name(examples[i].request))
-        for n, (i, e, right) in enumerate(labelled)
+        example_of(e, right, canonical, None if sets is None else sets[n], keys[n])
+        for n, (_, e, right) in enumerate(labelled)
     ]
     sample = [example_of(e, None, canonical) for _, _, e in rows]  # every state, labelled or not
     ordered = question.type == "score"
@@ -349,13 +276,6 @@ def fit_question(
 
 
 LABEL_FREE = "batch (label-free)"
-
-
-def state_name(request: SystemOneRequest) -> str:
-    """What tells one example's state from another's (cross-validation holds a state out whole): its
-    text and its images, where they go."""
-    media = request.media
-    return json.dumps([request.state_text, [image.sha256 for image in media.images], media.placeholders])
 
 
 def _too_few(labelled: int, label_free: bool) -> str | None:

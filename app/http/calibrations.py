@@ -11,8 +11,8 @@ from starlette.responses import JSONResponse
 from app.answering.service import ModelService
 from app.calibration import FitStore
 from app.errors import ApiError, InvalidRequest
+from app.fitting.examples import ExampleError, parse_examples
 from app.fitting.jobs import FitWork, calibration_job_of
-from app.fitting.runner import ExampleError, parse_examples
 from app.http.body import parse_json, read_body
 from app.http.runtime import runtime_of
 from app.serving.specs import DEFAULT_ALIAS
