@@ -19,6 +19,7 @@ from starlette.testclient import TestClient
 from app.answering.service import ModelService
 from app.config import Settings
 from app.contract import SystemOneRequest, SystemOneResponse
+from app.http.batch import parse_items, schedule
 from app.http.runtime import Runtime
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
@@ -197,6 +198,13 @@ def test_repeated_states_are_answered_together_and_results_come_in_the_request_o
         assert entered == [f"Ticket about {s}: please help." for s in sorted(order)]
         assert [result["x_cache"] for result in results] == ["miss", "miss", "hit", "miss", "hit", "hit"]
         assert [settled(result) for result in results] == [alone(client, body) for body in requests]
+
+
+def test_one_text_with_other_images_is_another_state_in_the_order(tiny_chat_path: Path) -> None:
+    photos = [f"data:image/png;base64,{base64.b64encode(png(seed=seed)).decode()}" for seed in (1, 2)]
+    bodies = [{**ticket(1, "a photo"), "images": [photos[k]]} for k in (0, 1, 0, 1)]
+    items = parse_items(bodies, tiny_settings(tiny_chat_path), lambda name: name)
+    assert [item.index for item in schedule(items)] == [0, 2, 1, 3]  # each image's requests together
 
 
 def test_a_batch_may_name_several_models_and_each_model_answers_its_own_together(

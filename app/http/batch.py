@@ -106,9 +106,9 @@ def per_model(items: list[Item]) -> dict[str, int]:
 
 
 def schedule(items: list[Item]) -> list[Item]:
-    """The order to answer in: model by model, each model's requests with the same state together and
-    within those the same question set, each group where its first request stood. A prefix is then
-    built once and found in the cache by the requests after it (in either layout)."""
+    """The order to answer in: model by model, each model's requests with the same state (its text and
+    images) together and within those the same question set, each group where its first request stood.
+    A prefix is then built once and found in the cache by the requests after it (in either layout)."""
     first: dict[Hashable, int] = {}  # each model, state and question set: where it first appeared
 
     def seen(key: Hashable) -> int:
@@ -117,8 +117,9 @@ def schedule(items: list[Item]) -> list[Item]:
     keyed = []
     for item in items:
         if item.request is not None:
-            state = seen((item.model, item.request.state_text))
-            questions = seen((item.model, item.request.state_text, question_set_key(item.request.questions)))
+            images = tuple(image.sha256 for image in item.request.media.images)
+            state = seen((item.model, item.request.state_text, images))
+            questions = seen((item.model, item.request.state_text, images, question_set_key(item.request.questions)))
             keyed.append(((seen(item.model), state, questions, item.index), item))
     return [item for _, item in sorted(keyed, key=lambda pair: pair[0])]
 
