@@ -80,10 +80,8 @@ class FitStore:
 
     def forget(self, key: str) -> bool:
         """Delete the fit of one question's content (not a question-set fit); whether there was one."""
-        found = [r for r in self.records() if r.key == key and r.question_set is None]
-        for record in found:
-            self.delete(record.id)
-        return bool(found)
+        record = self.single(key)  # the folder's index, read again only when the folder changed
+        return record is not None and self.delete(record.id)
 
     def records(self) -> list[FitRecord]:
         """Every sound fit in the folder, in the order of their ids."""
