@@ -29,6 +29,7 @@ from app.contract import (
     validation_error,
 )
 from app.errors import ApiError, Cancelled, InvalidRequest, ModelNotFound
+from app.fleet.routing import affinity_key_of
 from app.http.admission import Admission
 from app.http.errors import error_of
 from app.progress import Progress
@@ -117,9 +118,9 @@ def schedule(items: list[Item]) -> list[Item]:
     keyed = []
     for item in items:
         if item.request is not None:
-            images = tuple(image.sha256 for image in item.request.media.images)
-            state = seen((item.model, item.request.state_text, images))
-            questions = seen((item.model, item.request.state_text, images, question_set_key(item.request.questions)))
+            key = affinity_key_of(item.request.state_text, item.request.media.images)  # text and images
+            state = seen((item.model, key))
+            questions = seen((item.model, key, question_set_key(item.request.questions)))
             keyed.append(((seen(item.model), state, questions, item.index), item))
     return [item for _, item in sorted(keyed, key=lambda pair: pair[0])]
 
