@@ -14,7 +14,9 @@ hidden vectors beside them). Per workload, seed 0's items are the unlabelled sta
 
 After 20, 40, 60 and 100 labels each question is scored on the held-out items as a request would be
 answered (Calibration.answer_evidence): accuracy, and for a fitted question its 90% sets' coverage
-and mean size. With bench/results/priority-facts-evidence.json (bench/priority_facts.py) it also
+and mean size. Beside the loop, what choosing can buy at all: one fixed learner after 40 labels
+drawn at random, chosen by margin sampling, and chosen by an oracle that sees answers no user has
+(what_choosing_buys). With bench/results/priority-facts-evidence.json (bench/priority_facts.py) it also
 fits the support priority with its facts asked beside it (the question-set fit) on the first 100
 items and scores it on the held-out ones. Writes bench/results/<date>-<sha>-labelling.{json,md}.
 
@@ -59,10 +61,14 @@ SMALL_SET, SURE = 1.3, 0.95
 # Random draws at max(SIZES) labels, where the coverage is judged: one draw's coverage moves by about
 # 0.05 with which states set the bound, so that the mean of 10 draws still moves by 0.015.
 COVERAGE_DRAWS = 30
-# The textbook way of choosing, as a measure of what choosing can buy on these pipelines: one fixed
-# learner (a state probe at MARGIN_PENALTY: no choice among fits, no drawn share), from MARGIN_START
-# random labels one label at a time to the state whose two likeliest labels are closest.
+# What choosing can buy on these pipelines, with one fixed learner (a state probe at MARGIN_PENALTY: no
+# choice among fits, no drawn share), from MARGIN_START random labels one label at a time: the textbook
+# way (margin sampling: the state whose two likeliest labels are closest), and an oracle no user has
+# (of ORACLE_OFFERS pool states, the one whose label most raises accuracy on labelled states outside
+# the pool), which sees answers no ranking has, so that no ranking should expect more. Pool: seed 0's first
+# CHOICE_POOL states, so that its other states can be the oracle's yardstick.
 MARGIN_PENALTY, MARGIN_START, MARGIN_RUNS, MARGIN_AT = 1e-4, 10, 3, 40
+CHOICE_POOL, ORACLE_OFFERS = 150, 50
 
 
 @dataclass
@@ -209,49 +215,62 @@ def averaged(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def margin_sampling(temperature: float, data: Data) -> dict[str, dict[str, float]] | None:
-    """Per question, one fixed state probe's held-out accuracy when fitted on MARGIN_AT labels chosen by
-    margin sampling, and on MARGIN_AT and max(SIZES) random ones (each the mean of MARGIN_RUNS starts or
-    draws). None without the states' mean vectors."""
+def what_choosing_buys(temperature: float, data: Data, progress: Progress) -> dict[str, dict[str, float]] | None:
+    """Per question, one fixed state probe's held-out accuracy on MARGIN_AT labels drawn at random,
+    chosen by margin sampling, and chosen by the oracle; and on max(SIZES) random ones. All from the
+    pool's first CHOICE_POOL states; the oracle's yardstick is the pool's other states. None without the
+    states' mean vectors."""
     examples, evidence = data.pool
     if any(next(iter(row.values())).state_mean is None for row in evidence):
         return None
+    inside = {str(e.request.state) for e in examples[:CHOICE_POOL]}
+    yardstick = [i for i in range(CHOICE_POOL, len(examples)) if str(examples[i].request.state) not in inside]
     found = {}
     for qid in examples[0].request.questions:
         labels = sorted(evidence[0][qid].labels)
-        pool = [example_of(row[qid], e.answers[qid], labels) for e, row in zip(examples, evidence, strict=True)]
+        every = [example_of(row[qid], e.answers[qid], labels) for e, row in zip(examples, evidence, strict=True)]
         test = [example_of(row[qid], e.answers[qid], labels) for e, row in zip(*data.test, strict=True)]
-        found[qid] = _margin_runs(ProbeCandidate(temperature, MARGIN_PENALTY, "state_mean"), pool, test)
+        learner = ProbeCandidate(temperature, MARGIN_PENALTY, "state_mean")
+        found[qid] = _choosing_runs(learner, every[:CHOICE_POOL], [every[i] for i in yardstick], test)
+        progress.step(f"choosing {qid}")
     return found
 
 
-def _margin_runs(learner: ProbeCandidate, pool: list[Example], test: list[Example]) -> dict[str, float]:
+def _choosing_runs(
+    learner: ProbeCandidate, pool: list[Example], yardstick: list[Example], test: list[Example]
+) -> dict[str, float]:
     def probabilities(chosen: list[int], on: list[Example]) -> NDArray[np.float64]:
         fit = learner.fit([pool[i] for i in chosen])
         return np.asarray([fit.apply_to_state(e.labels, e.state_mean) for e in on])
 
-    def accuracy(chosen: list[int]) -> float:
-        return float(np.mean(probabilities(chosen, test).argmax(1) == np.asarray([e.right for e in test])))
+    def accuracy(chosen: list[int], on: list[Example]) -> float:
+        return float(np.mean(probabilities(chosen, on).argmax(1) == np.asarray([e.right for e in on])))
+
+    def margin_next(chosen: list[int], rng: np.random.Generator) -> int:
+        top = np.sort(probabilities(chosen, pool), axis=1)
+        margin = top[:, -1] - top[:, -2]
+        margin[chosen] = np.inf
+        return int(np.argmin(margin))
+
+    def oracle_next(chosen: list[int], rng: np.random.Generator) -> int:
+        offered = rng.choice([i for i in range(len(pool)) if i not in chosen], ORACLE_OFFERS, replace=False)
+        return max((accuracy([*chosen, int(i)], yardstick), int(i)) for i in offered)[1]
 
     rng = np.random.default_rng(0)
     drawn = {
         n: [[int(i) for i in rng.choice(len(pool), n, replace=False)] for _ in range(MARGIN_RUNS)]
         for n in (MARGIN_AT, max(SIZES))
     }
-    margin_runs = []
-    for _ in range(MARGIN_RUNS):
-        chosen = [int(i) for i in rng.choice(len(pool), MARGIN_START, replace=False)]
-        while len(chosen) < MARGIN_AT:
-            top = np.sort(probabilities(chosen, pool), axis=1)
-            margin = top[:, -1] - top[:, -2]
-            margin[chosen] = np.inf
-            chosen.append(int(np.argmin(margin)))
-        margin_runs.append(accuracy(chosen))
-    return {
-        f"random_{MARGIN_AT}": float(np.mean([accuracy(c) for c in drawn[MARGIN_AT]])),
-        f"margin_{MARGIN_AT}": float(np.mean(margin_runs)),
-        f"random_{max(SIZES)}": float(np.mean([accuracy(c) for c in drawn[max(SIZES)]])),
-    }
+    found = {f"random_{n}": float(np.mean([accuracy(c, test) for c in runs])) for n, runs in drawn.items()}
+    for way, next_of in (("margin", margin_next), ("oracle", oracle_next)):
+        runs = []
+        for _ in range(MARGIN_RUNS):
+            chosen = [int(i) for i in rng.choice(len(pool), MARGIN_START, replace=False)]
+            while len(chosen) < MARGIN_AT:
+                chosen.append(next_of(chosen, rng))
+            runs.append(accuracy(chosen, test))
+        found[f"{way}_{MARGIN_AT}"] = float(np.mean(runs))
+    return found
 
 
 def with_facts(calibration: Calibration, data: Data, n_fit: int) -> dict[str, Any] | None:
@@ -396,15 +415,18 @@ def markdown(report: dict[str, Any]) -> str:
         (name, qid): row for name, w in report["workloads"].items() for qid, row in (w.get("margin") or {}).items()
     }
     if margin:
-        keys = [f"random_{MARGIN_AT}", f"margin_{MARGIN_AT}", f"random_{max(SIZES)}"]
+        keys = [f"random_{MARGIN_AT}", f"margin_{MARGIN_AT}", f"oracle_{MARGIN_AT}", f"random_{max(SIZES)}"]
         lines += [
             "",
             "## What choosing states can buy here",
             "",
-            f"One fixed learner (a state probe, penalty {MARGIN_PENALTY:g}; no choice among fits, no drawn share) "
-            f"on {MARGIN_AT} random labels; on {MARGIN_AT} chosen by margin sampling ({MARGIN_START} random, then one "
-            f"at a time the state whose two likeliest labels are closest); on {max(SIZES)} random labels. Means of "
-            f"{MARGIN_RUNS} draws or starts; held-out accuracy.",
+            f"One fixed learner (a state probe, penalty {MARGIN_PENALTY:g}; no choice among fits, no drawn share), "
+            f"its labels from seed 0's first {CHOICE_POOL} states: {MARGIN_AT} drawn at random; {MARGIN_AT} chosen by "
+            f"margin sampling ({MARGIN_START} random, then one at a time the state whose two likeliest labels are "
+            f"closest); {MARGIN_AT} chosen by an oracle no user has ({MARGIN_START} random, then one at a time, of "
+            f"{ORACLE_OFFERS} states offered at random, the one whose label most raises the accuracy on seed 0's other "
+            f"states, labelled: it sees answers no ranking has, so no ranking should expect more); {max(SIZES)} drawn "
+            f"at random. Means of {MARGIN_RUNS} draws or starts; held-out accuracy.",
             "",
         ]
         rows = [[name, qid, *(f"{row[k]:.3f}" for k in keys)] for (name, qid), row in margin.items()]
@@ -464,7 +486,8 @@ def main() -> None:
     data, t0, fingerprint = workloads(args.workloads)
     calibration = fitting_at(t0)
     steps = len(SIZES) + sum(draws_at(size, args.repeats) for size in SIZES)
-    progress = Progress(len(data) * steps, "labelling loop")
+    questions = sum(len(d.questions) for d in data.values())
+    progress = Progress(len(data) * steps + questions, "labelling loop")
     report: dict[str, Any] = {
         "model": load(EVIDENCE)["model"],
         "fingerprint": fingerprint,
@@ -480,7 +503,7 @@ def main() -> None:
             "held_out": len(d.test[0]),
             "ranked": ranked(calibration, d, SIZES, progress),
             "random": drawn(calibration, d, SIZES, args.repeats, progress),
-            "margin": margin_sampling(t0, d),
+            "margin": what_choosing_buys(t0, d, progress),
         }
     if "support" in data:
         report["priority_facts"] = with_facts(calibration, data["support"], max(SIZES))
