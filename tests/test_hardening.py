@@ -324,6 +324,12 @@ def test_openapi_describes_the_contract(client: TestClient) -> None:
     assert {"200", "401", "404", "413", "422", "503"} <= set(operation["responses"])
     request_schema = spec["components"]["schemas"]["SystemOneRequest"]
     assert set(request_schema["required"]) == {"model", "state", "questions"}
+    # images come as typesafe-sdk sends them: the JSON in a `request` part, each image a part of its own
+    form = operation["requestBody"]["content"]["multipart/form-data"]
+    json_body = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert form["schema"]["required"] == ["request"] and form["schema"]["properties"]["request"] == json_body
+    assert form["schema"]["additionalProperties"]["format"] == "binary" and form["schema"]["maxProperties"] == 9
+    assert form["encoding"]["request"]["contentType"] == "application/json"
 
 
 def test_sigterm_finishes_in_flight_requests_then_exits(tiny_chat_path: Path) -> None:
