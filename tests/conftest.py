@@ -37,6 +37,10 @@ def tiny_plain_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # Servers the tests start keep their snapshots out of the user's cache folder, and do not time
 # speed settings for the tiny models written each session (tests/test_tuning.py covers that).
 os.environ.setdefault("ONEPASS_SESSION_CACHE_DIR", tempfile.mkdtemp(prefix="onepass-test-snapshots-"))
+# Nor do they read the fits a user made (onepass calibrate) for the real model: a test that wants fits
+# makes them in a folder of its own. Settings built here start from this empty folder (isolated_settings).
+FITS_DIR = Path(tempfile.mkdtemp(prefix="onepass-test-fits-"))
+os.environ.setdefault("ONEPASS_CALIBRATION_DIR", str(FITS_DIR))
 os.environ.setdefault("ONEPASS_REPACK", "off")
 os.environ.setdefault("ONEPASS_FLASH_ATTN", "off")
 os.environ.setdefault("ONEPASS_THREADS", str(os.cpu_count() or 1))  # as before measured thread counts
@@ -45,6 +49,11 @@ os.environ.setdefault("ONEPASS_THREADS", str(os.cpu_count() or 1))  # as before 
 # ONEPASS_TEST_FLASH_ATTN=on with flash attention (docs/gpu.md: what it measured on CUDA).
 GPU_LAYERS = int(os.environ.get("ONEPASS_TEST_GPU_LAYERS", "0"))
 FLASH_ATTN = os.environ.get("ONEPASS_TEST_FLASH_ATTN", "off")
+
+
+def isolated_settings(**values: object) -> Settings:
+    """Settings as given, over the defaults, except that fits are looked for in the tests' own folder."""
+    return Settings(**{"calibration_dir": FITS_DIR, **values})  # type: ignore[arg-type]
 
 
 def tiny_settings(path: Path, **overrides: object) -> Settings:
@@ -58,7 +67,7 @@ def tiny_settings(path: Path, **overrides: object) -> Settings:
         "session_cache_disk_bytes": 0,  # the disk tier's own tests turn it on, in a folder of theirs
     }
     values.update(overrides)
-    return Settings(**values)  # type: ignore[arg-type]
+    return isolated_settings(**values)
 
 
 @pytest.fixture
@@ -112,6 +121,6 @@ def real_model_path() -> Path:
 
 @pytest.fixture(scope="session")
 def real_service(real_model_path: Path) -> Iterator[ModelService]:
-    service = load_model(Settings(model=real_model_path, n_ctx=4096, session_cache_disk_bytes=0))
+    service = load_model(isolated_settings(model=real_model_path, n_ctx=4096, session_cache_disk_bytes=0))
     yield service
     service.close()

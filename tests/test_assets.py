@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from app.assets import request_of
-from app.config import Settings
 from app.contract import SystemOneRequest
 from app.errors import InvalidRequest
 from app.fleet.routing import affinity_key, affinity_key_of
@@ -20,6 +19,7 @@ from app.images import IMAGES_BODY_BYTES, MAX_IMAGES, Image, read_image
 from app.serving.catalogue import models_listing
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
+from tests.conftest import isolated_settings
 from tests.image_files import jpeg, png
 
 RED, PHOTO = png(2, 2, seed=3), jpeg(8, 6)
@@ -156,7 +156,9 @@ def registry_of(*names: str) -> ModelRegistry:
     """Models named "eyes..." take images: a vision projector is set for them."""
     specs = tuple(
         ModelSpec(
-            name, Path(f"{name}.gguf"), settings=Settings(mmproj=Path("p.gguf") if name.startswith("eyes") else None)
+            name,
+            Path(f"{name}.gguf"),
+            settings=isolated_settings(mmproj=Path("p.gguf") if name.startswith("eyes") else None),
         )
         for name in names
     )
@@ -192,7 +194,7 @@ def test_without_a_vision_model_the_refusal_says_none_takes_images() -> None:
 
 
 def test_the_body_bound_grows_by_8_images_of_base64_where_a_model_takes_images() -> None:
-    runtime = Runtime(Settings(), registry=registry_of("text"))
+    runtime = Runtime(isolated_settings(), registry=registry_of("text"))
     assert runtime.body_limit() == runtime.settings.max_body_bytes
     runtime.registry = registry_of("text", "eyes")
     assert runtime.body_limit() == runtime.settings.max_body_bytes + IMAGES_BODY_BYTES

@@ -17,14 +17,13 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
-from app.config import Settings
 from app.contract import SystemOneRequest, SystemOneResponse
 from app.http.batch import parse_items, schedule
 from app.http.runtime import Runtime
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
-from tests.conftest import tiny_settings
+from tests.conftest import isolated_settings, tiny_settings
 from tests.image_files import png
 from tests.llama_calls import LlamaCalls
 from tests.test_hardening import FaultyService
@@ -211,7 +210,9 @@ def test_a_batch_may_name_several_models_and_each_model_answers_its_own_together
     tiny_service: ModelService, tiny_chat_path: Path
 ) -> None:
     doorman = Doorman(tiny_service)
-    specs = tuple(ModelSpec(name, tiny_chat_path, settings=Settings(session_cache_disk_bytes=0)) for name in "xy")
+    specs = tuple(
+        ModelSpec(name, tiny_chat_path, settings=isolated_settings(session_cache_disk_bytes=0)) for name in "xy"
+    )
     registry = ModelRegistry(ModelsConfig(specs, "x", 2), loader=lambda spec: doorman)
     requests = [ticket(1, f"{model} {i}", model=model) for i, model in enumerate("xyxyx")]
     with TestClient(create_app(tiny_settings(tiny_chat_path), registry=registry)) as client:

@@ -12,9 +12,9 @@ import pytest
 
 from app.answering.decision import DecisionPrompter
 from app.answering.service import ModelService
-from app.config import Settings
 from app.contract import SystemOneRequest
 from app.serving.known_models import default_model_path
+from tests.conftest import isolated_settings
 from tests.loading import load_model
 
 pytestmark = pytest.mark.real_model
@@ -32,7 +32,7 @@ def decision_path(real_model_path: Path) -> Path:
 
 
 def serve(path: Path, **settings: object) -> ModelService:
-    return load_model(Settings(model=path, n_ctx=4096, session_cache_disk_bytes=0, **settings))  # type: ignore[arg-type]
+    return load_model(isolated_settings(model=path, n_ctx=4096, session_cache_disk_bytes=0, **settings))
 
 
 @pytest.fixture(scope="module")

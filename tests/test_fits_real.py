@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.config import Settings
 from app.contract import SystemOneRequest
 from app.fitting.examples import parse_examples
 from app.fitting.runner import answer_all, fit_all
 from app.progress import Progress
 from bench.pipelines import WORKLOADS
+from tests.conftest import isolated_settings
 from tests.loading import load_model
 
 pytestmark = pytest.mark.real_model
@@ -27,7 +27,7 @@ def test_fits_from_36_examples_answer_new_log_lines_far_better_than_zero_shot(
 
     def served(folder: Path):  # type: ignore[no-untyped-def]
         return load_model(
-            Settings(
+            isolated_settings(
                 model=real_model_path,
                 n_ctx=4096,
                 session_cache_disk_bytes=0,

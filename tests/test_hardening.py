@@ -18,13 +18,12 @@ from starlette.testclient import TestClient
 
 from app.answering.prompter import Plan
 from app.answering.service import ModelService, RequestReadouts
-from app.config import Settings
 from app.contract import SystemOneRequest, SystemOneResponse
 from app.fleet.processes import READY, ServerProcess
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
-from tests.conftest import tiny_settings
+from tests.conftest import isolated_settings, tiny_settings
 from tests.live import RunningServer
 from tests.llama_calls import LlamaCalls
 
@@ -170,8 +169,8 @@ def test_admission_is_per_model_a_busy_model_does_not_turn_away_another(
     held: HeldService, tiny_service: ModelService, tiny_chat_path: Path
 ) -> None:
     specs = (
-        ModelSpec("busy", tiny_chat_path, settings=Settings(contexts=1, session_cache_disk_bytes=0)),
-        ModelSpec("idle", tiny_chat_path, settings=Settings(contexts=1, session_cache_disk_bytes=0)),
+        ModelSpec("busy", tiny_chat_path, settings=isolated_settings(contexts=1, session_cache_disk_bytes=0)),
+        ModelSpec("idle", tiny_chat_path, settings=isolated_settings(contexts=1, session_cache_disk_bytes=0)),
     )
     registry = ModelRegistry(
         ModelsConfig(specs, "busy", 2), loader=lambda spec: held if spec.name == "busy" else tiny_service

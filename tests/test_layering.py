@@ -2,11 +2,13 @@
 subpackage form no cycle, llama_cpp stays in the engine's bindings (and libmtmd's in its vision path)
 and starlette in http/, and the
 engine's context pool stays inside the engine. The calibration room is entered through its face
-only, and no module of answering/ leans on more than a few others."""
+only, and no module of answering/ leans on more than a few others. Tests build Settings that keep
+out of the user's fits."""
 
 from __future__ import annotations
 
 import ast
+import re
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
@@ -212,3 +214,13 @@ def test_the_tools_stand_on_app_alone() -> None:
     for path in TOOLS.glob("*.py"):
         outside = imports(path)[1] & {"bench", "tests"}
         assert not outside, f"tools/{path.name} imports {sorted(outside)}"
+
+
+def test_tests_build_settings_that_keep_out_of_the_users_fits() -> None:
+    """Settings() looks for fits in the user's cache folder, where `onepass calibrate` leaves fits of the
+    real model that would change its answers under test; tests build Settings with tests/conftest.py's
+    isolated_settings (test_config.py checks the defaults themselves)."""
+    direct = re.compile(r"(?<![A-Za-z_])Settings\(")
+    for path in (APP.parent / "tests").glob("*.py"):
+        if path.name not in ("conftest.py", "test_config.py", "test_layering.py"):
+            assert not direct.search(path.read_text()), f"tests/{path.name} builds Settings(...): use isolated_settings"

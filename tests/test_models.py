@@ -22,6 +22,7 @@ from app.platform.tiny_gguf import write_tiny_gguf
 from app.serving.loading import load_spec
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec, read_models_config, replace_settings
+from tests.conftest import isolated_settings
 
 QUESTION = {"type": "choice", "instructions": "Which?", "criteria": {"Alpha": None, "Beta": None, "Gamma": None}}
 
@@ -342,7 +343,7 @@ def test_a_missing_or_broken_model_file_is_503_for_that_model_only(tmp_path: Pat
 
 def test_a_model_is_never_unloaded_under_an_in_flight_request(ggufs: dict[str, Path]) -> None:
     specs = tuple(
-        ModelSpec(name, ggufs[name], settings=Settings(n_ctx=1024, threads=1, session_cache_disk_bytes=0))
+        ModelSpec(name, ggufs[name], settings=isolated_settings(n_ctx=1024, threads=1, session_cache_disk_bytes=0))
         for name in ("one", "two")
     )
     entered, release = threading.Event(), threading.Event()

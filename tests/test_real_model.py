@@ -9,7 +9,6 @@ import pytest
 
 from app.answering.service import ModelService, distinct_suffixes
 from app.calibration import softmax
-from app.config import Settings
 from app.config_sources import DEFAULT_CONFIG_PATH, load_settings
 from app.contract import SystemOneRequest, render_state
 from app.engine.disk_tier import DiskTier, SnapshotIdentity
@@ -17,6 +16,7 @@ from app.engine.llama import SuffixTokens
 from app.engine.ram_tier import RamTier
 from app.serving.loading import assemble, load_spec
 from app.serving.specs import read_models_config
+from tests.conftest import isolated_settings
 from tests.llama_calls import LlamaCalls
 from tests.loading import load_model, own_prompter
 
@@ -183,7 +183,7 @@ def test_a_restored_long_prefix_equals_a_one_shot_prefill(real_model_path: Path)
     # prefix prefilled in one piece and in two pieces differs in rounding there. Hit == miss ==
     # cache off stays exact with them too (tests/test_tuning.py): all three take the same pieces.
     service = load_model(
-        Settings(model=real_model_path, n_ctx=4096, session_cache_disk_bytes=0, repack="off", flash_attn="off")
+        isolated_settings(model=real_model_path, n_ctx=4096, session_cache_disk_bytes=0, repack="off", flash_attn="off")
     )
     try:
         engine = service.engine
@@ -227,7 +227,7 @@ def test_questions_that_begin_alike_share_rows_and_answer_as_if_decoded_whole(
     # Under 64 rows, with flash attention and plain kernels, a row's numbers do not depend on the
     # rest of the batch (docs/notes/2026-11-30-prompt-experiments.md), so sharing must change nothing at all.
     service = load_model(
-        Settings(model=real_model_path, n_ctx=2048, session_cache_disk_bytes=0, repack="off", flash_attn="on")
+        isolated_settings(model=real_model_path, n_ctx=2048, session_cache_disk_bytes=0, repack="off", flash_attn="on")
     )
     try:
         engine = service.engine
