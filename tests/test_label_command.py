@@ -124,5 +124,7 @@ def test_a_kill_9_loses_no_acknowledged_label(
         assert shown["labelled"] == 4 + len(kept.lines()) and shown["answering"]["reused"] == 24
         offered_now = httpx.get(again.url + "/v1/labelling/next?count=20", timeout=30).json()["states"]
         assert not {s["state"] for s in offered_now} & set(kept.lines())
+        # the answers the journal kept are whole: their share on the labels too
+        assert all("x_label_mass" in a for s in offered_now for a in s["answers"].values())
     finally:
         again.stop()

@@ -6,6 +6,7 @@ fit needs). Skipped, saying what is missing, without Chromium and its driver."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,10 @@ def test_five_states_labelled_in_the_tab_and_the_refit_changes_the_answers_shown
             shown = shown_answers(page)
             assert set(shown) == {"team", "urgent"} and "x_calibration" not in shown["team"]  # no fit yet
             assert "no set" in page.one('.to-label[data-qid="team"] .current').text
+            # the tiny model's random weights put a share far below one half on the labels: said so
+            share = math.floor(shown["team"]["x_label_mass"] * 100 + 0.5)  # as Math.round
+            off = f"off format: {share}% of the next token on the labels"
+            assert off in page.one('.to-label[data-qid="team"] .current .warning').text
             if n == len(GIVEN) - 1:  # every state's answers before the label that makes a fit possible
                 offered = httpx.get(server.base_url + "/v1/labelling/next?count=50", timeout=30).json()["states"]
                 before = {s["state"]: s["answers"] for s in offered}

@@ -167,6 +167,10 @@ def test_the_ranking_offers_unlabelled_states_only_with_their_answers(
     assert first["questions"] == QUESTIONS and first["text"] == state(index_of(first["state"]))["state"]
     assert set(first["answers"]) == {"team", "urgent"} and first["images"] == []
     assert "x_set" not in first["answers"]["team"]  # no fit yet: no set
+    # each answer as /v1/systemone gives it for that state now, its share on the labels included
+    asked = {"model": "jev-latest", "state": first["text"], "questions": first["questions"]}
+    served = client.post("/v1/systemone", json=asked).json()["answers"]
+    assert first["answers"] == served and all(0 < a["x_label_mass"] <= 1 for a in served.values())
     assert [s["state"] for s in client.get("/v1/labelling/next?count=3").json()["states"]] == [
         s["state"] for s in offered[:3]
     ]

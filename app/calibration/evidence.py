@@ -24,6 +24,8 @@ class Evidence:
     hidden: NDArray[np.float32] | None = field(default=None, compare=False)
     # a middle layer's output averaged over the state's rows (Snapshot.state_mean), where the engine reads it
     state_mean: NDArray[np.float32] | None = field(default=None, compare=False)
+    # the share of the next token's probability on the answer labels (the answer's x_label_mass)
+    mass: float | None = field(default=None, compare=False)
 
 
 Ratio = tuple[tuple[str, ...], Array]  # a question's labels sorted by name, and their contextual log-ratios

@@ -227,7 +227,10 @@ class Calibration:
             if not reading.one_logit_per_label:
                 raise ValueError("this model's answers are not one token's logit per label: it takes no fit")
             prior = reading.read([self.priors.prior(base, v.tokens, v.label_ids) for v in reading.variants])
-            found[qid] = Evidence(label_keys(question.question), question.raw(), prior, question.hidden(), state_mean)
+            mass = reading.mass(question.readouts) if question.readouts else None
+            found[qid] = Evidence(
+                label_keys(question.question), question.raw(), prior, question.hidden(), state_mean, mass
+            )
         return found
 
     def choose(

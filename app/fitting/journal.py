@@ -51,6 +51,7 @@ def _encode(evidence: Evidence) -> dict[str, Any]:
         "prior": evidence.prior,
         "hidden": _vector(evidence.hidden),
         "state_mean": _vector(evidence.state_mean),
+        "mass": evidence.mass,
     }
 
 
@@ -61,6 +62,7 @@ def _decode(data: dict[str, Any]) -> Evidence:
         [float(x) for x in data["prior"]],
         _unvector(data["hidden"]),
         _unvector(data["state_mean"]),
+        None if data.get("mass") is None else float(data["mass"]),  # files written before it was kept have none
     )
 
 

@@ -296,6 +296,11 @@ class LabellingSession:
         with self._lock:
             return self._answers.get(state, {})
 
+    def masses(self, state: int) -> dict[str, float | None]:
+        """Each question's share of the next token on its labels, as the state was answered."""
+        with self._lock:
+            return {qid: e.mass for qid, e in (self._evidence or {}).get(state, {}).items()}
+
     def ranked(self, count: int) -> list[int]:
         """Up to `count` unlabelled states (their lines), the most worth labelling first."""
         with self._lock:

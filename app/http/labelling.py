@@ -73,14 +73,14 @@ def _images(item: dict[str, Any]) -> list[str]:
 def _state(session: LabellingSession, n: int) -> dict[str, Any]:
     item = session.states.items[n]
     questions = session.states.examples[n].request.questions
-    found = session.answers(n)
+    found, masses = session.answers(n), session.masses(n)
     return {
         "state": n,
         "text": item["state"],
         "questions": item["questions"],
         "images": _images(item),
         "answers": {
-            qid: answer_from(questions[qid], found[qid]).model_dump(mode="json", exclude_none=True)
+            qid: answer_from(questions[qid], found[qid], masses.get(qid)).model_dump(mode="json", exclude_none=True)
             for qid in questions
             if qid in found
         },

@@ -153,6 +153,9 @@ function currentAnswer(answer) {
     line.append(" · no set (no fit yet)");
   }
   if (answer.x_calibration) line.append(" · fit ", el("code", "fit", answer.x_calibration.method));
+  if (answer.x_label_mass !== undefined && answer.x_label_mass < LOW_MASS) {
+    line.append(el("span", "warning", ` · off format: ${Math.round(answer.x_label_mass * 100)}% of the next token on the labels`));
+  }
   line.dataset.answer = JSON.stringify(answer);
   return line;
 }
