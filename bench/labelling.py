@@ -174,7 +174,7 @@ def ranked(calibration: Calibration, data: Data, sizes: Sequence[int], progress:
     return found
 
 
-def drawn(
+def at_random(
     calibration: Calibration, data: Data, sizes: Sequence[int], repeats: int, progress: Progress
 ) -> dict[int, Any]:
     """The same numbers of labels drawn at random: each question's scores averaged over `repeats` draws
@@ -502,7 +502,7 @@ def main() -> None:
             "pool": len(d.pool[0]),
             "held_out": len(d.test[0]),
             "ranked": ranked(calibration, d, SIZES, progress),
-            "random": drawn(calibration, d, SIZES, args.repeats, progress),
+            "random": at_random(calibration, d, SIZES, args.repeats, progress),
             "margin": what_choosing_buys(t0, d, progress),
         }
     if "support" in data:
