@@ -271,8 +271,7 @@ class ModelService:
 
 
 def _answer(asked: QuestionReadouts, found: AnswerProbabilities) -> Answer:
-    mass = asked.reading.mass(asked.readouts) if asked.readouts else None
-    return answer_from(asked.question, found, mass)
+    return answer_from(asked.question, found, asked.mass())
 
 
 def answer_from(question: Question, found: AnswerProbabilities, mass: float | None = None) -> Answer:

@@ -85,6 +85,10 @@ class QuestionReadouts:
         mean: NDArray[np.float32] = np.mean(np.asarray(vectors, dtype=np.float64), axis=0).astype(np.float32)
         return mean
 
+    def mass(self) -> float | None:
+        """The share of the next token's probability on the labels (x_label_mass; None: no readout)."""
+        return self.reading.mass(self.readouts) if self.readouts else None
+
 
 @dataclass(frozen=True)
 class AnswerProbabilities:
@@ -227,9 +231,8 @@ class Calibration:
             if not reading.one_logit_per_label:
                 raise ValueError("this model's answers are not one token's logit per label: it takes no fit")
             prior = reading.read([self.priors.prior(base, v.tokens, v.label_ids) for v in reading.variants])
-            mass = reading.mass(question.readouts) if question.readouts else None
             found[qid] = Evidence(
-                label_keys(question.question), question.raw(), prior, question.hidden(), state_mean, mass
+                label_keys(question.question), question.raw(), prior, question.hidden(), state_mean, question.mass()
             )
         return found
 
