@@ -54,10 +54,7 @@ def build_openapi(version: str) -> dict[str, Any]:
             "/v1/systemone": {
                 "post": {
                     "operationId": "systemOne",
-                    "requestBody": {
-                        "required": True,
-                        **_with_images(_any_of(ref[SystemOneRequest], ref[BatchRequest])),
-                    },
+                    "requestBody": {"required": True, **_with_images(ref[SystemOneRequest], ref[BatchRequest])},
                     "responses": {
                         "200": {
                             "description": "one answer per question; for a batch, one result per request",
@@ -83,22 +80,31 @@ def build_openapi(version: str) -> dict[str, Any]:
     }
 
 
+def _either(*refs: str) -> dict[str, Any]:
+    return {"anyOf": [{"$ref": ref} for ref in refs]}
+
+
 def _any_of(*refs: str) -> dict[str, Any]:
-    return {"content": {"application/json": {"schema": {"anyOf": [{"$ref": ref} for ref in refs]}}}}
+    return {"content": {"application/json": {"schema": _either(*refs)}}}
 
 
-def _with_images(body: dict[str, Any]) -> dict[str, Any]:
-    """The request body as typesafe-sdk sends images (docs/api.md, "Images"): multipart/form-data, the JSON
-    body in its `request` part, then one part per image, named by an asset's `part`."""
+def _with_images(*refs: str) -> dict[str, Any]:
+    """One of `refs` as JSON, or as typesafe-sdk sends images (docs/api.md, "Images"): multipart/form-data,
+    the JSON in its `request` part, then one part per image, named by an asset's `part`."""
     form = {
         "type": "object",
         "required": [REQUEST_PART],
-        "properties": {REQUEST_PART: body["content"]["application/json"]["schema"]},
+        "properties": {REQUEST_PART: _either(*refs)},
         "additionalProperties": {"type": "string", "format": "binary", "description": "an image's bytes"},
         "maxProperties": MAX_PARTS,
     }
     encoding = {REQUEST_PART: {"contentType": "application/json"}}
-    return {"content": {**body["content"], "multipart/form-data": {"schema": form, "encoding": encoding}}}
+    return {
+        "content": {
+            "application/json": {"schema": _either(*refs)},
+            "multipart/form-data": {"schema": form, "encoding": encoding},
+        }
+    }
 
 
 def _batch_job_paths(job: dict[str, Any], error: dict[str, Any]) -> dict[str, Any]:
