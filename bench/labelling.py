@@ -246,13 +246,13 @@ def _choosing_runs(
     def accuracy(chosen: list[int], on: list[Example]) -> float:
         return float(np.mean(probabilities(chosen, on).argmax(1) == np.asarray([e.right for e in on])))
 
-    def margin_next(chosen: list[int], rng: np.random.Generator) -> int:
+    def margin_next(chosen: list[int]) -> int:
         top = np.sort(probabilities(chosen, pool), axis=1)
         margin = top[:, -1] - top[:, -2]
         margin[chosen] = np.inf
         return int(np.argmin(margin))
 
-    def oracle_next(chosen: list[int], rng: np.random.Generator) -> int:
+    def oracle_next(chosen: list[int]) -> int:  # of ORACLE_OFFERS drawn with the runs' rng
         offered = rng.choice([i for i in range(len(pool)) if i not in chosen], ORACLE_OFFERS, replace=False)
         return max((accuracy([*chosen, int(i)], yardstick), int(i)) for i in offered)[1]
 
@@ -267,7 +267,7 @@ def _choosing_runs(
         for _ in range(MARGIN_RUNS):
             chosen = [int(i) for i in rng.choice(len(pool), MARGIN_START, replace=False)]
             while len(chosen) < MARGIN_AT:
-                chosen.append(next_of(chosen, rng))
+                chosen.append(next_of(chosen))
             runs.append(accuracy(chosen, test))
         found[f"{way}_{MARGIN_AT}"] = float(np.mean(runs))
     return found
