@@ -19,7 +19,8 @@ from app.answering.service import ModelService
 from app.calibration import Calibration
 from app.fitting.cli import main as calibrate_main
 from app.fitting.examples import ExampleError, parse_examples, read_jsonl
-from app.fitting.labelling import LabellingFiles, LabellingSession, read_states
+from app.fitting.journal import EvidenceJournal
+from app.fitting.labelling import NOT_ADOPTED, LabellingFiles, LabellingSession, read_states
 from app.fitting.labels import LabelsFile, digest_of, labels_path
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
@@ -27,6 +28,7 @@ from tests.conftest import tiny_settings
 from tests.labelling_states import (
     QUESTIONS,
     TEAM,
+    URGENT,
     WAIT_S,
     answered,
     index_of,
@@ -56,6 +58,22 @@ def test_each_label_is_a_verified_line_in_calibrate_s_format_and_a_relabel_repla
     parsed = parse_examples(read_jsonl(path.read_text()))  # what onepass calibrate reads
     assert [e.answers for e in parsed] == [{"team": 1}, {"team": 2, "urgent": 0}]
     assert LabelsFile(path).lines() == {2: lines[0], 4: lines[1]} and not LabelsFile(path).warnings
+
+
+def test_a_label_keeps_the_order_of_the_questions_and_options_so_calibrate_asks_the_same_prompt(
+    tmp_path: Path,
+) -> None:
+    team = {**TEAM, "criteria": {"Gamma": None, "Alpha": None, "Beta": None}}
+    example = {"state": "Ticket 1: the printer is on fire", "questions": {"urgent": URGENT, "team": team}}
+    labels = LabelsFile(tmp_path / "s.labels.jsonl")
+    labels.put(1, {**example, "answers": {"urgent": True, "team": "Beta"}})
+    (line,) = labels.path.read_text().splitlines()
+    questions = json.loads(line)["questions"]
+    assert list(questions) == ["urgent", "team"] and list(questions["team"]["criteria"]) == ["Gamma", "Alpha", "Beta"]
+    journal = EvidenceJournal(tmp_path, "model")  # the evidence the session answered is found again
+    (read,) = parse_examples(read_jsonl(line))
+    (given,) = parse_examples([{**example, "answers": {"urgent": True}}])
+    assert journal.key(read.request, hidden=True) == journal.key(given.request, hidden=True)
 
 
 def test_a_failed_rewrite_leaves_the_file_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,6 +130,9 @@ def test_a_states_file_with_a_bad_line_is_refused_naming_the_line(tmp_path: Path
     path = write_states(tmp_path / "s.jsonl", 5)
     path.write_text(path.read_text() + json.dumps({**state(9), "answers": {"team": "Delta"}}) + "\n")
     with pytest.raises(ExampleError, match=r"s.jsonl: line 7: 'Delta' is not one of the options"):
+        read_states(path)
+    path.write_text(json.dumps({"state": "no questions asked"}) + "\n")
+    with pytest.raises(ExampleError, match=r"s.jsonl: line 1: an example needs questions$"):
         read_states(path)
 
 
@@ -188,7 +209,8 @@ def test_a_bad_label_is_a_422_at_its_field_and_stores_nothing(
         ({"state": line, "answers": {"team": "Delta"}}, ["body", "answers", "team"], "is not one of the options"),
         ({"state": line, "answers": {"urgent": "yes"}}, ["body", "answers", "urgent"], "true or false"),
         ({"state": line, "answers": {"nope": True}}, ["body", "answers", "nope"], "no question 'nope'"),
-        ({"state": line, "answers": {}}, ["body", "answers"], "an object of answers"),
+        ({"state": line, "answers": {}}, ["body", "answers"], "at least one question's answer"),
+        ({"state": line, "answers": ["Alpha"]}, ["body", "answers"], "an object of answers"),
         ({"state": 4, "answers": right(5)}, ["body", "state"], "a state's line"),  # the blank line
         ({"state": 999, "answers": right(5)}, ["body", "state"], "a state's line"),
         ({"state": "5", "answers": right(5)}, ["body", "state"], "a state's line"),
@@ -342,6 +364,6 @@ def test_a_refit_that_adopts_no_fit_drops_the_session_s_earlier_fit(tiny_chat_pa
             after = client.post("/v1/systemone", json=ask).json()["answers"]["q"]
             assert "x_calibration" not in after and "x_set" not in after  # as before any label, not the old fit
             team = next(q for q in client.get("/v1/labelling").json()["questions"] if q["name"] == "team")
-            assert team["method"] is None and team["note"] == "no fit adopted yet"
+            assert team["method"] is None and team["note"] == NOT_ADOPTED
     finally:
         service.close()

@@ -57,6 +57,9 @@ def parse_examples(items: Iterable[Any], model: str = "jev-latest") -> list[User
         try:
             if not isinstance(item, dict):
                 raise ValueError("an example is an object with state, questions and (optionally) answers")
+            missing = [k for k in ("state", "questions") if k not in item]
+            if missing:
+                raise ValueError(f"an example needs {' and '.join(missing)}")
             body = {k: item[k] for k in ("state", "questions")} | {k: item[k] for k in IMAGE_FIELDS if k in item}
             request = request_of({"model": model, **body})
             answers = item.get("answers") or {}

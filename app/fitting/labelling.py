@@ -175,8 +175,10 @@ class LabellingSession:
     def _indices(self, state: int, answers: Any) -> dict[str, int]:
         """The answers as label indices, checked as `onepass calibrate` checks an example's; a 422 otherwise."""
         questions = self.states.examples[state].request.questions
-        if not isinstance(answers, dict) or not answers:
+        if not isinstance(answers, dict):
             raise InvalidRequest.at(("answers",), "an object of answers by question id", "dict_type", answers)
+        if not answers:
+            raise InvalidRequest.at(("answers",), "at least one question's answer", "missing", answers)
         found = {}
         for qid, value in answers.items():
             if qid not in questions:
@@ -335,13 +337,17 @@ class LabellingSession:
         return [_figures(key, entry, coverage) for key, entry in figures.items()]
 
 
+# Why a question with enough labels has no fit; a later refit can drop an earlier fit for this reason.
+NOT_ADOPTED = "no fit adopted: none beat the model's own answers, cross-validated"
+
+
 def _figures(key: str, entry: dict[str, Any], coverage: float) -> dict[str, Any]:
     record: FitRecord | None = entry.get("fit")
     sizes: list[int] = entry.get("sizes", [])
     labelled = entry["labelled"]
     note = None
     if record is None:
-        note = f"no fit yet ({labelled} of {MIN_LABELLED} labels)" if labelled < MIN_LABELLED else "no fit adopted yet"
+        note = f"no fit yet ({labelled} of {MIN_LABELLED} labels)" if labelled < MIN_LABELLED else NOT_ADOPTED
     sets = (record.sets or {}).get(f"{coverage:g}") if record is not None else None
     return {
         "key": key,

@@ -3,11 +3,12 @@
 Each line is an example as `onepass calibrate` reads it (state, questions, the state's image fields,
 answers, and `x_drawn`: whether the state was offered at random, app/fitting/ranking.py), plus
 `x_state` (the line of the state in S.jsonl, from 1) and `x_digest` (blake3 of the line's canonical
-JSON without it). Every change rewrites the whole file atomically (a temporary file
-in the same folder, flushed and synced, renamed over, the folder synced) before it returns, so a label
-once acknowledged survives a kill -9 and no crash leaves half a file. Reading checks each line's digest:
-a damaged line is skipped with a warning naming it, and the file as it was is kept beside it
-(`FILE.damaged`) before the next rewrite leaves that line out.
+JSON without it). A line keeps the order of the states file's questions and options. Every change
+rewrites the whole file atomically (a temporary file in the same folder, flushed and synced, renamed
+over, the folder synced) before it returns, so a label once acknowledged survives a kill -9 and no
+crash leaves half a file. Reading checks each line's digest: a damaged line is skipped with a
+warning naming it, and the file as it was is kept beside it (`FILE.damaged`) before the next rewrite
+leaves that line out.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ def labels_path(states: Path) -> Path:
 def digest_of(line: Mapping[str, Any]) -> str:
     fields = {k: v for k, v in line.items() if k != DIGEST_KEY}
     return blake3.blake3(canonical_json(fields).encode()).hexdigest()
+
+
+def as_given(line: Mapping[str, Any]) -> str:
+    """The line as one line of JSON in its own order, not sorted: the order of the questions and of a
+    choice's options shapes the prompt, so `onepass calibrate` must read them as the states file has them."""
+    return json.dumps(line, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def sealed(line: Mapping[str, Any]) -> dict[str, Any]:
@@ -114,7 +121,7 @@ class LabelsFile:
     def _write(self, lines: Mapping[int, Mapping[str, Any]]) -> None:
         folder = self.path.parent
         folder.mkdir(parents=True, exist_ok=True)
-        text = "".join(canonical_json(lines[n]) + "\n" for n in sorted(lines))
+        text = "".join(as_given(lines[n]) + "\n" for n in sorted(lines))
         with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, suffix=".tmp", delete=False) as out:
             try:
                 out.write(text)
