@@ -42,13 +42,17 @@ def labelling_files(argv: Sequence[str]) -> tuple[list[str], LabellingFiles]:
     """`onepass label STATES.jsonl [--labels FILE] [server flags]`: the server flags, and the files."""
     parser = argparse.ArgumentParser(
         prog="onepass label",
+        usage="onepass label STATES.jsonl [--labels FILE] [FLAG VALUE ...]",
         description="Serve as onepass does, with a labelling session for STATES.jsonl on the default model: "
         "label its states in the page's Label tab; each label is kept in the labels file as it is given.",
+        epilog="The server's flags (--port, --model and the others `onepass -h` lists) follow STATES.jsonl.",
         allow_abbrev=False,
     )
     parser.add_argument("states", type=Path, help="JSON lines: {state, questions, answers?} per line")
     parser.add_argument("--labels", type=Path, help="the labels file (default: STATES.labels.jsonl beside it)")
     ours, flags = parser.parse_known_args(argv)
+    if flags[:1] and flags[0].startswith("-") and not ours.states.is_file():  # `--port 8081 states.jsonl`
+        sys.exit(f"onepass label: {ours.states} is not a states file: the states file comes first, then the flags")
     try:
         states = read_states(ours.states)
         labels = LabelsFile(ours.labels or labels_path(ours.states))

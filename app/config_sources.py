@@ -60,11 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="onepass",
         formatter_class=_HelpFormatter,
         # the subcommand app/__main__.py dispatches before these flags are parsed
-        usage="onepass [-h] [--version] [FLAG VALUE ...]\n       onepass calibrate EXAMPLES.jsonl [FLAG VALUE ...]",
+        usage="onepass [-h] [--version] [FLAG VALUE ...]\n       onepass calibrate EXAMPLES.jsonl [FLAG VALUE ...]"
+        "\n       onepass label STATES.jsonl [FLAG VALUE ...]",
         description="Serve System One answers (POST /v1/systemone) from a local GGUF model. "
         "`onepass calibrate EXAMPLES.jsonl` fits calibrations to your labelled examples and stores them where the "
-        "server finds them; the flags below choose its model and settings, and `onepass calibrate -h` lists its "
-        "own options (docs/calibration.md).",
+        "server finds them; `onepass label STATES.jsonl` serves with a labelling session: label the states in the "
+        "page's Label tab and the fits follow. The flags below choose the model and settings of all three; "
+        "`onepass calibrate -h` and `onepass label -h` list their own options (docs/calibration.md).",
         epilog=f"Every flag can also be set by an environment variable {ENV_PREFIX}<FLAG>, e.g. ONEPASS_N_CTX=4096, "
         "and in a config file's [server] section; the starred ones also per model, in a [[models]] entry. "
         "Precedence: flag > env > [[models]] entry > [server] > the model file's own settings > default.",

@@ -342,7 +342,8 @@ def test_python_m_app_help_exits_zero_and_lists_the_flags() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: onepass")
-    assert "onepass calibrate EXAMPLES.jsonl" in result.stdout  # the subcommand, dispatched before the flags
+    assert "onepass calibrate EXAMPLES.jsonl" in result.stdout  # the subcommands, dispatched before the flags
+    assert "onepass label STATES.jsonl" in result.stdout
     assert "--session-cache-tokens" in result.stdout
     assert "ONEPASS_SESSION_CACHE_TOKENS" in result.stdout
 

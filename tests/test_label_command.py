@@ -69,6 +69,15 @@ class LabelServer:
             self.process.wait(60)
 
 
+def test_a_server_flag_before_the_states_file_is_named_as_the_mistake(tmp_path: Path) -> None:
+    states = write_states(tmp_path / "states.jsonl", 2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPASS_")}
+    command = [sys.executable, "-m", "app", "label", "--port", "8081", str(states)]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 1
+    assert "8081 is not a states file: the states file comes first, then the flags" in result.stderr
+
+
 @pytest.fixture
 def states(tmp_path: Path) -> Path:
     return write_states(tmp_path / "states.jsonl", 24, labelled=4)
