@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 from functools import cached_property
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictFloat, StrictStr, ValidationError
 
 from app.confidence import choice_confidence, expected_score, score_confidence
 from app.images import NO_MEDIA, Media
@@ -90,7 +90,7 @@ class SystemOneRequest(_Model):
     images: list[StrictStr] | None = None  # data URLs, before the state (llama.cpp's; `files` is its alias)
     files: list[StrictStr] | None = None
     # How often a fitted answer's x_set is to hold the right label (None: the model's default).
-    x_coverage: Annotated[float, Field(gt=0, lt=1)] | None = None
+    x_coverage: Annotated[StrictFloat, Field(gt=0, lt=1)] | None = None
     _media: Media = PrivateAttr(default=NO_MEDIA)
 
     @cached_property

@@ -149,7 +149,7 @@ def test_a_fitted_answer_carries_its_set_at_the_coverage_asked_and_an_unfitted_o
         urgent = service.answer(SystemOneRequest.model_validate(body("A ticket.", {"u": URGENT}))).wire()["answers"]
         if "x_calibration" in urgent["u"]:
             assert urgent["u"]["x_set"]["labels"] in ([], [True], [False], [True, False], [False, True])
-        for wrong in (0, 1, 1.5, "high"):
+        for wrong in (0, 1, 1.5, "high", "0.9", True):  # a number, as the contract says: not a string or a bool
             with pytest.raises(ValueError, match="x_coverage"):
                 SystemOneRequest.model_validate(body("A ticket.", {"u": URGENT}) | {"x_coverage": wrong})
     finally:
