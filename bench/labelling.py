@@ -220,9 +220,9 @@ def what_choosing_buys(temperature: float, data: Data, progress: Progress) -> di
     chosen by margin sampling, and chosen by the oracle; and on max(SIZES) random ones. All from the
     pool's first CHOICE_POOL states; the oracle's yardstick is the pool's other states. None without the
     states' mean vectors."""
-    examples, evidence = data.pool
-    if any(next(iter(row.values())).state_mean is None for row in evidence):
+    if not has_vectors(data):
         return None
+    examples, evidence = data.pool
     inside = {str(e.request.state) for e in examples[:CHOICE_POOL]}
     yardstick = [i for i in range(CHOICE_POOL, len(examples)) if str(examples[i].request.state) not in inside]
     found = {}
@@ -234,6 +234,11 @@ def what_choosing_buys(temperature: float, data: Data, progress: Progress) -> di
         found[qid] = _choosing_runs(learner, every[:CHOICE_POOL], [every[i] for i in yardstick], test)
         progress.step(f"choosing {qid}")
     return found
+
+
+def has_vectors(data: Data) -> bool:
+    """Whether every pool state has its mean vector, which the choosing section's probe reads."""
+    return all(next(iter(row.values())).state_mean is not None for row in data.pool[1])
 
 
 def _choosing_runs(
@@ -486,7 +491,7 @@ def main() -> None:
     data, t0, fingerprint = workloads(args.workloads)
     calibration = fitting_at(t0)
     steps = len(SIZES) + sum(draws_at(size, args.repeats) for size in SIZES)
-    questions = sum(len(d.questions) for d in data.values())
+    questions = sum(len(d.questions) for d in data.values() if has_vectors(d))  # the choosing section's steps
     progress = Progress(len(data) * steps + questions, "labelling loop")
     report: dict[str, Any] = {
         "model": load(EVIDENCE)["model"],
