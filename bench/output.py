@@ -30,6 +30,7 @@ def machine() -> str:
 
 def write_atomically(path: Path, data: str | bytes) -> None:
     partial = path.with_name(path.name + ".tmp")  # git-ignored: bench/results/*.tmp
+    path.parent.mkdir(parents=True, exist_ok=True)  # a report's --out folder need not exist yet
     with partial.open("wb") as f:
         f.write(data.encode() if isinstance(data, str) else data)
         f.flush()
