@@ -105,6 +105,25 @@ def test_the_error_points_at_the_field_that_holds_the_surrogate(client: TestClie
     assert assert_422_in_shape(post_raw(client, raw))[0]["loc"] == ["body", "questions", "q", "criteria", "\\ud800"]
 
 
+@pytest.mark.parametrize(
+    "state",
+    [
+        b"NaN",
+        b'["NaN", NaN]',  # the same word in a string first
+        b'{"price":[1.5,1e999]}',
+        b'["-Infinity", -Infinity]',
+        b"9" * 5000,
+        '["\u00e9t\u00e9", 1e999]'.encode(),  # two bytes a letter before it: the place counts letters
+    ],
+)
+def test_a_refused_number_or_constant_is_reported_where_it_stands(client: TestClient, state: bytes) -> None:
+    raw = body_with_state(state)
+    token = state.decode().rsplit(" ", 1)[-1].rsplit(",", 1)[-1].rstrip("]}")
+    (detail,) = assert_422_in_shape(post_raw(client, raw))
+    # counted in characters of the decoded text, as a JSON syntax error's place is
+    assert detail["type"] == "json_invalid" and detail["loc"] == ["body", raw.decode().rindex(token)]
+
+
 def test_nesting_up_to_the_limit_is_answered(client: TestClient) -> None:
     # the body object is level 1, so a state of MAX_DEPTH - 1 levels is the deepest allowed
     assert post_raw(client, body_with_state(nested(MAX_DEPTH - 1, b"[", b"]"))).status_code == 200

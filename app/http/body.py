@@ -61,15 +61,43 @@ MAX_DEPTH = 64  # objects and arrays nested deeper than this are rejected, befor
 _SURROGATE = re.compile("[\ud800-\udfff]")  # a lone "\\ud800" escape parses, but is not text UTF-8 can hold
 
 
+class _Refused(ValueError):
+    """A token json.loads read and we refuse. Its hooks are given the token's text, not where it stands."""
+
+    def __init__(self, token: str, why: str) -> None:
+        super().__init__(why)
+        self.token = token
+
+
 def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not valid JSON")
+    raise _Refused(name, f"{name} is not valid JSON")
 
 
 def _finite(text: str) -> float:
     number = float(text)
     if not math.isfinite(number):  # 1e999 parses to infinity
-        raise ValueError(f"the number {text[:40]} is out of range (it would be {number})")
+        raise _Refused(text, f"the number {text[:40]} is out of range (it would be {number})")
     return number
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError as error:  # more digits than Python converts
+        raise _Refused(text, str(error)) from None
+
+
+_STRING = r'"(?:[^"\\]|\\.)*"'
+
+
+def _where(body: bytes, token: str) -> int:
+    """Where `token` first stands outside a string, counted in the decoded text as JSONDecodeError counts:
+    where json.loads, reading left to right, refused it."""
+    text = body.decode(json.detect_encoding(body), "surrogatepass")
+    for match in re.finditer(rf"{_STRING}|(?<![\w.+-]){re.escape(token)}(?![\w.])", text):
+        if not match.group().startswith('"'):
+            return match.start()
+    return 0
 
 
 def _invalid(loc: list[Any], msg: str, error_type: str, ctx: str) -> InvalidRequest:
@@ -113,9 +141,11 @@ def parse_json(body: bytes) -> Any:
     """JSON as RFC 8259 has it, as text the tokenizer can take: NaN, Infinity and numbers out of a
     double's range are rejected, as are lone surrogates and nesting deeper than MAX_DEPTH."""
     try:
-        payload = json.loads(body, parse_constant=_reject_constant, parse_float=_finite)
+        payload = json.loads(body, parse_constant=_reject_constant, parse_float=_finite, parse_int=_integer)
     except RecursionError as error:  # deeper than the interpreter's stack: far past MAX_DEPTH
         raise _invalid(["body"], f"JSON nested deeper than {MAX_DEPTH} levels", "json_too_deep", str(error)) from error
+    except _Refused as error:
+        raise _invalid(["body", _where(body, error.token)], "JSON decode error", "json_invalid", str(error)) from error
     except ValueError as error:  # also UnicodeDecodeError, and ints of more digits than Python converts
         raise _invalid(["body", getattr(error, "pos", 0)], "JSON decode error", "json_invalid", str(error)) from error
     check_tree(payload)
