@@ -302,6 +302,7 @@ def test_a_server_started_with_a_model_alone_reloads_its_api_key_file(tmp_path: 
         keys.write_text("second\n")  # a key rotated: no config file, yet a reload applies it
         reloaded = client.post("/v1/config/reload", headers={"Authorization": "Bearer first"})
         assert reloaded.status_code == 200 and reloaded.json()["changed"] == [], reloaded.text
+        assert reloaded.json()["settings_changed"] == ["api_key_file"]  # its keys, not its path
         assert client.get("/v1/models", headers={"Authorization": "Bearer first"}).status_code == 401
         assert client.get("/v1/models", headers={"Authorization": "Bearer second"}).status_code == 200
 

@@ -83,8 +83,11 @@ class Runtime:
                 400, "invalid_config", f"config rejected, still serving the previous one: {error}"
             ) from error
         changes = registry.reload(models)
+        changed = list(reloaded.changed)
+        if api_keys != self.api_keys and not {"api_key", "api_key_file"} & set(changed):
+            changed.append("api_key_file")  # the same file with other keys in it: a rotation took effect
         self.settings, self.api_keys = reloaded.settings, api_keys
-        report = {**changes, "settings_changed": reloaded.changed, "needs_restart": reloaded.needs_restart}
+        report = {**changes, "settings_changed": changed, "needs_restart": reloaded.needs_restart}
         log.info("config reloaded: %s", report)
         return report
 
