@@ -175,6 +175,8 @@ def test_doctor_reports_the_cpu_the_build_its_check_and_the_models() -> None:
     assert "GPU offload supported:" in out
     assert "a tiny decode ran on this CPU" in out
     assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf:" in out
+    if (REPO_ROOT / "models" / "qwen2.5-coder-1.5b-instruct-q4_k_m-decision.gguf").is_file():  # make test makes it
+        assert "q4_k_m-decision.gguf: made from the default model (make model-decision)" in out
     tuned = out.split("speed settings chosen (threads, repacked weights, flash attention):\n", 1)[1]
     # "repack on (...)", "... off (...)" or "... not measured yet" (threads first where cores and CPUs
     # differ): read, never measured here

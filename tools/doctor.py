@@ -109,8 +109,13 @@ def models_section() -> list[str]:
             state = "verified (size and sha256)" if fetch.is_verified(path, source) else "PRESENT BUT DOES NOT VERIFY"
         lines.append(f"  {source.filename}: {state}")
     known = {source.filename for source in sources.values()}
+    made = {sources["default"].filename.removesuffix(".gguf") + "-decision.gguf"}  # the Makefile's DECISION_MODEL
     others = sorted(p.name for p in (REPO_ROOT / "models").glob("*.gguf") if p.name not in known)
-    lines += [f"  {name}: (your own; not checked)" for name in others]
+    lines += [
+        f"  {name}: "
+        + ("made from the default model (make model-decision)" if name in made else "(your own; not checked)")
+        for name in others
+    ]
     return lines
 
 
