@@ -186,6 +186,18 @@ def test_the_budget_evicts_the_least_recently_used_files_across_restarts(tmp_pat
     assert stats["evictions"] == 1 and stats["entries"] == 2 and stats["bytes"] <= 25_000
 
 
+def test_a_snapshot_larger_than_the_budget_is_not_written_and_evicts_nothing(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 25_000, IDENTITY)
+    small, large = snapshot(10, seed=1, payload=10_000), snapshot(10, seed=2, payload=30_000)
+    tier.save(cache_key("small"), small)
+    tier.save(cache_key("large"), large)
+    assert tier.flush(FLUSH_S)
+    assert [p.name for p in tmp_path.iterdir()] == [file_of(tmp_path, cache_key("small")).name]
+    stats = tier.stats()
+    assert stats["oversized"] == 1 and stats["evictions"] == 0 and stats["writes"] == 1 and stats["entries"] == 1
+    assert tier.load(cache_key("small"), small.tokens) == small
+
+
 def test_a_full_write_queue_skips_writes_instead_of_blocking(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tier = DiskTier(tmp_path, 1 << 30, IDENTITY, queue_bytes=9000)  # two of these snapshots
     entered, release = threading.Event(), threading.Event()
@@ -283,13 +295,14 @@ def test_two_tiers_on_one_folder_write_one_key_at_once_and_read_each_others_file
 
 
 def test_eviction_by_one_tier_does_not_break_a_read_in_another(tmp_path: Path) -> None:
-    reader, evicter = DiskTier(tmp_path, 1 << 30, IDENTITY), DiskTier(tmp_path, 1, IDENTITY)
+    reader = DiskTier(tmp_path, 1 << 30, IDENTITY)
     snap = snapshot(10, payload=50_000)
     key = cache_key("a")
     reader.save(key, snap)
     assert reader.flush(FLUSH_S)
+    evicter = DiskTier(tmp_path, 10_000, IDENTITY)  # finds a's file, already over its budget
     with file_of(tmp_path, key).open("rb") as opened:
-        evicter.save(cache_key("b"), snapshot(10, seed=1))  # over its budget of 1 byte: deletes every file
+        evicter.save(cache_key("b"), snapshot(10, seed=1))  # over its budget with a's file: deletes it
         assert evicter.flush(FLUSH_S)
         assert not file_of(tmp_path, key).exists()
         assert reader._read(opened, key) == snap  # the open file reads whole

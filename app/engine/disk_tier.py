@@ -305,11 +305,15 @@ class DiskTier:
                 "state_mean_blake3": blake3.blake3(mean_bytes).hexdigest(),
             }
         ).encode()
+        parts = (MAGIC, len(header).to_bytes(4, "little"), header, blake3.blake3(header).digest())
+        if sum(map(len, parts)) + len(token_bytes) + snapshot.n_bytes + len(mean_bytes) > self.max_bytes:
+            self._count("oversized")  # writing it would evict every other file and then itself
+            return
         # A name of its own per writer, so two writers of one key never write into one file.
         temporary = self.folder / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
         try:
             with temporary.open("xb") as file:
-                for part in (MAGIC, len(header).to_bytes(4, "little"), header, blake3.blake3(header).digest()):
+                for part in parts:
                     file.write(part)
                 file.write(token_bytes)
                 file.write(snapshot.data)
@@ -370,7 +374,16 @@ class DiskTier:
                 "max_bytes": self.max_bytes,
                 **{
                     name: self._counts[name]
-                    for name in ("hits", "misses", "evictions", "collisions", "writes", "writes_skipped", "read_bytes")
+                    for name in (
+                        "hits",
+                        "misses",
+                        "evictions",
+                        "collisions",
+                        "writes",
+                        "writes_skipped",
+                        "oversized",
+                        "read_bytes",
+                    )
                 },
                 "read_seconds": round(self._read_seconds, 6),
                 "queued": self._pending,  # writes queued or being written
