@@ -80,6 +80,7 @@ def test_hit_miss_and_cache_off_answer_bit_identically(tiny_chat_path: Path, fla
         disabled = off.answer(request(state)).wire()
         assert (miss["x_cache"], hit["x_cache"], disabled["x_cache"]) == ("miss", "hit", "off")
         assert miss["answers"] == hit["answers"] == disabled["answers"]
+        assert off.question_sets.ram.stats()["enabled"] is False  # no snapshot of the questions kept either
     finally:
         cached.close()
         off.close()

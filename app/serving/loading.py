@@ -144,7 +144,8 @@ def assemble(
     sets' beside it, the content-free priors (kept on `disk` too), the calibration and its `fits`.
     `key_fn`: a test hook (a constant key forces hash collisions)."""
     states = PrefixCache(engine, cache, disk, key_fn)
-    question_sets = PrefixCache(engine, RamTier(QUESTION_SETS, cache.max_tokens), disk, key_fn)
+    # "0 disables the cache" (session_cache_entries or _tokens) holds for the question sets' too
+    question_sets = PrefixCache(engine, RamTier(QUESTION_SETS if cache.enabled else 0, cache.max_tokens), disk, key_fn)
     priors = Priors(
         [prompter.state_tokens(state) for state in CONTENT_FREE_STATES],
         lambda base, jobs: engine.decode_suffixes(base, jobs).readouts,
