@@ -664,3 +664,14 @@ def test_every_command_of_ours_is_the_venvs() -> None:
         if not VENV_PROGRAM.fullmatch(program):
             problems.append(f"{run.where}: `{run.text}`: write it as .venv/bin/onepass or .venv/bin/python")
     assert not problems, report(problems, "commands that are not found after `make run` alone")
+
+
+def test_the_architecture_page_names_every_module_of_the_app() -> None:
+    # the map a newcomer reads first: a module added without a line there is a room missing from it
+    table = (REPO_ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    unnamed = [
+        str(path.relative_to(REPO_ROOT))
+        for path in sorted((REPO_ROOT / "app").rglob("*.py"))
+        if path.name != "__init__.py" and f"`{path.name}`" not in table
+    ]
+    assert not unnamed, f"docs/architecture.md does not name: {', '.join(unnamed)}"
