@@ -18,6 +18,7 @@ from starlette.testclient import TestClient
 
 from app.calibration import MIN_LABELLED, Calibration, question_key
 from app.contract import SystemOneRequest
+from app.fitting.cli import main as calibrate_main
 from app.fitting.examples import parse_examples, read_jsonl
 from app.fitting.journal import SUFFIX as EVIDENCE_SUFFIX
 from app.fitting.report import NO_MATPLOTLIB, reliability_png
@@ -256,6 +257,17 @@ def test_the_cli_reports_a_question_that_failed_and_stores_the_others(tiny_chat_
     assert len(list((tmp_path / "fits").rglob("*.fit.json"))) == len(stored)
     report = (tmp_path / "examples.report.md").read_text()
     assert "## Errors" in report and broken in report
+
+
+def test_an_example_the_server_would_refuse_is_named_in_one_line(tiny_chat_path: Path, tmp_path: Path) -> None:
+    examples = compliance()[:3]
+    examples[1] = {**examples[1], "state": "far too long " * 400}
+    data = tmp_path / "examples.jsonl"
+    data.write_text("\n".join(json.dumps(e) for e in examples) + "\n")
+    flags = ["-m", str(tiny_chat_path), "-t", "1", "-c", "512", "--session-cache-disk-bytes", "0"]
+    with pytest.raises(SystemExit) as stopped:
+        calibrate_main([str(data), *flags, "--calibration-dir", str(tmp_path / "fits")])
+    assert str(stopped.value.code).startswith("onepass calibrate: example 2: the prompt needs")
 
 
 def test_the_report_says_when_it_has_no_reliability_diagram(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

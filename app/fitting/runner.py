@@ -27,6 +27,7 @@ from app.calibration import (
     ratio_of,
 )
 from app.contract import Question, canonical_json
+from app.errors import ApiError, InvalidRequest
 from app.fitting.examples import ExampleError, UserExample
 from app.fitting.journal import EvidenceJournal
 from app.fitting.reach import reach
@@ -113,7 +114,7 @@ def answer_all(
     reused = sum(found is not None for found in kept)
     progress.skip(reused)
     found, seconds = [], []
-    for example, known in zip(examples, kept, strict=True):
+    for n, (example, known) in enumerate(zip(examples, kept, strict=True), 1):
         if known is not None:
             found.append(known)
             continue
@@ -124,6 +125,10 @@ def answer_all(
             evidence = service.evidence(example.request, hidden=True)  # hidden: for the probe candidate
         except ValueError as error:  # a decision head's answers: nothing a fit reads
             raise ExampleError(f"{service.name}: {error}") from error
+        except (InvalidRequest, ApiError) as error:  # one the server would refuse, say a state too long
+            if isinstance(error, ApiError) and error.status >= 500:
+                raise
+            raise ExampleError(f"example {n}: {error}") from error
         seconds.append(time.perf_counter() - began)
         if journal is not None:
             try:
