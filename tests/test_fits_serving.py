@@ -252,7 +252,8 @@ def test_onepass_calibrate_writes_fits_a_report_and_warns_on_few_examples(tiny_c
     )
     assert done.returncode == 0, done.stderr
     assert "20/20" in done.stderr and "ETA" in done.stderr  # the progress line
-    assert "warning: only 20 labelled examples" in done.stderr
+    warned = [line for line in done.stderr.splitlines() if "only 20 labelled examples" in line]
+    assert sorted(line.split("):")[0].strip() for line in warned) == ["warning (team", "warning (urgent"]  # named
     report = (tmp_path / "examples.report.md").read_text()
     assert report.startswith("# Calibration fitted to your examples: tiny-chat") and "reliability" in report
     assert "## Answer sets (x_set)" in report and "| 90% held / mean size |" in report

@@ -134,7 +134,7 @@ def fit_layout(
         accuracy = "" if after is None else f", accuracy {r['before']['accuracy']:.3f} -> {after['accuracy']:.3f}"
         print(f"{r['name']}: {r['labelled']} labelled, {verdict}{accuracy}")
         if r["warning"]:
-            print(f"  warning: {r['warning']}", file=sys.stderr)
+            print(f"  warning ({r['name']}): {r['warning']}", file=sys.stderr)  # stderr alone still says which
     print(f"{len(stored)} fits stored in {fits.folder} ({layout})")
     print(drawn)
     print(
