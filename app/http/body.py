@@ -146,7 +146,7 @@ def parse_json(body: bytes) -> Any:
         raise _invalid(["body"], f"JSON nested deeper than {MAX_DEPTH} levels", "json_too_deep", str(error)) from error
     except _Refused as error:
         raise _invalid(["body", _where(body, error.token)], "JSON decode error", "json_invalid", str(error)) from error
-    except ValueError as error:  # also UnicodeDecodeError, and ints of more digits than Python converts
+    except ValueError as error:  # a syntax error (it knows its place), or UnicodeDecodeError
         raise _invalid(["body", getattr(error, "pos", 0)], "JSON decode error", "json_invalid", str(error)) from error
     check_tree(payload)
     return payload
