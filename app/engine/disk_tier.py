@@ -73,6 +73,10 @@ class Rejected(Exception):
         self.reason = reason
 
 
+# What stats() counts beside sizes, rejections and turn-offs.
+COUNTS = ("hits", "misses", "evictions", "collisions", "writes", "writes_skipped", "oversized", "read_bytes")
+
+
 class DiskTier:
     def __init__(
         self, folder: Path, max_bytes: int, identity: SnapshotIdentity, queue_bytes: int = WRITE_QUEUE_BYTES
@@ -372,19 +376,7 @@ class DiskTier:
                 "entries": len(self._sizes),
                 "bytes": sum(self._sizes.values()),
                 "max_bytes": self.max_bytes,
-                **{
-                    name: self._counts[name]
-                    for name in (
-                        "hits",
-                        "misses",
-                        "evictions",
-                        "collisions",
-                        "writes",
-                        "writes_skipped",
-                        "oversized",
-                        "read_bytes",
-                    )
-                },
+                **{name: self._counts[name] for name in COUNTS},
                 "read_seconds": round(self._read_seconds, 6),
                 "queued": self._pending,  # writes queued or being written
                 "rejected": dict(self._rejected),
