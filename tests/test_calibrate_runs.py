@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 from app.calibration import MIN_LABELLED, Calibration, question_key
 from app.contract import SystemOneRequest
 from app.fitting.cli import main as calibrate_main
-from app.fitting.examples import parse_examples, read_jsonl
+from app.fitting.examples import parse_examples, read_examples
 from app.fitting.journal import SUFFIX as EVIDENCE_SUFFIX
 from app.fitting.report import NO_MATPLOTLIB, reliability_png
 from app.fitting.runner import fit_all
@@ -267,7 +267,16 @@ def test_an_example_the_server_would_refuse_is_named_in_one_line(tiny_chat_path:
     flags = ["-m", str(tiny_chat_path), "-t", "1", "-c", "512", "--session-cache-disk-bytes", "0"]
     with pytest.raises(SystemExit) as stopped:
         calibrate_main([str(data), *flags, "--calibration-dir", str(tmp_path / "fits")])
-    assert str(stopped.value.code).startswith("onepass calibrate: example 2: the prompt needs")
+    assert str(stopped.value.code).startswith("onepass calibrate: line 2: the prompt needs")
+
+
+def test_a_bad_example_is_named_by_its_line_blank_lines_counted(tmp_path: Path) -> None:
+    good, bad = compliance()[:2]
+    data = tmp_path / "examples.jsonl"
+    data.write_text("\n".join([json.dumps(good), "", "", json.dumps({**bad, "answers": {"clause": "Sales"}})]) + "\n")
+    with pytest.raises(SystemExit) as stopped:
+        calibrate_main([str(data), "--calibration-dir", str(tmp_path / "fits")])
+    assert str(stopped.value.code).startswith("onepass calibrate: line 4: answers.clause: 'Sales' is not one of")
 
 
 def test_the_report_says_when_it_has_no_reliability_diagram(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -283,7 +292,7 @@ def test_the_report_says_when_it_has_no_reliability_diagram(tmp_path: Path, monk
 
 def test_the_shipped_examples_are_in_calibrates_format_as_their_generator_made_them() -> None:
     text = (REPO_ROOT / "examples" / "calibration.jsonl").read_text(encoding="utf-8")
-    parsed = parse_examples(read_jsonl(text))
+    parsed = read_examples(text)
     assert len(parsed) == 40 and all(set(example.answers) == set(example.request.questions) for example in parsed)
     # docs/calibration.md names the command that made them
     assert [json.loads(line) for line in text.splitlines()] == policy_examples(40, 0, ["tickets"])

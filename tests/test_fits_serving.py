@@ -75,9 +75,9 @@ def fitted(tiny_chat_path: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 def test_examples_are_checked_and_a_bad_one_is_named() -> None:
-    with pytest.raises(ExampleError, match=r"example 2: 'Delta' is not one of the options"):
+    with pytest.raises(ExampleError, match=r"example 2: answers\.team: 'Delta' is not one of the options"):
         parse_examples([examples(1)[0], {**examples(1)[0], "answers": {"team": "Delta"}}])
-    with pytest.raises(ExampleError, match="example 1: a noul's answer is true or false"):
+    with pytest.raises(ExampleError, match=r"example 1: answers\.urgent: a noul's answer is true or false"):
         parse_examples([{**examples(1)[0], "answers": {"urgent": "no"}}])
     with pytest.raises(ExampleError, match="keyed by the example's question ids"):
         parse_examples([{**examples(1)[0], "answers": {"nope": True}}])

@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 from app.answering.service import ModelService
 from app.calibration import Calibration
 from app.fitting.cli import main as calibrate_main
-from app.fitting.examples import ExampleError, parse_examples, read_jsonl
+from app.fitting.examples import ExampleError, parse_examples, read_examples
 from app.fitting.journal import EvidenceJournal
 from app.fitting.labelling import NOT_ADOPTED, LabellingFiles, LabellingSession, read_states
 from app.fitting.labels import LabelsFile, digest_of, labels_path
@@ -55,7 +55,7 @@ def test_each_label_is_a_verified_line_in_calibrate_s_format_and_a_relabel_repla
     assert lines[1]["answers"] == {"team": "Gamma", "urgent": True}
     assert all(line["x_digest"] == digest_of(line) for line in lines)
     assert sorted(os.listdir(tmp_path)) == ["states.labels.jsonl"]  # no temporary file left behind
-    parsed = parse_examples(read_jsonl(path.read_text()))  # what onepass calibrate reads
+    parsed = read_examples(path.read_text())  # what onepass calibrate reads
     assert [e.answers for e in parsed] == [{"team": 1}, {"team": 2, "urgent": 0}]
     assert LabelsFile(path).lines() == {2: lines[0], 4: lines[1]} and not LabelsFile(path).warnings
 
@@ -71,7 +71,7 @@ def test_a_label_keeps_the_order_of_the_questions_and_options_so_calibrate_asks_
     questions = json.loads(line)["questions"]
     assert list(questions) == ["urgent", "team"] and list(questions["team"]["criteria"]) == ["Gamma", "Alpha", "Beta"]
     journal = EvidenceJournal(tmp_path, "model")  # the evidence the session answered is found again
-    (read,) = parse_examples(read_jsonl(line))
+    (read,) = read_examples(line)
     (given,) = parse_examples([{**example, "answers": {"urgent": True}}])
     assert journal.key(read.request, hidden=True) == journal.key(given.request, hidden=True)
 
@@ -129,7 +129,7 @@ def test_onepass_calibrate_reads_the_labels_file_as_it_is(
 def test_a_states_file_with_a_bad_line_is_refused_naming_the_line(tmp_path: Path) -> None:
     path = write_states(tmp_path / "s.jsonl", 5)
     path.write_text(path.read_text() + json.dumps({**state(9), "answers": {"team": "Delta"}}) + "\n")
-    with pytest.raises(ExampleError, match=r"s.jsonl: line 7: 'Delta' is not one of the options"):
+    with pytest.raises(ExampleError, match=r"s.jsonl: line 7: answers.team: 'Delta' is not one of the options"):
         read_states(path)
     path.write_text(json.dumps({"state": "no questions asked"}) + "\n")
     with pytest.raises(ExampleError, match=r"s.jsonl: line 1: an example needs questions$"):

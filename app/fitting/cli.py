@@ -17,7 +17,7 @@ from app.config import LAYOUTS
 from app.config_sources import DEFAULT_CONFIG_PATH, ConfigError, load_settings
 from app.engine.devices import gpu_layers_problem
 from app.errors import ModelNotFound
-from app.fitting.examples import ExampleError, UserExample, parse_examples, read_jsonl
+from app.fitting.examples import ExampleError, UserExample, read_examples
 from app.fitting.layouts import LayoutRun, recommend
 from app.fitting.layouts import markdown as compared
 from app.fitting.report import markdown, reliability_png
@@ -60,7 +60,7 @@ def main(argv: Sequence[str]) -> None:
     try:
         settings = load_settings(server_flags, dict(os.environ), DEFAULT_CONFIG_PATH)
         config = read_models_config(settings)
-        examples = parse_examples(read_jsonl(ours.examples.read_text(encoding="utf-8")))
+        examples = read_examples(ours.examples.read_text(encoding="utf-8"))
     except (ConfigError, ExampleError, ValueError, OSError) as error:
         sys.exit(f"onepass calibrate: {error}")
     try:

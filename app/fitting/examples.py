@@ -9,7 +9,7 @@ calibration only.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ class UserExample:
     # Drawn like the traffic (not chosen for being unsure, `x_drawn: false`): its held-out answer may
     # calibrate the answer sets (app/calibration/conformal.py).
     drawn: bool = True
+    where: str = "an example"  # how a message names it: "line 4" of a file, "example 2" of a list
 
 
 def right_index(question: Question, value: Any) -> int:
@@ -51,9 +52,13 @@ def right_index(question: Question, value: Any) -> int:
     return value
 
 
-def parse_examples(items: Iterable[Any], model: str = "jev-latest") -> list[UserExample]:
+def parse_examples(
+    items: Iterable[Any], model: str = "jev-latest", where: Sequence[str] | None = None
+) -> list[UserExample]:
+    """The examples, checked; ExampleError names the first bad one as `where` does (default "example N")."""
     found = []
     for n, item in enumerate(items, 1):
+        named = where[n - 1] if where is not None else f"example {n}"
         try:
             if not isinstance(item, dict):
                 raise ValueError("an example is an object with state, questions and (optionally) answers")
@@ -68,24 +73,31 @@ def parse_examples(items: Iterable[Any], model: str = "jev-latest") -> list[User
             drawn = item.get(DRAWN_KEY, True)
             if not isinstance(drawn, bool):
                 raise ValueError(f"{DRAWN_KEY} is true or false, not {drawn!r}")
-            indices = {q: right_index(request.questions[q], v) for q, v in answers.items()}
-            found.append(UserExample(request, indices, drawn))
+            indices = {}
+            for qid, value in answers.items():
+                try:
+                    indices[qid] = right_index(request.questions[qid], value)
+                except ValueError as error:
+                    raise ValueError(f"answers.{qid}: {error}") from None
+            found.append(UserExample(request, indices, drawn, named))
         except InvalidRequest as error:
-            where = ".".join(str(part) for part in error.details[0]["loc"][1:]) if error.details else ""
-            raise ExampleError(f"example {n}: {where}: {error}") from None
+            field = ".".join(str(part) for part in error.details[0]["loc"][1:]) if error.details else ""
+            raise ExampleError(f"{named}: {field}: {error}") from None
         except (KeyError, ValueError) as error:
-            raise ExampleError(f"example {n}: {error}") from None
+            raise ExampleError(f"{named}: {error}") from None
     if not found:
         raise ExampleError("no examples")
     return found
 
 
-def read_jsonl(text: str) -> list[Any]:
-    items = []
+def read_examples(text: str) -> list[UserExample]:
+    """An examples file (JSON lines; blank lines skipped), each example named by its line."""
+    items, lines = [], []
     for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
                 items.append(json.loads(line))
             except ValueError as error:
                 raise ExampleError(f"line {n}: not JSON ({error})") from None
-    return items
+            lines.append(f"line {n}")
+    return parse_examples(items, where=lines)

@@ -63,10 +63,9 @@ def read_states(path: Path, model: str = "jev-latest") -> StatesFile:
             continue
         try:
             item = json.loads(line)
-            (example,) = parse_examples([item], model)
-        except ValueError as error:  # ExampleError too
-            why = str(error).removeprefix("example 1: ")
-            raise ExampleError(f"{path}: line {n}: {why}") from None
+        except ValueError as error:
+            raise ExampleError(f"{path}: line {n}: not JSON ({error})") from None
+        (example,) = parse_examples([item], model, where=[f"{path}: line {n}"])
         items[n], examples[n] = item, example
     if not items:
         raise ExampleError(f"{path}: no states")

@@ -114,7 +114,7 @@ def answer_all(
     reused = sum(found is not None for found in kept)
     progress.skip(reused)
     found, seconds = [], []
-    for n, (example, known) in enumerate(zip(examples, kept, strict=True), 1):
+    for example, known in zip(examples, kept, strict=True):
         if known is not None:
             found.append(known)
             continue
@@ -128,7 +128,7 @@ def answer_all(
         except (InvalidRequest, ApiError) as error:  # one the server would refuse, say a state too long
             if isinstance(error, ApiError) and error.status >= 500:
                 raise
-            raise ExampleError(f"example {n}: {error}") from error
+            raise ExampleError(f"{example.where}: {error}") from error
         seconds.append(time.perf_counter() - began)
         if journal is not None:
             try:
