@@ -90,14 +90,20 @@ def parse_examples(
     return found
 
 
-def read_examples(text: str) -> list[UserExample]:
-    """An examples file (JSON lines; blank lines skipped), each example named by its line."""
-    items, lines = [], []
+def json_lines(text: str, source: str = "") -> dict[int, Any]:
+    """Each line that is not blank, by its number (from 1, blank lines counted), as JSON; ExampleError
+    names a line that is not, after `source` (say the file's name)."""
+    found = {}
     for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
-                items.append(json.loads(line))
+                found[n] = json.loads(line)
             except ValueError as error:
-                raise ExampleError(f"line {n}: not JSON ({error})") from None
-            lines.append(f"line {n}")
-    return parse_examples(items, where=lines)
+                raise ExampleError(f"{source}line {n}: not JSON ({error})") from None
+    return found
+
+
+def read_examples(text: str) -> list[UserExample]:
+    """An examples file (JSON lines; blank lines skipped), each example named by its line."""
+    lines = json_lines(text)
+    return parse_examples(lines.values(), where=[f"line {n}" for n in lines])

@@ -12,7 +12,6 @@ arrive while one runs start one more after it, never a queue.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Mapping
@@ -26,7 +25,15 @@ from numpy.typing import NDArray
 from app.calibration import MIN_LABELLED, AnswerProbabilities, Calibration, Evidence, FitRecord, question_key
 from app.contract import canonical_json
 from app.errors import InvalidRequest
-from app.fitting.examples import DRAWN_KEY, IMAGE_FIELDS, ExampleError, UserExample, parse_examples, right_index
+from app.fitting.examples import (
+    DRAWN_KEY,
+    IMAGE_FIELDS,
+    ExampleError,
+    UserExample,
+    json_lines,
+    parse_examples,
+    right_index,
+)
 from app.fitting.jobs import FitWork, Lease
 from app.fitting.labels import LabelsFile
 from app.fitting.ranking import directions, drawn, next_to_label, worths
@@ -55,21 +62,13 @@ class StatesFile:
 
 
 def read_states(path: Path, model: str = "jev-latest") -> StatesFile:
-    """The states file, each line checked as `onepass calibrate` checks an example; ExampleError names
-    the first line that is not one."""
-    items, examples = {}, {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except ValueError as error:
-            raise ExampleError(f"{path}: line {n}: not JSON ({error})") from None
-        (example,) = parse_examples([item], model, where=[f"{path}: line {n}"])
-        items[n], examples[n] = item, example
+    """The states file, read as `onepass calibrate` reads an examples file; ExampleError names the first
+    line that is not JSON, else the first that is not an example."""
+    items = json_lines(path.read_text(encoding="utf-8"), f"{path}: ")
     if not items:
         raise ExampleError(f"{path}: no states")
-    return StatesFile(path, items, examples)
+    examples = parse_examples(items.values(), model, where=[f"{path}: line {n}" for n in items])
+    return StatesFile(path, items, dict(zip(items, examples, strict=True)))
 
 
 @dataclass(frozen=True)
