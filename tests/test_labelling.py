@@ -91,6 +91,8 @@ def test_a_failed_rewrite_leaves_the_file_as_it_was(tmp_path: Path, monkeypatch:
     monkeypatch.undo()
     assert path.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["labels.jsonl"]
     assert set(labels.lines()) == {1}  # what it holds is what the file holds
+    labels.put(3, {**state(2), "answers": right(2)})
+    assert [json.loads(line)["x_state"] for line in path.read_text().splitlines()] == [1, 3]
 
 
 def test_a_damaged_line_is_skipped_with_a_warning_naming_it_and_the_file_kept(tmp_path: Path) -> None:
@@ -198,6 +200,26 @@ def test_the_ranking_offers_unlabelled_states_only_with_their_answers(
     for count in ("0", "51", "two", "-1"):
         refused = client.get(f"/v1/labelling/next?count={count}")
         assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "count"]
+
+
+def test_the_states_skipped_are_left_out_of_the_queue_however_many_and_the_rest_keep_their_order(
+    labelling: tuple[TestClient, LabellingSession, Path],
+) -> None:
+    client, _, _ = labelling
+    offered = [s["state"] for s in client.get("/v1/labelling/next?count=50").json()["states"]]
+    assert len(offered) == 20
+
+    def queue(count: int, skipped: list[int]) -> list[int]:
+        reply = client.get(f"/v1/labelling/next?count={count}&skip={','.join(map(str, skipped))}")
+        assert reply.status_code == 200, reply.text
+        return [s["state"] for s in reply.json()["states"]]
+
+    assert queue(10, offered[:-1]) == offered[-1:]  # every state but one skipped: that one is still offered
+    assert queue(3, [offered[0], offered[2]]) == [offered[1], *offered[3:5]]
+    assert queue(5, [*offered[:2], line_of(0)]) == offered[2:7]  # a labelled state skipped changes nothing
+    for skip in ("abc", "999", "4", f"{offered[0]},", "\u00b2"):  # line 4 is the blank line
+        refused = client.get("/v1/labelling/next", params={"count": "1", "skip": skip})
+        assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "skip"], skip
 
 
 def test_a_bad_label_is_a_422_at_its_field_and_stores_nothing(
@@ -328,6 +350,46 @@ def test_labels_stored_while_a_refit_runs_get_one_more_refit_not_one_each(tiny_c
     finally:
         held.release.set()
         service.close()
+
+
+class HeldAnswers(Calibration):
+    """The model's calibration at another coverage, whose answers wait until the test lets them go: a
+    slow run of answering the states again, caught running."""
+
+    def __init__(self, inner: Calibration, coverage: float) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.coverage = coverage
+        self.reached, self.release = threading.Event(), threading.Event()
+
+    def answer_evidence(self, *args: Any, **kwargs: Any) -> Any:
+        self.reached.set()
+        assert self.release.wait(WAIT_S), "the test never let the run go on"
+        return super().answer_evidence(*args, **kwargs)
+
+
+def test_answers_from_a_run_that_began_earlier_never_replace_a_later_run_s(
+    labelling: tuple[TestClient, LabellingSession, Path],
+) -> None:
+    _, session, _ = labelling
+    settled(session)
+    with session.lease() as service:
+        inner = service.calibration
+    earlier, later = HeldAnswers(inner, 0.5), HeldAnswers(inner, 0.8)
+    later.release.set()
+    try:
+        service.calibration = earlier
+        slow = threading.Thread(target=session.refitted)
+        slow.start()
+        assert earlier.reached.wait(WAIT_S)
+        service.calibration = later  # the fits as a refit that ended meanwhile left them
+        session.refitted()
+        assert session.coverage == 0.8
+        earlier.release.set()
+        slow.join(WAIT_S)
+        assert not slow.is_alive() and session.coverage == 0.8
+    finally:
+        earlier.release.set()
+        service.calibration = inner
 
 
 class Declining(Calibration):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,10 +131,23 @@ class LabellingSession:
     ) -> None:
         self.states, self.labels, self.model, self.lease, self.jobs = states, labels, model, lease, jobs
         self.order = sorted(states.items)  # line numbers
+        # Each state's content, images included, is serialized here once: the states never change, and
+        # the labels stored later are made from them.
+        contents = {n: content(states.items[n]) for n in self.order}
         # the states offered at random (ranking.drawn), as indices into `order` and as lines
-        self.drawn = drawn([content(states.items[n]) for n in self.order])
+        self.drawn = drawn([contents[n] for n in self.order])
         self.drawn_lines = {self.order[i] for i in self.drawn}
+        self._question_keys = {
+            n: {qid: question_key(q) for qid, q in states.examples[n].request.questions.items()} for n in self.order
+        }
         self._lock = threading.Lock()
+        # labelled() is kept up to date as labels are stored, not read again from the labels file on each
+        # call (the page polls it); _storing keeps the file and it in step when one state's labels race.
+        self._storing, self._labelled_lock = threading.Lock(), threading.Lock()
+        self._labelled, unmatched = self._read_labels(contents)
+        # Answering the states again (refitted) may run twice at once; each run takes a number as it
+        # begins, and the answers of the latest to begin are never replaced by an earlier one's.
+        self._runs = self._answers_run = 0
         self._evidence: dict[int, dict[str, Evidence]] | None = None
         self._directions: NDArray[np.float32] | None = None  # the states' (ranking.directions), once answered
         self._answers: dict[int, dict[str, AnswerProbabilities]] = {}
@@ -143,21 +156,26 @@ class LabellingSession:
         self.answering: BackgroundJob[FitWork] | None = None
         self.refit: BackgroundJob[FitWork] | None = None
         self.coverage = 0.9  # the answer sets' coverage: the model's default, read once the states are answered
-        self.warnings = list(labels.warnings) + self._unmatched()
+        self.warnings = list(labels.warnings) + unmatched
 
-    def _unmatched(self) -> list[str]:
-        found = []
+    def _read_labels(self, contents: Mapping[int, str]) -> tuple[dict[int, UserExample], list[str]]:
+        """Every labelled state, with its answers: the labels file's where it has a sound line, else the
+        states file's own answers; and what is wrong with the labels file's other lines."""
+        found = {n: e for n, e in self.states.examples.items() if e.answers}
+        unmatched = []
         for n, line in self.labels.lines().items():
-            if n not in self.states.items or content(line) != content(self.states.items[n]):
-                found.append(f"{self.labels.path}: the label of state {n} is not of line {n} of {self.states.path}")
-            else:
-                try:
-                    self._indices(n, line.get("answers"))
-                except InvalidRequest as error:
-                    found.append(f"{self.labels.path}: the label of state {n}: {error}")
-        for message in found:
+            if n not in contents or content(line) != contents[n]:
+                unmatched.append(f"{self.labels.path}: the label of state {n} is not of line {n} of {self.states.path}")
+                continue
+            try:
+                indices = self._indices(n, line.get("answers"))
+            except InvalidRequest as error:
+                unmatched.append(f"{self.labels.path}: the label of state {n}: {error}")
+                continue
+            found[n] = UserExample(self.states.examples[n].request, indices, line.get(DRAWN_KEY) is not False)
+        for message in unmatched:
             log.warning("%s (left out)", message)
-        return found
+        return found, unmatched
 
     def start(self) -> None:
         """Answer every state, as a job."""
@@ -190,16 +208,9 @@ class LabellingSession:
 
     def labelled(self) -> dict[int, UserExample]:
         """Every labelled state, with its answers: the labels file's where it has a sound line, else the
-        states file's own answers."""
-        found = {n: e for n, e in self.states.examples.items() if e.answers}
-        for n, line in self.labels.lines().items():
-            if n in self.states.items and content(line) == content(self.states.items[n]):
-                try:
-                    indices = self._indices(n, line.get("answers"))
-                    found[n] = UserExample(self.states.examples[n].request, indices, line.get(DRAWN_KEY) is not False)
-                except InvalidRequest:
-                    continue  # warned about when the session started
-        return found
+        states file's own answers. Labels stored other than through `label` are not seen."""
+        with self._labelled_lock:
+            return dict(self._labelled)
 
     def label(self, state: Any, answers: Any) -> tuple[dict[str, Any], str]:
         """Store the answers for a state (its line in the states file), then refit in the background:
@@ -208,10 +219,14 @@ class LabellingSession:
         if isinstance(state, bool) or not isinstance(state, int) or state not in self.states.items:
             message = f"a state's line in {self.states.path.name}: one of {self.order[0]}..{self.order[-1]}"
             raise InvalidRequest.at(("state",), message, "value_error", state)
-        self._indices(state, answers)
+        indices = self._indices(state, answers)
         item = self.states.items[state]
         shown = {k: item[k] for k in CONTENT_KEYS if k in item}
-        line = self.labels.put(state, {**shown, "answers": answers, DRAWN_KEY: state in self.drawn_lines})
+        was_drawn = state in self.drawn_lines
+        with self._storing:
+            line = self.labels.put(state, {**shown, "answers": answers, DRAWN_KEY: was_drawn})
+            with self._labelled_lock:
+                self._labelled[state] = UserExample(self.states.examples[state].request, indices, was_drawn)
         return line, self._start_refit()
 
     # --- refits -------------------------------------------------------------------------------
@@ -256,16 +271,21 @@ class LabellingSession:
             self._start_refit()
 
     def refitted(self) -> None:
-        """Answer every state again from its evidence, with the fits stored now."""
+        """Answer every state again from its evidence, with the fits stored now. Two runs may overlap
+        (the states answered, and a refit that a label started ended): a slower run that began first
+        keeps its answers only while no later one has given its own, whose fits are as new or newer."""
         with self._lock:
             evidence, same_set = self._evidence, self._same_set
+            self._runs += 1
+            run = self._runs
         if evidence is None:
             return
         with self.lease() as service:
             calibration = service.calibration
             answers = {n: self._answer(calibration, n, row, same_set) for n, row in evidence.items()}
         with self._lock:
-            self._answers, self.coverage = answers, calibration.coverage
+            if run > self._answers_run:
+                self._answers, self.coverage, self._answers_run = answers, calibration.coverage, run
 
     def _answer(
         self, calibration: Calibration, n: int, row: dict[str, Evidence], same_set: bool
@@ -301,28 +321,31 @@ class LabellingSession:
         with self._lock:
             return {qid: e.mass for qid, e in (self._evidence or {}).get(state, {}).items()}
 
-    def ranked(self, count: int) -> list[int]:
-        """Up to `count` unlabelled states (their lines), the most worth labelling first."""
+    def ranked(self, count: int, skipped: Collection[int] = ()) -> list[int]:
+        """Up to `count` unlabelled states (their lines), the most worth labelling first, leaving out the
+        `skipped` lines (those the user passed over): the others keep the order they have when none is
+        skipped, so a skip does not reorder the states after it."""
         with self._lock:
             answers, unit = self._answers, self._directions
         if not answers:
             return []
         labelled = set(self.labelled())
+        passed = {n for n in skipped if n in self.states.items and n not in labelled}
         worth_of = worths([answers[n] for n in self.order])
         done = [i for i, n in enumerate(self.order) if n in labelled]
-        return [self.order[i] for i in next_to_label(worth_of, unit, done, count, self.drawn)]
+        found = [self.order[i] for i in next_to_label(worth_of, unit, done, count + len(passed), self.drawn)]
+        return [n for n in found if n not in passed][:count]
 
-    def questions(self, coverage: float) -> list[dict[str, Any]]:
-        """Per question (by content): how many states ask it and are labelled for it, the fit that answers
-        it now (method, cross-validated accuracy, its held-out sets at `coverage`), and the mean size of
-        its sets over the unlabelled states now."""
+    def questions(self, coverage: float, labelled: Mapping[int, UserExample]) -> list[dict[str, Any]]:
+        """Per question (by content): how many states ask it and are labelled for it (`labelled`: as
+        labelled() gives them), the fit that answers it now (method, cross-validated accuracy, its held-out
+        sets at `coverage`), and the mean size of its sets over the unlabelled states now."""
         with self._lock:
             answers = self._answers
-        labelled = self.labelled()
         figures: dict[str, dict[str, Any]] = {}
         for n in self.order:
             for qid, question in self.states.examples[n].request.questions.items():
-                key = question_key(question)
+                key = self._question_keys[n][qid]
                 entry = figures.setdefault(key, {"ids": set(), "type": question.type, "states": 0, "labelled": 0})
                 entry.update(ids=entry["ids"] | {qid}, states=entry["states"] + 1)
                 found = answers.get(n, {}).get(qid)

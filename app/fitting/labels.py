@@ -3,12 +3,18 @@
 Each line is an example as `onepass calibrate` reads it (state, questions, the state's image fields,
 answers, and `x_drawn`: whether the state was offered at random, app/fitting/ranking.py), plus
 `x_state` (the line of the state in S.jsonl, from 1) and `x_digest` (blake3 of the line's canonical
-JSON without it). A line keeps the order of the states file's questions and options. Every change
-rewrites the whole file atomically (a temporary file in the same folder, flushed and synced, renamed
-over, the folder synced) before it returns, so a label once acknowledged survives a kill -9 and no
-crash leaves half a file. Reading checks each line's digest: a damaged line is skipped with a
-warning naming it, and the file as it was is kept beside it (`FILE.damaged`) before the next rewrite
-leaves that line out.
+JSON without it). A line keeps the order of the states file's questions and options.
+
+A label is on disk before `put` returns, so one once acknowledged survives a kill -9. A state's first
+label is appended as one line and the file synced (its folder too when this creates the file): a
+label costs its own line, not the file, whose lines repeat their states' images. A crash mid-append
+leaves at most a torn last line, which reading skips with a warning. Any other change rewrites the
+whole file atomically (a temporary file renamed over it), in the states' order: a relabel, since `onepass
+calibrate` reads every line as an example and must not meet a state's superseded label, and the
+first label after reading found a damaged line or a state's line twice (the later one wins), so that
+the file again holds each state once and an append never lands on a torn line. Reading checks each
+line's digest: a damaged line is skipped with a warning naming it, and the file as it was is kept
+beside it (`FILE.damaged`) before the next rewrite leaves that line out.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ class LabelsFile:
         self.path = path
         self.warnings: list[str] = []  # what reading it found wrong, a line each
         self._lock = threading.Lock()
+        self._rewrite = False  # whether the next put rewrites the file rather than append to it
         self._lines: dict[int, dict[str, Any]] = self._read()
 
     def _read(self) -> dict[int, dict[str, Any]]:
@@ -78,7 +85,10 @@ class LabelsFile:
                 self._warn(f"{self.path}: line {n} skipped: {why}")
                 continue
             line = json.loads(raw)
+            self._rewrite |= line[STATE_KEY] in found
             found[line[STATE_KEY]] = line  # a later line for the same state replaces an earlier one
+        # damaged lines are left out, and an append must not land on the end of an unfinished line
+        self._rewrite |= bool(self.warnings) or (text != "" and not text.endswith("\n"))
         if self.warnings:  # the next rewrite leaves the damaged lines out: keep the file as it was
             shutil.copyfile(self.path, self.path.with_name(self.path.name + ".damaged"))
             self._warn(f"{self.path}: kept as it was in {self.path.name}.damaged")
@@ -114,9 +124,40 @@ class LabelsFile:
         line = sealed({**{k: v for k, v in example.items() if k not in (STATE_KEY, DIGEST_KEY)}, STATE_KEY: state})
         with self._lock:
             lines = {**self._lines, state: line}
-            self._write(lines)
+            if self._rewrite or state in self._lines:
+                self._write(lines)
+                self._rewrite = False
+            else:
+                try:
+                    self._append(line)
+                except BaseException:
+                    self._rewrite = True  # the file may hold part of the line, or all of it unacknowledged
+                    raise
             self._lines = lines
         return line
+
+    def _append(self, line: Mapping[str, Any]) -> None:
+        """The line at the end of the file, synced; on a failure the file is cut back to its old end."""
+        data = memoryview((as_given(line) + "\n").encode())
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:  # O_EXCL tells whether this call made the file: only then is there a folder entry to sync
+            descriptor, created = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600), True
+        except FileExistsError:
+            descriptor, created = os.open(self.path, os.O_WRONLY | os.O_APPEND), False
+        try:
+            end = os.fstat(descriptor).st_size
+            try:
+                while data:
+                    data = data[os.write(descriptor, data) :]
+                os.fsync(descriptor)
+            except BaseException:
+                with contextlib.suppress(OSError):  # what no one acknowledged must not be read back
+                    os.ftruncate(descriptor, end)
+                raise
+        finally:
+            os.close(descriptor)
+        if created:
+            fsync_folder(self.path.parent)
 
     def _write(self, lines: Mapping[int, Mapping[str, Any]]) -> None:
         folder = self.path.parent

@@ -3,6 +3,7 @@ progress and figures, the next states to label with their current answers, and s
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import anyio
@@ -18,6 +19,9 @@ from app.http.runtime import runtime_of
 from app.jobs import BackgroundJob
 
 MOST_NEXT = 50  # states one GET /v1/labelling/next may ask for
+# A whole number in ASCII digits: str.isdigit also takes digits int() refuses ("²"), and int() refuses
+# more than a few thousand of them.
+WHOLE = re.compile(r"[0-9]{1,9}")
 IMAGE_TYPES = {"png": "image/png", "jpg": "image/jpeg", "jpeg": "image/jpeg"}
 
 
@@ -39,17 +43,18 @@ def _job(job: BackgroundJob[FitWork] | None) -> dict[str, Any] | None:
 
 
 def _overview(session: LabellingSession) -> dict[str, Any]:
+    labelled = session.labelled()
     return {
         "model": session.model,
         "states_file": str(session.states.path),
         "labels_file": str(session.labels.path),
         "states": len(session.order),
-        "labelled": len(session.labelled()),
+        "labelled": len(labelled),
         "coverage": session.coverage,
         "answering": _job(session.answering),
         "refit": _job(session.refit),
         "refit_pending": session.refit_pending,
-        "questions": session.questions(session.coverage),
+        "questions": session.questions(session.coverage, labelled),
         "warnings": session.warnings,
     }
 
@@ -89,27 +94,41 @@ def _state(session: LabellingSession, n: int) -> dict[str, Any]:
 
 def _count(request: Request) -> int:
     given = request.query_params.get("count", "1")
-    if not given.isdigit() or not 1 <= int(given) <= MOST_NEXT:
+    if not WHOLE.fullmatch(given) or not 1 <= int(given) <= MOST_NEXT:
         detail = {"loc": ["query", "count"], "msg": f"a whole number from 1 to {MOST_NEXT}", "type": "value_error"}
         raise InvalidRequest([{**detail, "input": given}])
     return int(given)
 
 
-def _next(session: LabellingSession, count: int) -> dict[str, Any]:
+def _skipped(request: Request, session: LabellingSession) -> set[int]:
+    """The states the page passed over (`skip=3,7,12`: their lines), left out of the queue: the page
+    cannot filter them out of a queue capped at MOST_NEXT once they fill its top."""
+    given = request.query_params.get("skip", "")
+    lines = given.split(",") if given else []
+    if not all(WHOLE.fullmatch(line) and int(line) in session.states.items for line in lines):
+        message = f"states' lines in {session.states.path.name}, comma-separated"
+        detail = {"loc": ["query", "skip"], "msg": message, "type": "value_error"}
+        raise InvalidRequest([{**detail, "input": given}])
+    return {int(line) for line in lines}
+
+
+def _next(session: LabellingSession, count: int, skipped: set[int]) -> dict[str, Any]:
     if not session.ready:
         job = session.answering
         if job is not None and job.status not in ("running", "done"):
             raise ApiError(503, "overloaded", f"answering the states {job.status}: {job.error or 'see the log'}")
         done = "" if job is None else f": {job.work.progress.done} of {job.work.progress.total}"
         raise ApiError(503, "overloaded", f"the states are still being answered{done}", {"Retry-After": "2"})
-    ranked = session.ranked(count)
+    ranked = session.ranked(count, skipped)
     return {"states": [_state(session, n) for n in ranked], "labelled": len(session.labelled())}
 
 
 async def next_states(request: Request) -> JSONResponse:
-    """GET /v1/labelling/next?count=N: the next states to label, best first, with their current answers."""
+    """GET /v1/labelling/next?count=N&skip=LINES: the next states to label, best first, with their current
+    answers, none of the states skipped."""
     session, count = _session(request), _count(request)
-    return JSONResponse(await anyio.to_thread.run_sync(_next, session, count))
+    skipped = _skipped(request, session)
+    return JSONResponse(await anyio.to_thread.run_sync(_next, session, count, skipped))
 
 
 def _label(session: LabellingSession, payload: Any) -> dict[str, Any]:

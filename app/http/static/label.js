@@ -5,7 +5,7 @@
 
 const POLL_MS = 1000; // how often the tab reads the session while it is open
 const QUEUE = 10; // states asked for at a time
-const labelling = { queue: [], skipped: new Set(), current: null, timer: null, refit: null, open: false };
+const labelling = { queue: [], skipped: new Set(), saved: new Set(), current: null, timer: null, refit: null, open: false };
 
 function showTab() {
   const label = location.hash === "#label";
@@ -79,11 +79,23 @@ function figureRow(q, coverage) {
 
 // --- one state at a time ----------------------------------------------------------------------
 
+// The states skipped are left out by the server: the queue it ranks is capped, and the skipped would
+// otherwise fill it once there are enough of them.
+function queuePath(count) {
+  const skip = labelling.skipped.size ? `&skip=${[...labelling.skipped].join(",")}` : "";
+  return `v1/labelling/next?count=${count}${skip}`;
+}
+
+// A queue may have left the server before a label saved since: the states saved here are left out of it.
+function unsaved(states) {
+  return states.filter((s) => !labelling.saved.has(s.state));
+}
+
 async function nextState(fresh = false) {
   if (fresh || !labelling.queue.length) {
-    const reply = await call("GET", `v1/labelling/next?count=${Math.min(50, QUEUE + labelling.skipped.size)}`);
+    const reply = await call("GET", queuePath(QUEUE));
     if (!reply.ok) return showError(reply);
-    labelling.queue = reply.data.states.filter((s) => !labelling.skipped.has(s.state));
+    labelling.queue = unsaved(reply.data.states);
   }
   labelling.current = labelling.queue.shift() ?? null;
   showState(labelling.current);
@@ -92,11 +104,11 @@ async function nextState(fresh = false) {
 // A refit that ended changes the answers: the states are asked for again, with the fits now. The state
 // on screen stays (with what was picked for it), its answers as they are now.
 async function refreshAnswers() {
-  const reply = await call("GET", "v1/labelling/next?count=50");
+  const reply = await call("GET", queuePath(50));
   if (!reply.ok) return showError(reply);
   const current = labelling.current;
   const now = reply.data.states.find((s) => s.state === current?.state);
-  labelling.queue = reply.data.states.filter((s) => s !== now && !labelling.skipped.has(s.state));
+  labelling.queue = unsaved(reply.data.states).filter((s) => s !== now);
   if (!now) return;
   labelling.current = now;
   for (const card of $$("#label-questions .to-label")) {
@@ -181,6 +193,7 @@ async function save() {
     button.disabled = false;
   }
   if (!reply.ok) return showError(reply);
+  labelling.saved.add(item.state);
   const saved = $("#label-saved");
   await nextState();
   saved.textContent = `line ${item.state} saved (${reply.data.labelled} labelled)`;
