@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+from collections.abc import Iterable
 from pathlib import Path
 
 # The folder above the package: the checkout when run from one (models/, deploy/, tests/ are
@@ -52,3 +54,36 @@ def fsync_folder(folder: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+# What names write_atomically's temporary files, beside their leading "." (a killed writer leaves its own).
+TEMP_SUFFIX = ".tmp"
+
+
+def write_atomically(path: Path, parts: Iterable[bytes], *, durable: bool = True) -> None:
+    """Write `parts` to `path` whole or not at all: into a temporary file of its own beside it
+    (`.NAME.PID.RANDOM.tmp`), renamed over it. A failure, a part that raises included, removes the
+    temporary file and leaves the old file as it was.
+
+    `durable`: on return the bytes and the rename survive a power cut (the file and the folder are
+    synced). Without it a process killed at any step still leaves the old file or the new one whole;
+    only a power cut may lose the write, or on some filesystems leave an empty file."""
+    folder = path.parent  # must exist: a folder gone (a cache deleted under a server) is the caller's to judge
+    # Named by process and at random, created exclusively: two writers of one path never share a file,
+    # and the mode is a plain new file's (the umask's), as readers in other processes may need it.
+    temporary = folder / f".{path.name}.{os.getpid()}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(descriptor, "wb") as out:
+            for part in parts:
+                out.write(part)
+            out.flush()
+            if durable:
+                os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
+    if durable:
+        fsync_folder(folder)

@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import tempfile
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -24,9 +22,12 @@ import blake3
 
 from app.calibration.fit import FitRecord
 from app.contract import Question, canonical_json
+from app.paths import write_atomically
 
 log = logging.getLogger("onepass.fits")
 SUFFIX = ".fit.json"
+# Readings of the folder while files vanish from it (replaced by other puts) before one is taken as it is.
+READS_WHILE_REPLACED = 3
 
 
 def question_key(question: Question) -> str:
@@ -57,16 +58,22 @@ class FitStore:
         fit_id = blake3.blake3(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
         stored = replace(record, id=fit_id, identity=self.identity)
         fields = stored.to_json()
+        text = json.dumps({**fields, "digest": _digest(fields)}, sort_keys=True)
         self.folder.mkdir(parents=True, exist_ok=True)
-        for old in self.records():
-            if old.key == stored.key and old.question_set == stored.question_set:
-                self.delete(old.id)
-        with tempfile.NamedTemporaryFile("w", dir=self.folder, suffix=".tmp", delete=False) as out:
-            json.dump({**fields, "digest": _digest(fields)}, out, sort_keys=True)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(out.name, self.folder / f"{fit_id}{SUFFIX}")
-        self._seen = None
+        # The new file first, then the ones it replaces: a reader always finds a fit for the question.
+        # Under the lock, so that of two puts for one question the later deletes the earlier. Only the
+        # files seen before writing are deleted: another server's put at the same moment can then leave
+        # two (a reader takes the one whose id sorts last, the next put deletes both), never none.
+        with self._lock:
+            replaced = [
+                old.id
+                for old in self.records()
+                if old.key == stored.key and old.question_set == stored.question_set and old.id != fit_id
+            ]
+            write_atomically(self.folder / f"{fit_id}{SUFFIX}", [text.encode()])
+            for old_id in replaced:
+                self.delete(old_id)
+            self._seen = None
         return stored
 
     def delete(self, fit_id: str) -> bool:
@@ -84,15 +91,25 @@ class FitStore:
         return record is not None and self.delete(record.id)
 
     def records(self) -> list[FitRecord]:
-        """Every sound fit in the folder, in the order of their ids."""
-        found = []
-        for path in sorted(self.folder.glob(f"*{SUFFIX}")) if self.folder.is_dir() else []:
-            record = self._read(path)
-            if record is not None:
-                found.append(record)
+        """Every sound fit in the folder, in the order of their ids. A file deleted while the folder is
+        read was replaced first (put writes before it deletes), so the folder is read again to find the
+        file that replaced it."""
+        for _ in range(READS_WHILE_REPLACED):
+            found, vanished = [], False
+            for path in sorted(self.folder.glob(f"*{SUFFIX}")) if self.folder.is_dir() else []:
+                try:
+                    record = self._read(path)
+                except FileNotFoundError:
+                    vanished = True
+                    continue
+                if record is not None:
+                    found.append(record)
+            if not vanished:
+                break
         return found
 
     def _read(self, path: Path) -> FitRecord | None:
+        """The fit in `path`, None if it is not sound; FileNotFoundError if it is gone."""
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             fields = {k: v for k, v in data.items() if k != "digest"}
@@ -102,6 +119,8 @@ class FitStore:
                 log.debug("fit file %s is for another prompt", path)
                 return None
             return FitRecord.from_json(fields)
+        except FileNotFoundError:
+            raise
         except (OSError, ValueError, KeyError, TypeError) as error:
             log.warning("skipping fit file %s: %s", path, error)
             return None

@@ -40,14 +40,13 @@ from numpy.typing import NDArray
 
 from app.engine.ram_tier import CacheKey
 from app.engine.snapshot import ImageSpan, Snapshot, read_spans
-from app.paths import fsync_folder, size_of
+from app.paths import TEMP_SUFFIX, size_of, write_atomically
 
 log = logging.getLogger("onepass.disk")
 
 FORMAT = 2  # 2: image spans and the next position in the header; tokens signed (an image's cells are -1)
 MAGIC = b"onepass-snapshot"
 SUFFIX = ".snap"
-TEMP_SUFFIX = ".tmp"
 # Bytes of snapshots waiting to be written (a few long ones, or many priors); beyond, writes are
 # skipped, never waited for. One write is always let in, whatever its size.
 WRITE_QUEUE_BYTES = 256 * 1024**2
@@ -313,22 +312,9 @@ class DiskTier:
         if sum(map(len, parts)) + len(token_bytes) + snapshot.n_bytes + len(mean_bytes) > self.max_bytes:
             self._count("oversized")  # writing it would evict every other file and then itself
             return
-        # A name of its own per writer, so two writers of one key never write into one file.
-        temporary = self.folder / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
-        try:
-            with temporary.open("xb") as file:
-                for part in parts:
-                    file.write(part)
-                file.write(token_bytes)
-                file.write(snapshot.data)
-                file.write(mean_bytes)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                temporary.unlink()
-        fsync_folder(self.folder)  # the rename itself survives a power cut
+        # Synced, file and folder: a snapshot file is trusted after a power cut. The temporary file's name
+        # is its writer's own, so two writers of one key never write into one file.
+        write_atomically(path, (*parts, token_bytes, snapshot.data, mean_bytes))
         size = size_of(path)
         with self._lock:
             self._sizes[path.name] = size

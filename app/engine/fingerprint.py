@@ -13,14 +13,13 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import blake3
 
-from app.paths import KEEP_RECORDS, cache_home, prune_records
+from app.paths import KEEP_RECORDS, cache_home, prune_records, write_atomically
 
 log = logging.getLogger("onepass.fingerprint")
 
@@ -85,13 +84,11 @@ def model_digest(model: Path, mmproj: Path | None = None) -> bytes:
 def _write_record(record: Path, fields: dict[str, Any]) -> None:
     """Written whole or not at all (a temporary file renamed over it); a cache that cannot be written
     costs a hash at the next start, nothing more."""
+    text = json.dumps({**fields, "check": _check(fields)}, sort_keys=True)
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=record.parent, suffix=".tmp", delete=False) as out:
-            json.dump({**fields, "check": _check(fields)}, out, sort_keys=True)
-        os.replace(out.name, record)
+        # Not synced: a record that a power cut loses or empties fails its check and costs one hash.
+        write_atomically(record, [text.encode()], durable=False)
         prune_records(record.parent, KEEP_RECORDS)
     except OSError as error:
         log.warning("cannot record the digest of %s in %s: %s", fields["path"], record.parent, error)
-        with contextlib.suppress(OSError, NameError):
-            os.unlink(out.name)

@@ -12,11 +12,8 @@ answered again. The answers are not part of the key: relabelling an example reus
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +22,7 @@ import numpy as np
 
 from app.calibration import Evidence
 from app.contract import SystemOneRequest
+from app.paths import write_atomically
 
 log = logging.getLogger("onepass.journal")
 SUFFIX = ".evidence.json"
@@ -106,15 +104,8 @@ class EvidenceJournal:
     def save(self, request: SystemOneRequest, hidden: bool, evidence: dict[str, Evidence]) -> None:
         key = self.key(request, hidden)
         fields = {"key": key, "evidence": {qid: _encode(e) for qid, e in evidence.items()}}
+        text = json.dumps({**fields, "digest": _digest(fields)}, sort_keys=True)
         self.folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=self.folder, suffix=".tmp", delete=False) as out:
-            try:
-                json.dump({**fields, "digest": _digest(fields)}, out, sort_keys=True)
-                out.flush()
-                os.fsync(out.fileno())
-            except BaseException:
-                out.close()
-                with contextlib.suppress(OSError):
-                    os.unlink(out.name)
-                raise
-        os.replace(out.name, self.folder / f"{key}{SUFFIX}")
+        # Synced: the journal is what lets a run that dies, a power cut included, resume without
+        # answering again, and one sync costs little beside answering an example.
+        write_atomically(self.folder / f"{key}{SUFFIX}", [text.encode()])

@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any
 import blake3
 
 from app.contract import canonical_json
-from app.paths import fsync_folder
+from app.paths import fsync_folder, write_atomically
 
 log = logging.getLogger("onepass.labels")
 STATE_KEY, DIGEST_KEY = "x_state", "x_digest"
@@ -160,17 +159,5 @@ class LabelsFile:
             fsync_folder(self.path.parent)
 
     def _write(self, lines: Mapping[int, Mapping[str, Any]]) -> None:
-        folder = self.path.parent
-        folder.mkdir(parents=True, exist_ok=True)
-        text = "".join(as_given(lines[n]) + "\n" for n in sorted(lines))
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, suffix=".tmp", delete=False) as out:
-            try:
-                out.write(text)
-                out.flush()
-                os.fsync(out.fileno())
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(out.name)
-                raise
-        os.replace(out.name, self.path)
-        fsync_folder(folder)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(self.path, ((as_given(lines[n]) + "\n").encode() for n in sorted(lines)))
