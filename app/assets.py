@@ -25,6 +25,14 @@ from app.images import MAX_BASE64_CHARS, MAX_IMAGES, Image, ImageRefused, Media,
 
 Loc = tuple[str | int, ...]
 DATA_URL_FORM = "images are data URLs: data:image/...;base64,..."
+# Base64 as MIME wraps it (RFC 2045: lines of at most 76 characters, each ended by CRLF) at the longest
+# an image may be: longer text is refused before its whitespace is taken out.
+MAX_BASE64_TEXT_CHARS = MAX_BASE64_CHARS + 2 * -(-MAX_BASE64_CHARS // 76)
+# Every character str.isspace() holds for (what str.split() splits on), taken out by str.translate in one
+# pass that makes no list of pieces.
+_NO_WHITESPACE = dict.fromkeys(
+    map(ord, "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000"),
+) | dict.fromkeys(range(0x2000, 0x200B))
 
 
 @dataclass(frozen=True)
@@ -62,10 +70,8 @@ def request_of(payload: Any, parts: Mapping[str, bytes] | None = None) -> System
     sources = [_Source(("files", i), url) for i, url in enumerate(request.files or [])]
     sources += [_Source(("images", i), url) for i, url in enumerate(request.images or [])]
     sources += [_Source(loc, url) for loc, url in message_images]
+    _at_most_max_images(sources, list(request.assets or {}))
     sources += _assets_in_order(request, state, problems)
-    if len(sources) > MAX_IMAGES:
-        message = f"{len(sources)} images; a request takes at most {MAX_IMAGES}"
-        raise InvalidRequest(validation_error(sources[MAX_IMAGES].loc, message, "too_long", len(sources)))
     images = [_image(source, parts, problems) for source in sources]
     _claimed_once(sources, parts, problems)
     if problems.details:
@@ -74,6 +80,18 @@ def request_of(payload: Any, parts: Mapping[str, bytes] | None = None) -> System
     fields = tuple(dict.fromkeys(str(source.loc[0]) for source in sources))
     media = Media(tuple(image for image in images if image is not None), placeholders, fields)
     return request.carrying(state, media)
+
+
+def _at_most_max_images(sources: list[_Source], placeholders: list[str]) -> None:
+    """A 422 for more images than a request takes, counting every asset sent, before any text is searched
+    for their placeholders: an asset beyond the limit can never be answered (too many images, or unused)."""
+    count = len(sources) + len(placeholders)
+    if count <= MAX_IMAGES:
+        return
+    extra = MAX_IMAGES - len(sources)
+    loc = sources[MAX_IMAGES].loc if extra < 0 else ("assets", placeholders[extra])
+    message = f"{count} images; a request takes at most {MAX_IMAGES}"
+    raise InvalidRequest(validation_error(loc, message, "too_long", count))
 
 
 def _without_image_parts(state: Text) -> tuple[Text, list[tuple[Loc, Any]]]:
@@ -178,8 +196,12 @@ def _data_url(url: Any) -> bytes:
 
 
 def _base64(text: str) -> bytes:
-    """Standard base64, whitespace ignored (wrapped lines); too long is refused before it is decoded."""
-    compact = "".join(text.split())
+    """Standard base64, whitespace ignored (wrapped lines); too long is refused before it is decoded, and
+    before its whitespace is taken out where even the room for line breaks cannot hold it."""
+    if len(text) > MAX_BASE64_TEXT_CHARS:
+        message = f"the image's base64 is {len(text)} characters with its whitespace; the limit is {MAX_BASE64_CHARS}"
+        raise ImageRefused("image_too_large", message)
+    compact = text.translate(_NO_WHITESPACE)
     if len(compact) > MAX_BASE64_CHARS:
         message = f"the image's base64 is {len(compact)} characters; the limit is {MAX_BASE64_CHARS}"
         raise ImageRefused("image_too_large", message)

@@ -281,6 +281,13 @@ class Settings:
     max_text_chars: int = _option(
         20_000, "longest instruction, option or level text in characters (422 beyond)", _integer(1)
     )
+    max_prompt_tokens: int = _option(
+        32768,
+        "most prompt tokens one request may have its model read: the prefix and each distinct question suffix, "
+        "as usage.input_tokens counts them (413 beyond, before any inference; 0: no limit)",
+        _integer(0),
+        per_model=True,
+    )
     max_queue: int = _option(32, "requests that may wait for a busy model; beyond: 503 overloaded", _integer(0))
     request_timeout: float = _option(
         300.0, "seconds before a request is answered 504 and its pending work dropped", _positive_number

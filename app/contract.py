@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictFloat, StrictStr, ValidationError
 
 from app.confidence import choice_confidence, expected_score, score_confidence
-from app.images import NO_MEDIA, Media
+from app.images import MAX_IMAGES, NO_MEDIA, Media
 
 # A text field may be a string, an object or an array; the last two are rendered as canonical JSON.
 Text = StrictStr | dict[str, Any] | list[Any]
@@ -86,7 +86,7 @@ class SystemOneRequest(_Model):
     model: StrictStr
     state: Text
     questions: Annotated[dict[Annotated[str, Field(min_length=1)], Question], Field(min_length=1)]
-    assets: Annotated[dict[str, ImageAsset], Field(min_length=1)] | None = None  # placeholder: image (Jev's)
+    assets: Annotated[dict[str, ImageAsset], Field(min_length=1, max_length=MAX_IMAGES)] | None = None  # Jev's
     images: list[StrictStr] | None = None  # data URLs, before the state (llama.cpp's; `files` is its alias)
     files: list[StrictStr] | None = None
     # How often a fitted answer's x_set is to hold the right label (None: the model's default).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from app.contract import SystemOneRequest
 from app.errors import InvalidRequest
 from app.fleet.routing import affinity_key, affinity_key_of
 from app.http.runtime import Runtime
-from app.images import IMAGES_BODY_BYTES, MAX_IMAGES, Image, read_image
+from app.images import IMAGES_BODY_BYTES, MAX_BASE64_CHARS, MAX_IMAGES, Image, read_image
 from app.serving.catalogue import models_listing
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
@@ -210,3 +211,62 @@ def test_models_lists_which_models_take_images() -> None:
     }
     assert [d["x_takes_images"] for d in listing["data"]] == [False, True, False]
     assert listing["models"][1]["x_mmproj"] == "p.gguf"
+
+
+def test_ten_thousand_assets_are_refused_by_the_contract_before_any_text_is_searched() -> None:
+    assets = {f"<{i}>": asset(RED) for i in range(10_000)}
+    with pytest.raises(InvalidRequest) as raised:
+        request_of(asked(" ".join(assets), assets=assets))
+    [detail] = raised.value.details
+    assert {key: detail[key] for key in ("loc", "msg", "type", "ctx")} == {
+        "loc": ["body", "assets"],
+        "msg": "Dictionary should have at most 8 items after validation, not more",
+        "type": "too_long",
+        "ctx": {"field_type": "Dictionary", "max_length": MAX_IMAGES, "actual_length": None},
+    }
+
+
+def test_more_images_than_a_request_takes_are_counted_before_placeholders_are_looked_for() -> None:
+    assets = {f"<{i}>": asset(RED) for i in range(MAX_IMAGES)}  # found nowhere: not searched for
+    with pytest.raises(InvalidRequest) as raised:
+        request_of(asked("no placeholder here", assets=assets, images=[url(RED)]))
+    assert raised.value.details == [
+        {"loc": ["body", "assets", "<7>"], "msg": "9 images; a request takes at most 8", "type": "too_long", "input": 9}
+    ]
+
+
+@pytest.mark.parametrize("field", ["assets", "images"])
+def test_whitespace_padded_base64_is_refused_without_splitting_it(field: str) -> None:
+    padded = "ab " * (MAX_BASE64_CHARS // 2)  # over the limit only with its whitespace
+    body = asked("<a>", assets={"<a>": {"format": "png", "data_base64": padded}})
+    if field == "images":
+        body = asked("look", images=["data:image/png;base64," + padded])
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidRequest) as raised:
+            request_of(body)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [d["type"] for d in raised.value.details] == ["image_too_large"]
+    # at most one copy of it (a data URL is cut at its comma); split, it made a string of every piece
+    assert peak < 1.5 * len(padded)
+
+
+def test_base64_wrapped_in_lines_within_the_room_for_them_is_read_and_stripped_in_one_copy() -> None:
+    lines = b64(RED)
+    wrapped = "\r\n".join(lines[i : i + 4] for i in range(0, len(lines), 4))
+    assert images_of(request_of(asked("<a>", assets={"<a>": {"format": "png", "data_base64": wrapped}}))) == [
+        read_image(RED)
+    ]
+    most = MAX_BASE64_CHARS + 1  # one character too many, wrapped as MIME wraps it
+    text = "\r\n".join("A" * 76 for _ in range(most // 76)) + "\r\n" + "A" * (most % 76)
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidRequest) as raised:
+            request_of(asked("<a>", assets={"<a>": {"format": "png", "data_base64": text}}))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert raised.value.details[0]["msg"] == f"the image's base64 is {most} characters; the limit is {MAX_BASE64_CHARS}"
+    assert peak < 1.5 * len(text)  # the text without its whitespace, once

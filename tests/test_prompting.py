@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from app.answering.prompter import ContextBound, TooLongForContext
 from app.answering.prompting import SYSTEM_PROMPT, OwnPrompter, chat_format, level_labels
 from app.answering.service import ModelService
 from app.contract import SystemOneRequest, question_set_key, render_state
+from app.engine.vocab import Vocabulary
+from app.errors import InvalidRequest
 from app.platform.tiny_gguf import CHATML_TEMPLATE
 from tests.loading import own_prompter
 
@@ -175,3 +178,63 @@ def test_requests_with_one_question_set_key_share_the_question_first_prefix(serv
     assert keys[0] == keys[1] == keys[2] != keys[3]
     assert plans[0].key == plans[1].key == plans[2].key != plans[3].key
     assert plans[0].prefix == plans[1].prefix == plans[2].prefix != plans[3].prefix
+
+
+class CountingTokenizer:
+    """A real vocabulary that counts the texts it is asked to tokenize, by length."""
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        self.vocab, self.lengths = vocab, list[int]()
+
+    @property
+    def add_bos(self) -> bool:
+        return self.vocab.add_bos
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
+        self.lengths.append(len(text))
+        return self.vocab.tokenize(text, add_bos=add_bos, special=special)
+
+
+def counting_prompter(service: ModelService) -> tuple[OwnPrompter, CountingTokenizer]:
+    vocab = service.engine.vocab
+    counting = CountingTokenizer(vocab)
+    bound = ContextBound(service.engine.n_ctx, vocab.longest_token_bytes())
+    return OwnPrompter(counting, own_prompter(service).format, bound=bound), counting
+
+
+def test_a_state_far_longer_than_the_context_can_hold_is_refused_before_it_is_tokenized(
+    tiny_service: ModelService,
+) -> None:
+    prompter, counting = counting_prompter(tiny_service)
+    longest = tiny_service.engine.vocab.longest_token_bytes()
+    assert longest is not None
+    state = "x" * (tiny_service.engine.n_ctx * longest * 4)
+    request = SystemOneRequest.model_validate({"model": "m", "state": state, "questions": questions()})
+    counting.lengths.clear()
+    with pytest.raises(TooLongForContext):
+        prompter.plan(request)
+    assert max(counting.lengths, default=0) < 1000  # the questions' texts, never the state
+    with pytest.raises(InvalidRequest) as raised:  # the service's own prompter: the same bound, a 422
+        tiny_service.plan(request)
+    [detail] = raised.value.details
+    assert (detail["loc"], detail["type"]) == (["body", "state"], "too_long")
+    assert "no token of its vocabulary stands for more than" in detail["msg"]
+
+
+def test_a_state_as_long_as_the_bound_with_whitespace_aside_is_tokenized() -> None:
+    bound = ContextBound(10, 3)
+    bound.check("abc" * 10)
+    bound.check(" ab\n" * 15)  # its spaces may be stripped beside a special token: not counted
+    with pytest.raises(TooLongForContext):
+        bound.check("abc" * 10 + "d")
+
+
+def test_the_state_memo_keeps_only_states_that_fit_the_context(tiny_service: ModelService) -> None:
+    prompter, counting = counting_prompter(tiny_service)
+    fits, too_long = "A short state.", "word " * (tiny_service.engine.n_ctx + 1)
+    for state in (fits, fits, too_long, too_long):
+        prompter.state_tokens(state)
+    assert counting.lengths.count(len(fits) + len(prompter.format.between)) == 1
+    assert counting.lengths.count(len(too_long) + len(prompter.format.between)) == 2  # not kept: again
+    vocab = tiny_service.engine.vocab
+    assert prompter.state_tokens(fits) == tuple(vocab.tokenize(fits + prompter.format.between, special=False))

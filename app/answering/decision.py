@@ -34,7 +34,6 @@ cannot forge the template's structure.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from array import array
@@ -47,7 +46,8 @@ from app.answering.decision_media import NO_MEDIA, ImageSpan, ImageTokens, Media
 from app.answering.decision_text import common as _common
 from app.answering.decision_text import common_text as _common_text
 from app.answering.decision_text import pick_labels
-from app.answering.prompter import Plan, Reading, Suffix, TemplateRefused, Tokenizer, TooManyOptions
+from app.answering.prompter import ContextBound, Plan, Reading, Suffix, TemplateRefused, Tokenizer, TooManyOptions
+from app.answering.token_memo import TokenMemo
 from app.contract import (
     MAX_OPTIONS,
     ChoiceQuestion,
@@ -64,9 +64,9 @@ log = logging.getLogger("onepass.decision")
 BOX_END = "<|box_end|>"  # kev: where an option's output vector is read
 RATING_POINTS = 9  # lev's noul: a rating from 0 (certainly no) to 8 (certainly yes)
 PROBE_STATES = ("The first probe text.", "Another text, for the second probe.")
-PREFIX_MEMO = 64  # recent states whose prefix is kept
-# Recent prompts whose tokens are kept: a repeated request (a cache hit) would otherwise tokenize
-# its whole state again for every question.
+PREFIX_MEMO = 64  # recent states whose prefix is kept, each within the context
+# Recent prompts whose tokens are kept, each within the context (app/answering/token_memo.py): a
+# repeated request (a cache hit) would otherwise tokenize its whole state again for every question.
 PROMPT_MEMO = 128
 
 
@@ -97,15 +97,17 @@ class TemplatePrompter:
         control_texts: set[str],
         vision: Vision | None = None,
         ends: tuple[int | None, int | None] = (None, None),
+        bound: ContextBound | None = None,
     ) -> None:
         """`control_texts`: the vocabulary's control tokens' texts (Vocabulary.control_texts); `vision`:
-        the model's projector, where it has one; `ends`: the BOS and EOS its vocabulary adds (None: not)."""
+        the model's projector, where it has one; `ends`: the BOS and EOS its vocabulary adds (None: not);
+        `bound`: the model's context, a prompt that cannot fit in it refused before it is tokenized."""
         self.tokenizer = tokenizer
         self.format = fmt
         self.decision_type = fmt.kind
         self._template = decision_text.environment().from_string(fmt.template)
         self._controls = sorted((t for t in control_texts if len(t) > 1), key=len, reverse=True)
-        self._tokens = functools.lru_cache(maxsize=PROMPT_MEMO)(self._tokenize)
+        self._prompts = TokenMemo(PROMPT_MEMO, bound)
         self.images = PromptImages(fmt.kind, vision, self._tokens, *ends)
 
     @property
@@ -133,8 +135,9 @@ class TemplatePrompter:
     def _user(self, value: Any) -> Any:
         return decision_text.break_controls(value, self._controls)
 
-    def _tokenize(self, text: str) -> tuple[int, ...]:
-        return tuple(self.tokenizer.tokenize(text, add_bos=False, special=True))
+    def _tokens(self, text: str) -> tuple[int, ...]:
+        """A rendered prompt's tokens (TooLongForContext where it cannot fit), kept while recent."""
+        return self._prompts.text(text, lambda text: self.tokenizer.tokenize(text, add_bos=False, special=True))
 
 
 class DecisionPrompter(TemplatePrompter):
@@ -147,6 +150,7 @@ class DecisionPrompter(TemplatePrompter):
         control_texts: set[str],
         vision: Vision | None = None,
         ends: tuple[int | None, int | None] = (None, None),
+        bound: ContextBound | None = None,
     ) -> None:
         if fmt.kind not in CAUSAL:
             raise DecisionError(f"{fmt.kind} reads each prompt whole: app/answering/encoders.py prompts it")
@@ -156,7 +160,7 @@ class DecisionPrompter(TemplatePrompter):
             if len(marker) != 1:
                 raise DecisionError(f"a kev decision model needs {BOX_END} as one token")
             self._marker = marker[0]
-        super().__init__(tokenizer, fmt, control_texts, vision, ends)
+        super().__init__(tokenizer, fmt, control_texts, vision, ends, bound)
         try:
             probes = [text for state in PROBE_STATES for text in self._probes(state)]
         except TemplateRefused as error:
@@ -165,7 +169,7 @@ class DecisionPrompter(TemplatePrompter):
         self.head_tokens = _common(tokens)
         # State first: two different questions about one state share a prefix that holds the state.
         self.state_first = PROBE_STATES[0] in _common_text(probes[0], probes[1])
-        self._prefix_of = functools.lru_cache(maxsize=PREFIX_MEMO)(self._state_prefix)
+        self._prefixes = TokenMemo(PREFIX_MEMO, bound)
         log.info(
             "decision model (%s): %d labels, at most %d options; %s",
             fmt.kind,
@@ -378,6 +382,9 @@ class DecisionPrompter(TemplatePrompter):
                 value["label"] = codes[i]
             found.append(value)
         return found
+
+    def _prefix_of(self, state_json: str, images: tuple[ImageTokens, ...]) -> tuple[int, ...]:
+        return self._prefixes.get((state_json, images), lambda: self._state_prefix(state_json, images))
 
     def _state_prefix(self, state_json: str, images: tuple[ImageTokens, ...]) -> tuple[int, ...]:
         state = json.loads(state_json)

@@ -26,7 +26,7 @@ from app.answering import decision_text
 from app.answering.decision import TemplatePrompter
 from app.answering.decision_format import DecisionError, DecisionFormat, options_of
 from app.answering.decision_media import MEDIA_MARKER, NO_MEDIA, ImageSpan, ImageTokens, PromptImages, Vision
-from app.answering.prompter import Plan, Reading, Suffix, TemplateRefused, Tokenizer
+from app.answering.prompter import ContextBound, Plan, Reading, Suffix, TemplateRefused, Tokenizer
 from app.contract import NoulQuestion, Question, SystemOneRequest, label_keys
 
 log = logging.getLogger("onepass.decision")
@@ -52,14 +52,16 @@ class EncoderPrompter(TemplatePrompter):
         specials: Specials,
         vision: Vision | None = None,
         ends: tuple[int | None, int | None] = (None, None),
+        bound: ContextBound | None = None,
     ) -> None:
-        """`specials`: the mask and separator tokens the format reads; `vision`, `ends`: TemplatePrompter's."""
+        """`specials`: the mask and separator tokens the format reads; `vision`, `ends`, `bound`:
+        TemplatePrompter's."""
         self._specials = specials
         if fmt.kind in ("laya", "lfm2-d1-omni") and specials.mask < 0:
             raise DecisionError(f"a {fmt.kind} decision model needs a mask token")
         if fmt.kind == "laya" and specials.sep < 0:
             raise DecisionError("a laya decision model needs a separator token")
-        super().__init__(tokenizer, fmt, control_texts, vision, ends)
+        super().__init__(tokenizer, fmt, control_texts, vision, ends, bound)
         log.info("decision model (%s): every prompt is read whole (the model keeps no memory)", fmt.kind)
 
     def state_tokens(self, state: str) -> tuple[int, ...]:

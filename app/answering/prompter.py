@@ -207,3 +207,54 @@ class TemplateRefused(ValueError):
     def __init__(self, loc: tuple[str, ...], message: str, kind: str = "value_error") -> None:
         super().__init__(message)
         self.loc, self.kind = loc, kind
+
+
+# What str.isspace() holds for: a special token that strips the space beside it may take any run of it.
+_SPACES = range(0x2000, 0x200B)  # en quad to hair space
+_WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000" + "".join(map(chr, _SPACES))
+_UTF8_MOST = 4  # bytes of the longest UTF-8 character
+
+
+class TooLongForContext(TemplateRefused):
+    """A text of more bytes than the context's tokens can stand for: refused without tokenizing it, as
+    the state's fault (the one text of a request whose length no other limit bounds)."""
+
+    def __init__(self, size: int, bound: ContextBound) -> None:
+        message = (
+            f"the prompt's text is {size} bytes (whitespace aside), more than the model context of "
+            f"{bound.tokens} tokens can hold (no token of its vocabulary stands for more than "
+            f"{bound.longest_token_bytes} bytes)"
+        )
+        super().__init__(("state",), message, "too_long")
+        self.size, self.bound = size, bound
+
+
+@dataclass(frozen=True)
+class ContextBound:
+    """The most tokens a prompt may have (the model's context), and the most bytes of text one token of
+    the model's vocabulary stands for (Vocabulary.longest_token_bytes; None: no such bound holds)."""
+
+    tokens: int
+    longest_token_bytes: int | None = None
+
+    def check(self, text: str) -> None:
+        """TooLongForContext where `text` cannot fit in `tokens`. Whitespace is not counted (a special token
+        may strip it); it is counted only for a text that would be refused counting it."""
+        if self.longest_token_bytes is None:
+            return
+        most = self.tokens * self.longest_token_bytes
+        if len(text) * _UTF8_MOST <= most:  # fits even if every character took the most bytes
+            return
+        size = _utf8_size(text)
+        if size <= most:
+            return
+        size -= sum(text.count(space) * _utf8_size(space) for space in _WHITESPACE)
+        if size > most:
+            raise TooLongForContext(size, self)
+
+    def holds(self, tokens: Sequence[int]) -> bool:
+        return len(tokens) <= self.tokens
+
+
+def _utf8_size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))

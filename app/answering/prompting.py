@@ -17,7 +17,6 @@ and positions are in the prefix's key.
 
 from __future__ import annotations
 
-import functools
 import logging
 import string
 from collections.abc import Sequence
@@ -29,7 +28,17 @@ from typing import Literal
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from app.answering.prompter import Plan, QuestionSet, Reading, Suffix, TemplateRefused, Tokenizer, TooManyOptions
+from app.answering.prompter import (
+    ContextBound,
+    Plan,
+    QuestionSet,
+    Reading,
+    Suffix,
+    TemplateRefused,
+    Tokenizer,
+    TooManyOptions,
+)
+from app.answering.token_memo import TokenMemo
 from app.config import parse_layout
 from app.contract import (
     MAX_OPTIONS,
@@ -55,7 +64,7 @@ SYSTEM_PROMPT = (
 )
 STATE_MARK = "\x00ONEPASS-STATE\x00"
 QUESTION_MARK = "\x00ONEPASS-QUESTION\x00"
-STATE_TOKEN_MEMO = 64  # recent states whose tokens are kept (about 4 bytes x tokens each)
+STATE_TOKEN_MEMO = 64  # recent states whose tokens are kept, each within the context (app/answering/token_memo.py)
 MAX_LEVELS = 10
 
 
@@ -166,9 +175,15 @@ class OwnPrompter:
     decision_type: str | None = None  # a decision GGUF's prompts are app/answering/decision.py's
 
     def __init__(
-        self, tokenizer: Tokenizer, fmt: PromptFormat, layout: str = "state-first", vision: Vision | None = None
+        self,
+        tokenizer: Tokenizer,
+        fmt: PromptFormat,
+        layout: str = "state-first",
+        vision: Vision | None = None,
+        bound: ContextBound | None = None,
     ) -> None:
-        """`vision`: the model's vision projector, where it has one: then it takes images."""
+        """`vision`: the model's vision projector, where it has one: then it takes images. `bound`: the
+        model's context, a state that cannot fit in it refused before it is tokenized (None: no bound)."""
         parse_layout(layout)
         self.tokenizer = tokenizer
         self.vision = vision
@@ -178,7 +193,7 @@ class OwnPrompter:
         head = fmt.head if layout == "state-first" else fmt.head_before_lead
         self.head_tokens = tuple(tokenizer.tokenize(head, add_bos=tokenizer.add_bos, special=True))
         self._tail_tokens = tuple(tokenizer.tokenize(fmt.tail, add_bos=False, special=True))
-        self._state_tokens = functools.lru_cache(maxsize=STATE_TOKEN_MEMO)(self._tokenize_state)
+        self._state_tokens = TokenMemo(STATE_TOKEN_MEMO, bound)
 
     @classmethod
     def for_model(
@@ -190,6 +205,7 @@ class OwnPrompter:
         context: str = "",
         layout: str = "state-first",
         vision: Vision | None = None,
+        bound: ContextBound | None = None,
     ) -> OwnPrompter:
         system = f"{SYSTEM_PROMPT}\n\n{context.strip()}" if context.strip() else SYSTEM_PROMPT
         fmt = plain_format(system)
@@ -198,7 +214,7 @@ class OwnPrompter:
                 fmt = chat_format(chat_template, system, bos_text, eos_text)
             except (TemplateError, ValueError) as error:  # a broken template must not stop the server
                 log.warning("chat template unusable (%s); using the plain prompt", error)
-        return cls(tokenizer, fmt, layout, vision)
+        return cls(tokenizer, fmt, layout, vision, bound)
 
     @property
     def max_options(self) -> int:
@@ -264,13 +280,14 @@ class OwnPrompter:
     def state_tokens(self, state: str) -> tuple[int, ...]:
         """Tokens of the state part of the prefix (what a cache miss prefills).
 
-        Memoised for recent states: a cache hit should not pay for tokenizing its state again
-        (milliseconds for a long state), and a tokenizer is a pure function of the text.
+        Memoised for recent states that fit the context: a cache hit should not pay for tokenizing its
+        state again (milliseconds for a long state), and a tokenizer is a pure function of the text. A
+        state too long for the context is refused (TooLongForContext) before it is tokenized.
         """
-        return self._state_tokens(state)
+        return self._state_tokens.text(state + self.format.between, self._tokenize_user_text)
 
-    def _tokenize_state(self, state: str) -> tuple[int, ...]:
-        return tuple(self.tokenizer.tokenize(state + self.format.between, add_bos=False, special=False))
+    def _tokenize_user_text(self, text: str) -> list[int]:
+        return self.tokenizer.tokenize(text, add_bos=False, special=False)
 
     def question(self, question: Question) -> Suffix:
         """The state-first suffix: the question block, its answer line, the tail."""

@@ -63,7 +63,10 @@ class ModelService:
         question_sets: PrefixCache,
         calibration: Calibration,
         dependence: Dependence,
+        max_prompt_tokens: int = 0,
     ) -> None:
+        """`max_prompt_tokens`: the most prompt tokens one request may have its model read (prompt_tokens;
+        0: no such budget)."""
         self.name = name
         self.engine = engine
         self.prompter = prompter
@@ -71,6 +74,7 @@ class ModelService:
         self.question_sets = question_sets  # the question-first layout's: system + question set
         self.calibration = calibration
         self.dependence = dependence  # what answers depend on besides state and question
+        self.max_prompt_tokens = max_prompt_tokens
         log.info("%s: %s", name, self.dependence.describe())
         started = time.perf_counter()
         self.base, _ = engine.prefill(prompter.head_tokens)
@@ -123,13 +127,15 @@ class ModelService:
         return self.calibration.evidence(decoded.base, decoded.asked, decoded.state_mean)
 
     def plan(self, request: SystemOneRequest) -> Plan:
-        """Render and tokenize everything, and check it fits the context, before any inference."""
+        """Render and tokenize everything, and check it fits the context and the budget of prompt tokens,
+        before any inference: a 422 where the context cannot hold it (a state too long for it is refused
+        before it is tokenized), a 413 over the budget."""
         try:
             plan = self.prompter.plan(request)
         except TooManyOptions as error:
             loc = ("questions", error.qid, request.questions[error.qid].type, error.field)
             raise InvalidRequest.at(loc, f"{self.name} {error}", "too_long", error.count) from error
-        except TemplateRefused as error:  # at no place: at the images
+        except TemplateRefused as error:  # a state too long for the context too; at no place: at the images
             where = error.loc or (request.media.fields[0],)
             raise InvalidRequest.at(where, str(error), error.kind, None) from error
         longest = max(len(suffix.tokens) for suffix in plan.suffixes())
@@ -143,6 +149,14 @@ class ModelService:
                     f"model context holds {self.engine.n_ctx}"
                 )
             raise InvalidRequest.at(("state",), message, "too_long", len(plan.prefix) + longest)
+        needed = prompt_tokens(plan)
+        if self.max_prompt_tokens and needed > self.max_prompt_tokens:
+            message = (
+                f"the request has {self.name} read {needed} prompt tokens (its prefix and each distinct question "
+                f"suffix), over the budget of {self.max_prompt_tokens} (max_prompt_tokens): give a shorter state, "
+                "fewer questions or fewer options, or split the request"
+            )
+            raise ApiError(413, "request_too_large", message)
         return plan
 
     def decode(
@@ -297,6 +311,12 @@ def question_readouts(
         )
         for qid, question, reading in plan.questions
     }
+
+
+def prompt_tokens(plan: Plan) -> int:
+    """The tokens a model reads for `plan` where nothing is cached (usage.input_tokens, but for the
+    suffixes of questions a fit answers from the state alone): its prefix and each distinct suffix once."""
+    return len(plan.prefix) + sum(len(suffix.tokens) for suffix in distinct_suffixes(plan.suffixes()))
 
 
 def distinct_suffixes(suffixes: Iterable[Suffix]) -> list[SuffixTokens]:

@@ -7,6 +7,10 @@ import ctypes
 
 from app.engine.bindings import EngineError, llama
 
+# llama.cpp's vocabulary types whose tokenizers cover every byte of a text (SPM, BPE, RWKV, PLaMo-2).
+_EVERY_BYTE_TOKENIZED = frozenset({1, 2, 5, 6})
+_UNKNOWN_CHARACTER_BYTES = 4  # the longest UTF-8 character
+
 
 class Vocabulary:
     """Tokens and texts of the model `model` (a llama_model pointer the engine owns and frees)."""
@@ -26,6 +30,19 @@ class Vocabulary:
         if n < 0:
             raise EngineError(f"tokenizer needed {-n} slots for {len(data)} bytes")
         return list(tokens[:n])
+
+    def longest_token_bytes(self) -> int | None:
+        """The most bytes of text one token stands for: a text of more bytes than a context's tokens times
+        this cannot fit in it. None for WordPiece and Unigram vocabularies, whose tokenizers normalise text
+        first (whitespace, accents and control characters may vanish), so that no such bound holds."""
+        if llama.llama_vocab_type(self._vocab) not in _EVERY_BYTE_TOKENIZED:
+            return None
+        buf = ctypes.create_string_buffer(_UNKNOWN_CHARACTER_BYTES)
+        to_piece = llama.llama_token_to_piece  # looked up once: this asks every token
+        # a piece longer than the buffer is answered with its length, negated
+        longest = max(abs(to_piece(self._vocab, token, buf, len(buf), 0, True)) for token in range(self.n_vocab))
+        # an unknown-character token stands for one character, of up to that many bytes
+        return max(int(longest), _UNKNOWN_CHARACTER_BYTES)
 
     def piece(self, token: int) -> str:
         buf = ctypes.create_string_buffer(64)

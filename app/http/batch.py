@@ -187,14 +187,14 @@ def answer_items(
 
 
 def _check(run: Run, registry: ModelRegistry) -> None:
-    """Each request's 422 for its prompt (ModelRegistry.check) as its result, before places are reserved:
-    a request the model cannot answer takes none."""
+    """Each request's 422 for its prompt, or 413 over its budget of prompt tokens (ModelRegistry.check), as
+    its result, before places are reserved: a request the model cannot answer takes none."""
     for item in run.items:
         if item.request is None:
             continue
         try:
             registry.check(item.model, item.request)
-        except (InvalidRequest, ModelNotFound) as error:
+        except (InvalidRequest, ApiError, ModelNotFound) as error:
             item.request, item.result = None, error_result(error)
             run.progress.step()
 

@@ -13,7 +13,7 @@ from app.answering.decision import DecisionPrompter
 from app.answering.decision_format import WHOLE, DecisionError, read_format
 from app.answering.dependence import dependence_of
 from app.answering.encoders import EncoderPrompter, Specials
-from app.answering.prompter import Prompter
+from app.answering.prompter import ContextBound, Prompter
 from app.answering.prompting import OwnPrompter
 from app.answering.service import ModelService
 from app.calibration import CONTENT_FREE_STATES, Calibration, DiskPriors, FitStore, Priors
@@ -60,8 +60,11 @@ def prompter_for(engine: Engine, template: str = "auto", context: str = "", layo
                 )
             texts = {t: vocab.piece(t) for t in (vocab.mask_token, vocab.sep_token) if t >= 0}
             specials = Specials(vocab.mask_token, vocab.sep_token, texts)
-            return EncoderPrompter(vocab, decision, vocab.control_texts(), specials, engine.vision, ends)
-        return DecisionPrompter(vocab, decision, vocab.control_texts(), engine.vision, ends)
+            # an encoder cuts its prompt to fit: no text is refused for its length, only kept when it fits
+            whole = ContextBound(engine.n_ctx)
+            return EncoderPrompter(vocab, decision, vocab.control_texts(), specials, engine.vision, ends, whole)
+        bound = ContextBound(engine.n_ctx, vocab.longest_token_bytes())
+        return DecisionPrompter(vocab, decision, vocab.control_texts(), engine.vision, ends, bound)
     chat_template = vocab.metadata("tokenizer.chat_template") if template == "auto" else None
     return OwnPrompter.for_model(
         vocab,
@@ -71,6 +74,7 @@ def prompter_for(engine: Engine, template: str = "auto", context: str = "", layo
         context,
         layout,
         engine.vision,
+        ContextBound(engine.n_ctx, vocab.longest_token_bytes()),
     )
 
 
@@ -139,10 +143,12 @@ def assemble(
     disk: DiskTier | None = None,
     fits: FitStore | None = None,
     key_fn: Callable[..., CacheKey] = cache_key,
+    max_prompt_tokens: int = 0,
 ) -> ModelService:
     """A model's service from its parts: the states' prefix cache on `cache` and `disk`, the question
-    sets' beside it, the content-free priors (kept on `disk` too), the calibration and its `fits`.
-    `key_fn`: a test hook (a constant key forces hash collisions)."""
+    sets' beside it, the content-free priors (kept on `disk` too), the calibration and its `fits`, the
+    budget of prompt tokens per request (0: none). `key_fn`: a test hook (a constant key forces hash
+    collisions)."""
     states = PrefixCache(engine, cache, disk, key_fn)
     # "0 disables the cache" (session_cache_entries or _tokens) holds for the question sets' too
     question_sets = PrefixCache(engine, RamTier(QUESTION_SETS if cache.enabled else 0, cache.max_tokens), disk, key_fn)
@@ -152,7 +158,8 @@ def assemble(
         DiskPriors(disk, engine.fingerprint, engine.kv_settings) if disk is not None else None,
     )
     policy = Calibration(calibration, calibration_temperature, priors, fits, coverage)
-    return ModelService(name, engine, prompter, states, question_sets, policy, dependence_of(prompter))
+    dependence = dependence_of(prompter)
+    return ModelService(name, engine, prompter, states, question_sets, policy, dependence, max_prompt_tokens)
 
 
 def load_spec(spec: ModelSpec) -> ModelService:
@@ -190,6 +197,7 @@ def load_spec(spec: ModelSpec) -> ModelService:
             coverage=spec.settings.answer_set_coverage,
             disk=disk_tier_for(spec, engine) if cache.enabled else None,
             fits=fits_for(spec, engine, prompter),
+            max_prompt_tokens=spec.settings.max_prompt_tokens,
         )
     except BaseException:
         engine.close()

@@ -133,8 +133,9 @@ class ModelRegistry:
 
     def check(self, name: str, request: SystemOneRequest) -> None:
         """Raise the request's 422 (images to a model without vision; a prompt its context cannot hold,
-        more options than labels) without answering it. A model not loaded yet cannot tokenize: its
-        prompt is checked once it is, when the request is answered."""
+        more options than labels) or 413 (more prompt tokens than the model's max_prompt_tokens) without
+        answering it. A model not loaded yet cannot tokenize: its prompt is checked once it is, when the
+        request is answered."""
         self._check_images(name, request)
         with self._cond:
             resident = self._resident.get(self.canonical(name))
