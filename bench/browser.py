@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from selenium import webdriver
+from selenium.common.exceptions import (
+    ElementClickInterceptedException,
+    ElementNotInteractableException,
+    NoSuchElementException,
+    StaleElementReferenceException,
+)
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
@@ -21,6 +28,11 @@ from selenium.webdriver.support.ui import WebDriverWait
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 DRIVER = "chromedriver"
 WAIT_S = 30  # the longest any step waits for the page
+# What a wait treats as "not yet": the element is not there yet, or the page replaced one the condition
+# had found (the Label tab re-renders as it polls the server, the model list as it reloads).
+NOT_YET = (NoSuchElementException, StaleElementReferenceException)
+# What a click treats as "not yet" besides those: the element is there but hidden or covered for now.
+NOT_CLICKABLE_YET = (*NOT_YET, ElementNotInteractableException, ElementClickInterceptedException)
 
 
 @dataclass(frozen=True)
@@ -55,8 +67,30 @@ class Page:
         self.driver = driver
         self.url = url
 
-    def until(self, condition: Any, timeout: float = WAIT_S) -> Any:
-        return WebDriverWait(self.driver, timeout).until(lambda _: condition())
+    def until(self, condition: Callable[[], Any], timeout: float = WAIT_S) -> Any:
+        """What `condition` returns once it is truthy, tried again while an element it reads is missing or
+        replaced: a condition finds its elements itself, on every try."""
+        return WebDriverWait(self.driver, timeout, ignored_exceptions=NOT_YET).until(lambda _: condition())
+
+    def read(self, script: str, *args: Any) -> Any:
+        """What `script` returns: plain values read from the DOM in one step of the page's own thread, so no
+        re-render comes between two of its reads."""
+        return self.driver.execute_script(script, *args)
+
+    def click(self, selector: str, done: Callable[[], Any] | None = None, timeout: float = WAIT_S) -> None:
+        """Click what `selector` finds, found again on each try, until a click lands; with `done`, until
+        that holds instead (the page may have done what the click asks for by itself)."""
+
+        def clicked() -> bool:
+            if done is not None and done():
+                return True
+            try:
+                self.one(selector).click()
+            except NOT_CLICKABLE_YET:
+                return False
+            return True
+
+        self.until(clicked, timeout)
 
     def one(self, selector: str, root: WebElement | None = None) -> WebElement:
         return (root or self.driver).find_element("css selector", selector)
@@ -76,13 +110,17 @@ class Page:
     def ask(self, timeout: float = WAIT_S) -> None:
         """Click Ask and wait for the answers."""
         before = self.completed()
-        self.one("#ask").click()
+        self.click("#ask")
         self.until(lambda: self.completed() > before, timeout)
 
     def error(self, status: str) -> WebElement:
         """The error box, once it shows `status` (an HTTP status, or "form" for the page's own checks)."""
-        box = self.one("#error")
-        self.until(lambda: box.is_displayed() and box.get_attribute("data-status") == status)
+
+        def shown() -> WebElement | None:
+            box = self.one("#error")
+            return box if box.is_displayed() and box.get_attribute("data-status") == status else None
+
+        box: WebElement = self.until(shown)
         return box
 
     def requested(self) -> list[str]:

@@ -149,6 +149,10 @@ def page(driver: WebDriver, live_url: str) -> Page:
     return Page(driver, live_url)
 
 
+# The model picker's entries as shown, read in one step.
+MODEL_OPTIONS = "return [...document.querySelectorAll('#model option')].map((option) => option.text)"
+
+
 def fill(field: WebElement, text: str) -> None:
     field.clear()
     field.send_keys(text)
@@ -236,11 +240,17 @@ def assert_page_shows(page: Page, answers: dict[str, Any]) -> None:
         assert_bars(bars(card, ".raw .bars"), raw)
 
 
-def snippet(page: Page, button: str) -> str:
-    page.one(button).click()
-    box = page.one("#snippet")
-    page.until(box.is_displayed)
-    return box.get_attribute("value") or ""
+def snippet(page: Page, button: str, kind: str) -> str:
+    """The code the page hands over after a click on `button`: once the box shows the `kind` asked for
+    (after one kind, the box is already shown with the other)."""
+    page.click(button)
+
+    def handed_over() -> str | None:
+        box = page.one("#snippet")
+        return box.get_attribute("value") if box.is_displayed() and box.get_attribute("data-kind") == kind else None
+
+    code: str = page.until(handed_over)
+    return code
 
 
 def test_three_questions_typed_into_the_page_get_the_api_s_numbers_and_a_hit_the_second_time(
@@ -264,13 +274,13 @@ def test_three_questions_typed_into_the_page_get_the_api_s_numbers_and_a_hit_the
     page.screenshot(tmp_path / "playground-tiny.png")
 
     # Handing over to code: the curl command posts exactly the request on screen...
-    words = shlex.split(snippet(page, "#copy-curl").replace("\\\n", ""))
+    words = shlex.split(snippet(page, "#copy-curl", "curl").replace("\\\n", ""))
     assert words[:3] == ["curl", "-s", live_url + "/v1/systemone"]
     assert words[3:5] == ["-H", "Content-Type: application/json"]
     assert words[5] == "-d" and json.loads(words[6]) == TYPED and len(words) == 7
     # ...and the Python runs with the official SDK and gets the same answers.
     namespace: dict[str, Any] = {}
-    exec(snippet(page, "#copy-python"), namespace)
+    exec(snippet(page, "#copy-python", "Python"), namespace)
     sdk_answers = namespace["result"].answers
     assert sdk_answers["refund"].noul == api["answers"]["refund"]["noul"]
     assert sdk_answers["team"].probabilities == api["answers"]["team"]["probabilities"]
@@ -340,7 +350,7 @@ def test_a_model_that_is_gone_shows_the_404_with_the_server_s_list(page: Page, l
     detail = httpx.post(live_url + "/v1/systemone", json=gone, timeout=60).json()["detail"]
     assert f"model_not_found: {detail['message']}" in box.text and "tiny-chat" in detail["message"]
     listed = ["tiny-chat", "jev-latest → tiny-chat"]  # listed again, as the server has them now
-    page.until(lambda: [option.text for option in page.all("#model option")] == listed)
+    page.until(lambda: page.read(MODEL_OPTIONS) == listed)  # read in one step: the reload replaces the options
     assert "stale" in (page.one("#results").get_attribute("class") or "")  # the answers shown are the last ones
 
 
@@ -360,8 +370,13 @@ def test_while_the_model_loads_the_page_shows_the_503_and_retries(driver: WebDri
         assert "overloaded: the model is still loading" in box.text and "Retry-After: 5 s" in box.text
         assert not page.all("#model option") and not page.one("#ask").is_enabled()
         release.set()
-        page.one("#error .retry").click()
-        page.until(lambda: page.all("#model option") and page.one("#ask").is_enabled())
+
+        def listed() -> bool:
+            return bool(page.all("#model option")) and page.one("#ask").is_enabled()
+
+        # "retry now"; the page's own retry after Retry-After may replace the button first, or list the models
+        page.click("#error .retry", done=listed)
+        page.until(listed)
         assert not page.one("#error").is_displayed()
     finally:
         release.set()
@@ -375,26 +390,29 @@ def test_with_auth_on_the_page_asks_for_the_key_and_keeps_it_in_the_browser(
     try:
         page = Page(driver, server.base_url)
         page.open(models=False)
-        prompt, status = page.one("#key-prompt"), page.one("#key-status")
-        page.until(prompt.is_displayed)
+
+        def prompt() -> bool:
+            return page.one("#key-prompt").is_displayed()
+
+        page.until(prompt)
         assert "authentication_error" in page.error("401").text and not page.one("#ask").is_enabled()
 
         fill(page.one("#key"), "wrong")
         page.one("#key-prompt button").click()
-        page.until(lambda: status.is_displayed() and prompt.is_displayed() and page.one("#error").is_displayed())
+        page.until(lambda: page.one("#key-status").is_displayed() and prompt() and page.one("#error").is_displayed())
         assert page.error("401") and not page.all("#model option")
 
         fill(page.one("#key"), "s3cret")
         page.one("#key-prompt button").click()
-        page.until(lambda: page.all("#model option") and not prompt.is_displayed())
+        page.until(lambda: page.all("#model option") and not prompt())
         assert driver.execute_script("return localStorage.getItem('onepass.apiKey')") == "s3cret"
         page.ask()
         assert page.all("#answers .answer")
-        curl = snippet(page, "#copy-curl")
+        curl = snippet(page, "#copy-curl", "curl")
         assert '-H "Authorization: Bearer $ONEPASS_API_KEY"' in curl and "s3cret" not in curl
 
         page.one("#forget-key").click()
-        page.until(prompt.is_displayed)
+        page.until(prompt)
         assert driver.execute_script("return localStorage.getItem('onepass.apiKey')") is None
     finally:
         server.stop()
@@ -494,9 +512,8 @@ def test_an_image_attached_on_the_page_is_answered_and_a_hit_the_second_time(dri
         fill(page.one("#state"), "The paper on the table.")
         picker.send_keys(str(photo))
         page.until(lambda: page.all("#thumbnails .thumbnail"))
-        thumbnail = page.one("#thumbnails .thumbnail")
-        assert page.one("code", thumbnail).text == "<image-1>"
-        page.until(lambda: driver.execute_script("return arguments[0].naturalWidth", page.one("img", thumbnail)) == 40)
+        assert page.one("#thumbnails .thumbnail code").text == "<image-1>"
+        page.until(lambda: page.read("return arguments[0].naturalWidth", page.one("#thumbnails .thumbnail img")) == 40)
         assert page.one("#state").get_attribute("value") == "<image-1> The paper on the table."
 
         page.ask()
@@ -514,7 +531,7 @@ def test_an_image_attached_on_the_page_is_answered_and_a_hit_the_second_time(dri
         page.screenshot(tmp_path / "playground-image.png")
 
         namespace: dict[str, Any] = {}  # the Python handed over sends the image with the SDK
-        exec(snippet(page, "#copy-python"), namespace)
+        exec(snippet(page, "#copy-python", "Python"), namespace)
         assert namespace["result"].answers["refund"].noul == api["answers"]["refund"]["noul"]
 
         drop_file(page, "notes.txt", b"not a picture", "text/plain")

@@ -108,7 +108,8 @@ async function refreshAnswers() {
   if (!reply.ok) return showError(reply);
   const current = labelling.current;
   const now = reply.data.states.find((s) => s.state === current?.state);
-  labelling.queue = unsaved(reply.data.states).filter((s) => s !== now);
+  // skipped since it was asked for: the reply may list them
+  labelling.queue = unsaved(reply.data.states).filter((s) => s !== now && !labelling.skipped.has(s.state));
   if (!now) return;
   labelling.current = now;
   for (const card of $$("#label-questions .to-label")) {
