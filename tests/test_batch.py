@@ -18,6 +18,7 @@ from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
 from app.contract import SystemOneRequest, SystemOneResponse
+from app.engine.caller import current
 from app.http.batch import parse_items, schedule
 from app.http.runtime import Runtime
 from app.http.server import create_app
@@ -72,15 +73,15 @@ class Doorman(ModelService):
         self.held: set[str] = set()
         self.until_cancelled: set[str] = set()
 
-    def answer(self, request: SystemOneRequest, cancelled: threading.Event | None = None) -> SystemOneResponse:
+    def answer(self, request: SystemOneRequest) -> SystemOneResponse:
         state = request.state_text
         with self.door:
             self.entered.append(state)
             self.door.notify_all()
             assert self.door.wait_for(lambda: state not in self.held, WAIT)
         if state in self.until_cancelled:
-            assert cancelled is not None and cancelled.wait(WAIT)
-        return super().answer(request, cancelled)
+            assert current().stop.wait(WAIT)
+        return super().answer(request)
 
     def open(self, state: str) -> None:
         with self.door:
@@ -263,6 +264,8 @@ def test_a_large_batch_runs_as_a_job_with_progress_then_results_in_order(
         finished = client.get(location).json()
         assert (finished["status"], finished["done"], finished["errors"], finished["eta_s"]) == ("done", 6, 1, None)
         assert [settled(result) for result in finished["results"]] == [alone(client, body) for body in requests]
+        # a finished job is kept for its results only: none of its requests' bytes (images) stay with it
+        assert [item.request for item in job.work.batch.items] == [None] * len(requests)
         assert client.get("/v1/systemone/jobs/nope").json()["detail"]["error_type"] == "not_found"
 
 

@@ -19,6 +19,7 @@ from starlette.testclient import TestClient
 from app.answering.prompter import Plan
 from app.answering.service import ModelService, RequestReadouts
 from app.contract import SystemOneRequest, SystemOneResponse
+from app.engine.caller import current
 from app.fleet.processes import READY, ServerProcess
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
@@ -44,12 +45,12 @@ class HeldService(ModelService):
         self.passed = threading.Event()
         self.saw_cancel: list[bool] = []
 
-    def answer(self, request: SystemOneRequest, cancelled: threading.Event | None = None) -> SystemOneResponse:
+    def answer(self, request: SystemOneRequest) -> SystemOneResponse:
         self.entered.set()
         self.release.wait(30)
-        self.saw_cancel.append(cancelled is not None and cancelled.is_set())
+        self.saw_cancel.append(current().stopped)
         self.passed.set()
-        return super().answer(request, cancelled)
+        return super().answer(request)
 
 
 class CancelWatchingService(ModelService):
@@ -61,11 +62,11 @@ class CancelWatchingService(ModelService):
         self.passed = threading.Event()
         self.saw_cancel: list[bool] = []
 
-    def answer(self, request: SystemOneRequest, cancelled: threading.Event | None = None) -> SystemOneResponse:
+    def answer(self, request: SystemOneRequest) -> SystemOneResponse:
         self.entered.set()
-        self.saw_cancel.append(cancelled is not None and cancelled.wait(30))
+        self.saw_cancel.append(current().stop.wait(30))
         self.passed.set()
-        return super().answer(request, cancelled)
+        return super().answer(request)
 
 
 class FaultyService(ModelService):
@@ -75,12 +76,12 @@ class FaultyService(ModelService):
         self.__dict__.update(inner.__dict__)
         self.faults = 1
 
-    def decode(self, plan: Plan, cancelled: threading.Event | None, **reads: Any) -> RequestReadouts:
+    def decode(self, plan: Plan, **reads: Any) -> RequestReadouts:
         if self.faults:
             self.faults -= 1
             rendered = plan.suffixes()[0]
             object.__setattr__(rendered, "tokens", (*rendered.tokens[:-1], self.engine.vocab.n_vocab + 7))
-        return super().decode(plan, cancelled, **reads)
+        return super().decode(plan, **reads)
 
 
 @pytest.fixture

@@ -3,11 +3,13 @@ what a prefill costs, and a dropped snapshot is prefilled anew."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from app.engine.caller import Caller, working_for
 from app.engine.disk_tier import DiskTier, SnapshotIdentity
 from app.engine.llama import Engine, Timing
 from app.engine.ram_tier import RamTier, cache_key
@@ -15,6 +17,9 @@ from app.engine.snapshot import Snapshot
 from app.engine.tiers import PrefixCache
 from app.errors import Cancelled
 from tests.conftest import GPU_LAYERS
+
+STOPPED = Caller(stop=threading.Event())
+STOPPED.stop.set()  # nobody waits for this caller's answer any more
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +44,8 @@ def test_a_prefix_is_prefilled_once_then_a_ram_hit_and_after_a_restart_a_disk_hi
     timing = Timing()
     first = tiers.resolve(key, tokens, base, timing)
     assert first.source == "miss" and tiers.prefilled_tokens == len(tokens) - base.n_tokens and timing.prefill_ms > 0
-    again = tiers.resolve(key, tokens, base, Timing(), cancelled=lambda: True)  # a hit never prefills
+    with working_for(STOPPED):  # a hit never prefills, so a stopped caller still gets it
+        again = tiers.resolve(key, tokens, base, Timing())
     assert again.source == "hit" and again.snapshot == first.snapshot
     disk.close()  # finishes the background write
     restarted = PrefixCache(engine, RamTier(4, 4096), disk_for(engine, tmp_path))
@@ -73,8 +79,8 @@ def test_a_snapshot_forgotten_on_purpose_is_a_miss_and_no_failed_restore(engine:
 def test_a_cancelled_request_stops_before_the_prefill_and_no_ram_tier_reads_off(engine: Engine) -> None:
     tokens = tuple(engine.vocab.tokenize("Another state entirely."))
     tiers = PrefixCache(engine, RamTier(4, 4096))
-    with pytest.raises(Cancelled):
-        tiers.resolve(cache_key("c"), tokens, None, Timing(), cancelled=lambda: True)
+    with working_for(STOPPED), pytest.raises(Cancelled):
+        tiers.resolve(cache_key("c"), tokens, None, Timing())
     assert tiers.prefilled_tokens == 0
     off = PrefixCache(engine, RamTier(0, 0))
     assert off.resolve(cache_key("o"), tokens, None, Timing()).source == "off"

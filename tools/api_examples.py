@@ -39,6 +39,7 @@ from app.calibration import Evidence
 from app.config import Settings
 from app.config_sources import SettingsSource
 from app.contract import SystemOneRequest, SystemOneResponse
+from app.engine.caller import current
 from app.fitting.labelling import LabellingFiles, read_states
 from app.fitting.labels import LabelsFile, labels_path
 from app.http.server import create_app
@@ -233,9 +234,9 @@ class Gate(ModelService):
             assert until is not None, "a hold until cancelled, for work that cannot be cancelled"
             until.wait(WAIT_S)
 
-    def answer(self, request: SystemOneRequest, cancelled: threading.Event | None = None) -> SystemOneResponse:
-        self._hold(cancelled)
-        return super().answer(request, cancelled)
+    def answer(self, request: SystemOneRequest) -> SystemOneResponse:
+        self._hold(current().stop)
+        return super().answer(request)
 
     def evidence(self, request: SystemOneRequest, *, hidden: bool = False) -> dict[str, Evidence]:
         self._hold(None)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +26,7 @@ from app.contract import (
 )
 from app.engine.llama import Engine, Readout, RestoreError, Snapshot, SuffixReadouts, SuffixTokens, Timing
 from app.engine.tiers import PrefixCache, ResolvedPrefix
-from app.errors import ApiError, Cancelled, InvalidRequest
+from app.errors import ApiError, InvalidRequest
 
 log = logging.getLogger("onepass.service")
 
@@ -100,13 +99,14 @@ class ModelService:
             "disk": disk.stats() if disk is not None else {"enabled": False},
         }
 
-    def answer(self, request: SystemOneRequest, cancelled: threading.Event | None = None) -> SystemOneResponse:
-        """The response. `cancelled` (a timeout, a client gone) stops it before the next llama.cpp step."""
+    def answer(self, request: SystemOneRequest) -> SystemOneResponse:
+        """The response. Each step (a wait for a context, a piece of a prefill, a decode) is made for the
+        current caller (app/engine/caller.py), and none starts once nobody waits for the answer: Cancelled."""
         started = time.perf_counter()
         plan = self.plan(request)
         fits = self.calibration.fits_for(request.questions, same_set=plan.question_set is not None)
         decoded = self.decode(
-            plan, cancelled, hidden=fits.reads_hidden, state_mean=fits.reads_state_mean, state_only=fits.state_only
+            plan, hidden=fits.reads_hidden, state_mean=fits.reads_state_mean, state_only=fits.state_only
         )
         decoded_at = time.perf_counter()
         # a question seen for the first time has its content-free prior measured here
@@ -123,7 +123,7 @@ class ModelService:
     def evidence(self, request: SystemOneRequest, *, hidden: bool = False) -> dict[str, Evidence]:
         """What fitting reads of each question, through the same path as `answer` (and its cache); with
         `hidden` the vectors the probe fits read too (the question's hidden vector, the state's mean)."""
-        decoded = self.decode(self.plan(request), None, hidden=hidden, state_mean=hidden)
+        decoded = self.decode(self.plan(request), hidden=hidden, state_mean=hidden)
         return self.calibration.evidence(decoded.base, decoded.asked, decoded.state_mean)
 
     def plan(self, request: SystemOneRequest) -> Plan:
@@ -162,7 +162,6 @@ class ModelService:
     def decode(
         self,
         plan: Plan,
-        cancelled: threading.Event | None,
         *,
         hidden: bool = False,
         state_mean: bool = False,
@@ -173,24 +172,21 @@ class ModelService:
         its state's mean vector where the engine reads one), but for the questions in `state_only`, whose
         answers read the state's mean alone: they get no readout. A model without memory reads each
         prompt whole."""
-        check = cancelled.is_set if cancelled is not None else (lambda: False)
         if self.engine.memoryless:
-            return self._encode(plan, check)
+            return self._encode(plan)
         built = Timing()
-        base = self._base_for(plan, built, check)
+        base = self._base_for(plan, built)
         key = self.states.key(*plan.key)
         # A decision template's state can merge with the end of its head: then prefill from the start.
         start = base if plan.prefix[: base.n_tokens] == base.tokens else None
-        prefix = self.states.resolve(key, plan.prefix, start, built, check, state_mean, plan.spans, plan.images)
+        prefix = self.states.resolve(key, plan.prefix, start, built, state_mean, plan.spans, plan.images)
         suffixes = distinct_suffixes(v for qid, _, r in plan.questions if qid not in state_only for v in r.variants)
-        if check():
-            raise Cancelled("cancelled before the decode")
         try:
             answered = self._decode_suffixes(prefix.snapshot, suffixes, hidden)
         except RestoreError as error:
             log.warning("%s: dropping a snapshot that failed to restore (%s); prefilling again", self.name, error)
             self.states.drop(key)
-            prefix = self.states.resolve(key, plan.prefix, start, built, check, state_mean, plan.spans, plan.images)
+            prefix = self.states.resolve(key, plan.prefix, start, built, state_mean, plan.spans, plan.images)
             answered = self._decode_suffixes(prefix.snapshot, suffixes, hidden)
         asked = question_readouts(plan, suffixes, answered.readouts, state_only)
         timing = Timing(
@@ -243,7 +239,7 @@ class ModelService:
             return SuffixReadouts([], 0, Timing())
         return self.engine.decode_suffixes(prefix, suffixes, hidden=hidden)
 
-    def _encode(self, plan: Plan, check: Callable[[], bool]) -> RequestReadouts:
+    def _encode(self, plan: Plan) -> RequestReadouts:
         """Each distinct whole prompt through a model without memory, once, read at every row a
         question asks of it (a joint head's questions share one prompt)."""
         rows: dict[tuple[tuple[int, ...], tuple[int, ...]], set[int]] = {}
@@ -253,8 +249,6 @@ class ModelService:
             spans[(suffix.tokens, suffix.order)] = suffix.spans  # a request's prompts hold the same images
         vectors, timing = {}, Timing()
         for (tokens, order), wanted in sorted(rows.items()):
-            if check():
-                raise Cancelled("cancelled before the decode")
             read = sorted(wanted)
             encoded = self.engine.encode(tokens, read, order, spans=spans[(tokens, order)], images=plan.images)
             vectors[(tokens, order)] = dict(zip(read, encoded.vectors, strict=True))
@@ -274,14 +268,14 @@ class ModelService:
             plan, self.base, asked, prefix, [SuffixTokens(t, (), ()) for t, _ in rows], timing, len(rows)
         )
 
-    def _base_for(self, plan: Plan, built: Timing, check: Callable[[], bool]) -> Snapshot:
+    def _base_for(self, plan: Plan, built: Timing) -> Snapshot:
         """What the state's prefix starts from: the base, or in the question-first layout the question
         set's snapshot on it (the prefix cache is a small tree)."""
         if plan.question_set is None:
             return self.base
         tokens = (*self.base.tokens, *plan.question_set.tokens)
         key = self.question_sets.key(*plan.question_set.key)
-        return self.question_sets.resolve(key, tokens, self.base, built, check).snapshot
+        return self.question_sets.resolve(key, tokens, self.base, built).snapshot
 
 
 def _answer(asked: QuestionReadouts, found: AnswerProbabilities) -> Answer:

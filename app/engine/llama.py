@@ -33,6 +33,7 @@ from numpy.typing import NDArray
 
 from app.engine import bindings, whole_prompt
 from app.engine.bindings import EngineError, llama
+from app.engine.caller import Lane, current
 from app.engine.fingerprint import model_digest
 from app.engine.pool import Context, ContextPool, KvSettings, keeps_memory
 from app.engine.pool import RestoreError as RestoreError  # raised through the engine; the pool is its own
@@ -144,6 +145,7 @@ class Engine:
         # every byte, the projector's too: the disk tier trusts snapshots by it
         self.fingerprint = model_digest(model_path, mmproj)
         kv = KvSettings(n_ctx, repack=repack, flash_attn=flash_attn)
+        self.n_ubatch = kv.n_ubatch
         # besides the tokens, what shapes a snapshot's bytes: in every cache key (reading a layer splits
         # the graph's computation there, which a GPU backend may round differently)
         self.kv_settings = kv.describe() + ("" if layer is None else f";probe_layer={layer}")
@@ -203,6 +205,10 @@ class Engine:
             llama.llama_model_n_layer(self.model) * llama.llama_model_n_head_kv(self.model) * (head_k + head_v) * 2
         )
 
+    def busy_seconds(self) -> dict[Lane, float]:
+        """The seconds its contexts have been lent so far, per lane of work."""
+        return self._pool.busy_seconds()
+
     def close(self) -> None:
         """Free the contexts and the model; later calls raise EngineError instead of crashing."""
         self._pool.close()  # waits for requests in flight to hand their context back
@@ -251,14 +257,21 @@ class Engine:
                 state_mean.flags.writeable = False
             timing.prefill_ms = _ms_since(began)
             snapshot = Snapshot(ctx.save(), tuple(tokens), state_mean, spans)
-            ctx.held = (*ctx.held, snapshot)
+            ctx.holding(snapshot)
             return snapshot, timing
 
-    @staticmethod
-    def _decode_text(ctx: Context, tokens: Sequence[int], position: int) -> int:
-        """Decode `tokens` into sequence 0 from `position` (the layer tap reading on); the position after."""
-        if tokens:
-            ctx.fill([(token, position + i, (0,), False) for i, token in enumerate(tokens)])
+    def _decode_text(self, ctx: Context, tokens: Sequence[int], position: int) -> int:
+        """Decode `tokens` into sequence 0 from `position` (the layer tap reading on); the position after.
+
+        One micro-batch per llama_decode, the pieces llama.cpp would split one call into anyway (so the
+        cells hold the same bytes), with a look between them whether anyone still waits for the work:
+        a long state stops within one piece of its client leaving."""
+        work = current()
+        step = self.n_ubatch
+        for start in range(0, len(tokens), step):
+            work.check("a piece of the prefill")
+            piece = tokens[start : start + step]
+            ctx.fill([(token, position + start + i, (0,), False) for i, token in enumerate(piece)])
             ctx.decode(more_rows=True)
         return position + len(tokens)
 
@@ -266,6 +279,7 @@ class Engine:
         """Encode the image of `span` and decode it into sequence 0 from `position`; the position after."""
         if self.vision is None:
             raise EngineError("this model has no vision projector: it takes no images")
+        current().check("an image's prefill")
         if span.sha256 not in images:
             raise ValueError(f"no file given for the image {span.sha256}")
         n_tokens, after = self.vision.decode(ctx.ctx, images[span.sha256], span.sha256, position)
@@ -294,6 +308,7 @@ class Engine:
             timing.restore_ms = _ms_since(began)
             began = time.perf_counter()
             for group in groups:
+                current().check("a decode of questions")
                 readouts.extend(self._decode_group(ctx, prefix.next_pos, [suffixes[i] for i in group], hidden))
             timing.decode_ms = _ms_since(began)
         return SuffixReadouts(readouts, len(groups), timing)

@@ -5,6 +5,10 @@ save it, take a batch of rows and decode it. The engine's own: nothing outside a
 A request borrows one context. A context is handed back holding only sequence 0, so a request for
 the snapshot it holds (or for the base that snapshot grew from) skips the restore: the cells
 already hold the snapshot's exact bytes.
+
+Each borrow is made for the current work (app/engine/caller.py): interactive work is lent an idle
+context before background work, background work holds at most `background_cap` contexts, and a
+borrower whose work is stopped gives up its wait instead of taking a context for nobody.
 """
 
 from __future__ import annotations
@@ -12,15 +16,21 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
+import time
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from app.engine.bindings import EngineError, llama
+from app.engine.caller import LANES, Lane, current
 from app.engine.layer_tap import LayerTap
 from app.engine.snapshot import Snapshot
 from app.engine.suffix_tree import MAX_SEQUENCES, Row
 
 N_UBATCH = 512
+# How often a borrower waiting for a context looks whether its work was stopped meanwhile: the
+# stop event belongs to the request, not to the pool, so it cannot wake the pool's waiters itself.
+STOP_POLL_S = 0.05
 
 
 class RestoreError(EngineError):
@@ -92,8 +102,10 @@ class Context:
         self.batch = llama.llama_batch_init(n_ctx, 0, MAX_SEQUENCES)
         self.prompt = llama.llama_batch_ext_init(self.ctx) if encoder else None  # a whole prompt, with its marks
         # Snapshots whose exact bytes sequence 0 holds, shortest first (a base, then what was
-        # prefilled on it); sequence 0 is the only sequence left between requests.
-        self.held: tuple[Snapshot, ...] = ()
+        # prefilled on it); sequence 0 is the only sequence left between requests. Weak: a context
+        # must not keep alive a snapshot the RAM tier has evicted (its bytes would then be counted
+        # nowhere), and a request can only ask for a snapshot it holds itself.
+        self.held: tuple[weakref.ref[Snapshot], ...] = ()
 
     def clear(self) -> None:
         if self.memory:
@@ -102,7 +114,11 @@ class Context:
 
     def position_of(self, snapshot: Snapshot) -> int | None:
         """Where `snapshot` stands in `held` (compared by identity), or None."""
-        return next((i for i, held in enumerate(self.held) if held is snapshot), None)
+        return next((i for i, held in enumerate(self.held) if held() is snapshot), None)
+
+    def holding(self, snapshot: Snapshot) -> None:
+        """Sequence 0 now also holds `snapshot` (saved from it after what it held before)."""
+        self.held = (*self.held, weakref.ref(snapshot))
 
     def hold(self, snapshot: Snapshot) -> None:
         """Make sequence 0 hold exactly `snapshot`: cut back to it when the context holds it
@@ -120,7 +136,7 @@ class Context:
         )
         if read != len(blob):  # borrow clears the context on the way out: never a half-restored sequence
             raise RestoreError(f"llama.cpp restored {read} of {len(blob)} snapshot bytes")
-        self.held = (snapshot,)
+        self.held = (weakref.ref(snapshot),)
 
     def save(self) -> bytes:
         """Sequence 0's state (llama_state_seq_get_data): a snapshot's bytes."""
@@ -180,13 +196,16 @@ def keeps_memory(model: ctypes.c_void_p, kv: KvSettings, threads: int) -> bool:
 
 
 class ContextPool:
-    """A model's contexts, all made alike, each lent to one request at a time."""
+    """A model's contexts, all made alike, each lent to one piece of work at a time, interactive work first."""
 
     def __init__(self, model: ctypes.c_void_p, kv: KvSettings, threads: int, *, encoder: bool, tap: int | None) -> None:
         self._model, self._kv, self._threads, self._encoder, self._tap = model, kv, threads, encoder, tap
         self._contexts: list[Context] = []
         self._idle: list[Context] = []  # least recently used first
         self._idle_changed = threading.Condition()
+        self._waiting: dict[Lane, int] = dict.fromkeys(LANES, 0)
+        self._lent: dict[Lane, int] = dict.fromkeys(LANES, 0)
+        self._busy_s: dict[Lane, float] = dict.fromkeys(LANES, 0.0)  # how long contexts were lent, per lane
 
     def open(self, count: int) -> None:
         """Add `count` contexts to the pool."""
@@ -197,6 +216,24 @@ class ContextPool:
                 self._idle.append(ctx)
                 self._idle_changed.notify_all()
 
+    @property
+    def background_cap(self) -> int:
+        """The most contexts background work holds at once: half the pool, at least one."""
+        return max(1, len(self._contexts) // 2)
+
+    def lent(self, lane: Lane) -> int:
+        with self._idle_changed:
+            return self._lent[lane]
+
+    def waiting(self, lane: Lane) -> int:
+        with self._idle_changed:
+            return self._waiting[lane]
+
+    def busy_seconds(self) -> dict[Lane, float]:
+        """The seconds contexts have been lent so far, per lane (for /metrics: the work done, answered or not)."""
+        with self._idle_changed:
+            return dict(self._busy_s)
+
     def close(self) -> None:
         """Free every context once requests in flight have handed theirs back; borrow then raises EngineError."""
         with self._idle_changed:
@@ -205,22 +242,44 @@ class ContextPool:
                 ctx.close()
             self._contexts.clear()
             self._idle.clear()
+            self._idle_changed.notify_all()
+
+    def _may_take(self, lane: Lane) -> bool:
+        if not self._contexts:
+            return True  # closed: the borrower raises
+        if not self._idle:
+            return False
+        if lane == "interactive":
+            return True
+        return self._waiting["interactive"] == 0 and self._lent["background"] < self.background_cap
 
     @contextlib.contextmanager
     def borrow(self, wanted: Snapshot | None) -> Iterator[Context]:
-        """An idle context: one that already holds `wanted` if there is one, else the least recently used.
+        """An idle context for the current work: one that already holds `wanted` if there is one, else
+        the least recently used. Cancelled, instead, once the work is stopped while it waits.
 
         A context is handed back holding its sequence 0, so the next request for the same
         prefix (or a prefix of it, such as the base) skips the restore. Anything that goes
         wrong on the way clears it.
         """
+        work = current()
+        work.check("a context was free")
         with self._idle_changed:
-            self._idle_changed.wait_for(lambda: bool(self._idle) or not self._contexts)
+            self._waiting[work.lane] += 1
+            try:
+                while not self._may_take(work.lane):
+                    self._idle_changed.wait(STOP_POLL_S)
+                    work.check("a context was free")
+            finally:
+                self._waiting[work.lane] -= 1
+                self._idle_changed.notify_all()  # a background borrower may take one now
             if not self._contexts:
                 raise EngineError("the engine is closed")
             holding = [ctx for ctx in self._idle if wanted is not None and ctx.position_of(wanted) is not None]
             ctx = holding[-1] if holding else self._idle[0]
             self._idle.remove(ctx)
+            self._lent[work.lane] += 1
+        lent_at = time.perf_counter()
         handed_back = False
         try:
             yield ctx
@@ -230,4 +289,6 @@ class ContextPool:
                 ctx.clear()
             with self._idle_changed:
                 self._idle.append(ctx)
-                self._idle_changed.notify()
+                self._lent[work.lane] -= 1
+                self._busy_s[work.lane] += time.perf_counter() - lent_at
+                self._idle_changed.notify_all()  # waiters of both lanes: each has its own rule

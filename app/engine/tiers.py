@@ -9,11 +9,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from app.engine.caller import current
 from app.engine.disk_tier import DiskTier
 from app.engine.llama import Engine, Timing
 from app.engine.ram_tier import CacheKey, RamTier, cache_key
 from app.engine.snapshot import ImageSpan, Snapshot
-from app.errors import Cancelled
 
 Source = Literal["hit", "disk", "miss", "off"]
 
@@ -54,7 +54,6 @@ class PrefixCache:
         tokens: tuple[int, ...],
         base: Snapshot | None,
         timing: Timing,
-        cancelled: Callable[[], bool] = lambda: False,
         state_mean: bool = False,
         spans: tuple[ImageSpan, ...] = (),
         images: Mapping[str, bytes] | None = None,
@@ -68,8 +67,7 @@ class PrefixCache:
         state_mean = state_mean and base is not None and self.engine.probe_layer is not None
 
         def prefilled() -> Snapshot:
-            if cancelled():
-                raise Cancelled("cancelled before the prefill")
+            current().check("the prefill")
             snapshot, spent = self.engine.prefill(tokens, base=base, spans=spans, images=images)
             with self._counter_lock:
                 self.prefilled_tokens += len(tokens) - (base.n_tokens if base is not None else 0)

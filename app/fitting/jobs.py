@@ -51,7 +51,7 @@ class FitWork:
                 raise RuntimeError("this model has no folder for fits")
             evidence = self.evidence
             if evidence is None:
-                answered = answer_all(service, self.examples, self.progress, self.cancel.is_set, journal)
+                answered = answer_all(service, self.examples, self.progress, self.cancel, journal)
                 self.reused, evidence = answered.reused, answered.evidence
             else:
                 self.reused = len(evidence)

@@ -96,7 +96,7 @@ class _Answering(FitWork):
             journal = journal_for(service)
             if journal is None:
                 raise RuntimeError(f"{self.model} keeps no fits (no calibration_dir): nothing to label for")
-            answered = answer_all(service, self.examples, self.progress, self.cancel.is_set, journal)
+            answered = answer_all(service, self.examples, self.progress, self.cancel, journal)
             self.reused = answered.reused
             same_set = service.plan(self.examples[0].request).question_set is not None
         self.session.answered(answered.evidence, same_set)

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -27,7 +28,8 @@ from app.calibration import (
     ratio_of,
 )
 from app.contract import Question, canonical_json
-from app.errors import ApiError, InvalidRequest
+from app.engine.caller import Caller, working_for
+from app.errors import ApiError, Cancelled, InvalidRequest
 from app.fitting.examples import ExampleError, UserExample
 from app.fitting.journal import EvidenceJournal
 from app.fitting.reach import reach
@@ -104,12 +106,15 @@ def answer_all(
     service: ModelService,
     examples: Sequence[UserExample],
     progress: Progress,
-    stop: Callable[[], bool] = lambda: False,
+    stop: threading.Event | None = None,
     journal: EvidenceJournal | None = None,
 ) -> ExampleEvidence:
-    """Each example's evidence, through the answering path and its cache, counted in `progress`. With
-    a `journal`, evidence answered before is reused, and each newly answered example's is kept there
-    as soon as it is answered, so an interrupted run resumes where it stopped."""
+    """Each example's evidence, through the answering path and its cache, counted in `progress`, as
+    background work (app/engine/caller.py): interactive requests are lent the model's contexts first, and
+    `stop` ends the run at the next step of any example. With a `journal`, evidence answered before is
+    reused, and each newly answered example's is kept there as soon as it is answered, so an interrupted
+    run resumes where it stopped."""
+    work = Caller("background", stop if stop is not None else threading.Event())
     kept = [journal.load(e.request, hidden=True) if journal else None for e in examples]
     reused = sum(found is not None for found in kept)
     progress.skip(reused)
@@ -118,11 +123,14 @@ def answer_all(
         if known is not None:
             found.append(known)
             continue
-        if stop():
+        if work.stopped:
             raise InterruptedError("the fitting run was cancelled")
         began = time.perf_counter()
         try:
-            evidence = service.evidence(example.request, hidden=True)  # hidden: for the probe candidate
+            with working_for(work):
+                evidence = service.evidence(example.request, hidden=True)  # hidden: for the probe candidate
+        except Cancelled as error:
+            raise InterruptedError("the fitting run was cancelled") from error
         except ValueError as error:  # a decision head's answers: nothing a fit reads
             raise ExampleError(f"{service.name}: {error}") from error
         except (InvalidRequest, ApiError) as error:  # one the server would refuse, say a state too long

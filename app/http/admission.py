@@ -1,19 +1,21 @@
 """Admission per model: the places a model's requests hold (its `contexts` answering, `max_queue` waiting),
 and the turns a batch's items take so that they never stand between a single request and a context.
 
-A single request takes one place when it comes (503 when there is none) and runs at once. A batch
+A single request takes one place when it comes (503 when there is none) and runs at once; its worker
+gives the place back when the work has really stopped, not when the client stopped waiting. A batch
 answered in its response takes one place per request at the door, all or none; a batch job takes its
 place as each of its requests runs. Either way a batch's next request starts only when one of the
 model's contexts has nothing running: a single request waits for at most the batch requests already
-running when it came, never for a whole batch.
+running when it came, never for a whole batch. Fitting and labelling take no places: the engine lends
+its contexts to them only when no request waits (app/engine/caller.py), so a request waits for at most
+the step of theirs already running, never for a whole fit.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 from app.errors import ApiError
 
@@ -43,21 +45,21 @@ class Admission:
         counts[name] = counts.get(name, 0) + delta
         self.changed.notify_all()
 
-    @contextlib.contextmanager
-    def request(self, name: str, capacity: int) -> Iterator[None]:
-        """A single request's place among the `capacity` its model has, held while it is answered."""
+    def take(self, name: str, capacity: int) -> Place:
+        """A single request's place among the `capacity` its model has (503 when there is none), held
+        until its worker gives it back (Place)."""
         with self.changed:
             held = self._held.get(name, 0)
             if held >= capacity:
                 raise overloaded(f"{held} requests in flight for {name}; try again shortly")
             self._add(self._held, name, 1)
             self._add(self._running, name, 1)
-        try:
-            yield
-        finally:
-            with self.changed:
-                self._add(self._held, name, -1)
-                self._add(self._running, name, -1)
+        return Place(self, name)
+
+    def _leave(self, name: str) -> None:
+        with self.changed:
+            self._add(self._held, name, -1)
+            self._add(self._running, name, -1)
 
     def reserve(self, wanted: Mapping[str, int], capacity: Mapping[str, int]) -> None:
         """A place for each of a batch's requests, per model, all or none (503 when a model lacks room)."""
@@ -113,3 +115,36 @@ class Admission:
         event.set()
         with self.changed:
             self.changed.notify_all()
+
+
+class Place:
+    """A single request's place, given back exactly once: by the worker that answers the request when
+    its work ends, or by the event loop when that worker never started (the client left first)."""
+
+    def __init__(self, admission: Admission, name: str) -> None:
+        self._admission, self._name = admission, name
+        self._lock = threading.Lock()
+        self._claimed = self._given_back = False
+
+    def claim(self) -> bool:
+        """The worker, as it starts: True when the request is still to be answered (the place is then
+        its to give back), False when the loop gave the place back already."""
+        with self._lock:
+            self._claimed = not self._given_back
+            return self._claimed
+
+    def give_back(self) -> None:
+        """The worker, as its work ends."""
+        with self._lock:
+            if self._given_back:
+                return
+            self._given_back = True
+        self._admission._leave(self._name)
+
+    def give_back_unclaimed(self) -> None:
+        """The loop, once it stops waiting: gives the place back only if no worker claimed it."""
+        with self._lock:
+            if self._claimed or self._given_back:
+                return
+            self._given_back = True
+        self._admission._leave(self._name)

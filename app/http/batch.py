@@ -183,6 +183,7 @@ def answer_items(
             if item.result is None and run.expired:
                 timeout = ApiError(504, "timeout", f"not answered within the batch's {run.budget:g} s")
                 item.result, late = error_result(timeout), late + 1
+            item.request = None  # settled or stopped: nothing reads it again
         run.progress.skip(late)
 
 
@@ -222,5 +223,6 @@ def _answer_one(item: Item, run: Run, registry: ModelRegistry, admission: Admiss
             log.exception("batch request %d failed", item.index)
     finally:
         admission.done(item.model)
+    item.request = None  # answered: a job kept for its results keeps no request's bytes (its images)
     run.progress.step()
     return True

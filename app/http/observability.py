@@ -79,6 +79,11 @@ class _Sources(Collector):
             "onepass_cache_disk_rejected", "snapshot files deleted on read, by reason", labels=["model", "reason"]
         )
         prefilled = CounterMetricFamily("onepass_prefilled_tokens", "state tokens prefilled", labels=["model"])
+        busy = CounterMetricFamily(
+            "onepass_context_busy_seconds",
+            "time the model's contexts were lent to work, answered or abandoned, by lane",
+            labels=["model", "lane"],
+        )
         for model, stats in found.get("models", {}).items():
             for name, family in requests.items():
                 family.add_metric([model], stats[name])
@@ -94,11 +99,14 @@ class _Sources(Collector):
             for reason, count in stats["tiers"]["disk"].get("rejected", {}).items():
                 rejected.add_metric([model, reason], count)
             prefilled.add_metric([model], stats["prefilled_tokens"])
+            for lane, seconds in stats["busy_seconds"].items():
+                busy.add_metric([model, lane], seconds)
         yield from requests.values()
         yield from gauges.values()
         yield from counters.values()
         yield rejected
         yield prefilled
+        yield busy
 
 
 class RequestObserver:

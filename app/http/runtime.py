@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import logging
 import threading
@@ -16,7 +15,7 @@ from app.config_sources import ConfigError, SettingsSource, reload_settings
 from app.errors import ApiError, ModelNotFound
 from app.fitting.jobs import FitWork
 from app.fitting.labelling import LabellingSession
-from app.http.admission import Admission
+from app.http.admission import Admission, Place
 from app.http.batch_jobs import BatchWork
 from app.images import IMAGES_BODY_BYTES
 from app.jobs import JobRegistry
@@ -60,12 +59,12 @@ class Runtime:
         matched = [hmac.compare_digest(offered, key) for key in self.api_keys]
         return scheme.lower() == b"bearer" and any(matched)
 
-    def admit(self, name: str, contexts: int) -> contextlib.AbstractContextManager[None]:
+    def admit(self, name: str, contexts: int) -> Place:
         """A place among the requests one model is serving (its `contexts`) or queueing; 503 when full.
 
         Per model: each model has its own pool of contexts, so a busy model does not turn
         requests for an idle one away."""
-        return self.admission.request(name, contexts + self.settings.max_queue)
+        return self.admission.take(name, contexts + self.settings.max_queue)
 
     def reload(self) -> dict[str, list[str]]:
         """Read the settings again from the same sources (SIGHUP, POST /v1/config/reload) and apply
@@ -121,6 +120,7 @@ class Runtime:
                 models[name] = {
                     "tiers": service.cache_stats(),
                     "prefilled_tokens": service.prefilled_tokens,
+                    "busy_seconds": service.engine.busy_seconds(),
                     "in_flight": in_flight,
                     "queue_depth": max(0, in_flight - self.registry.contexts_of(name)),
                 }

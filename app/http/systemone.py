@@ -40,25 +40,38 @@ async def _answer_in_worker(
     request: Request, runtime: Runtime, name: str, parsed: SystemOneRequest
 ) -> SystemOneResponse:
     """The model's answer, computed in a worker thread once admitted: stopped when the client goes
-    away (Cancelled) or the request times out (504)."""
+    away (Cancelled) or the request times out (504). Either way the worker stops at its next step,
+    and it alone gives the request's place back, when its work has ended: a client that gives up
+    frees no place for new work while its own still runs."""
     registry, timeout = runtime.require_registry(), runtime.settings.request_timeout
     cancelled = threading.Event()
     outcome: dict[str, Any] = {}
-    with runtime.admit(name, registry.contexts_of(name)):
-        log.debug("request %s admitted for %s", request.headers.get("x-request-id", "-"), name)
+    place = runtime.admit(name, registry.contexts_of(name))
+
+    def answer() -> SystemOneResponse:
+        if not place.claim():
+            raise Cancelled("the client left before the request started")
+        try:
+            return registry.answer(name, parsed, cancelled)
+        finally:
+            place.give_back()
+
+    log.debug("request %s admitted for %s", request.headers.get("x-request-id", "-"), name)
+    try:
         async with anyio.create_task_group() as group:
             group.start_soon(_until_disconnected, request, cancelled.set, group.cancel_scope)
             try:
                 with anyio.fail_after(timeout):
-                    outcome["response"] = await anyio.to_thread.run_sync(
-                        registry.answer, name, parsed, cancelled, abandon_on_cancel=True
-                    )
+                    outcome["response"] = await anyio.to_thread.run_sync(answer, abandon_on_cancel=True)
             except Exception as error:  # raised below, outside the task group that would wrap it
                 outcome["error"] = error
             finally:
                 group.cancel_scope.cancel()
+    finally:
+        if "response" not in outcome:
+            cancelled.set()  # the worker stops at its next step instead of working for nobody
+        place.give_back_unclaimed()
     if isinstance(outcome.get("error"), TimeoutError):
-        cancelled.set()  # the worker stops at its next step instead of working for nobody
         raise ApiError(504, "timeout", f"no answer within {timeout:g} s")
     if "error" in outcome:
         raise outcome["error"]

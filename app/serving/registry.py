@@ -18,6 +18,7 @@ from typing import Self
 
 from app.answering.service import ModelService
 from app.contract import SystemOneRequest, SystemOneResponse, validation_error
+from app.engine.caller import Caller, current, working_for
 from app.errors import InvalidRequest, ModelNotFound, ModelUnavailable
 from app.serving.catalogue import CatalogueEntry
 from app.serving.loading import load_spec
@@ -113,9 +114,14 @@ class ModelRegistry:
     def answer(
         self, name: str, request: SystemOneRequest, cancelled: threading.Event | None = None
     ) -> SystemOneResponse:
+        """The model's answer, in the lane of the current caller; `cancelled` (a timeout, a client gone)
+        stops it at the next step of its work, the wait for a model to load included."""
         self._check_images(name, request)
-        with self.lease(name) as service:
-            return service.answer(request, cancelled)
+        caller = current() if cancelled is None else Caller(current().lane, cancelled)
+        with working_for(caller):
+            caller.check("the model was leased")
+            with self.lease(name) as service:
+                return service.answer(request)
 
     def vision_models(self) -> list[str]:
         """The configured models that take images."""

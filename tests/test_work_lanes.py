@@ -1,0 +1,170 @@
+"""The engine's contexts are lent by lane and never for nobody: interactive work is lent an idle context
+before background work, background work holds at most half the pool, a borrower whose work is stopped
+leaves its wait, and a prefill stops between its pieces once nobody waits for it, leaving nothing that
+changes a later answer. On real llama.cpp with the tiny model."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.engine import bindings
+from app.engine.caller import Caller, Lane, working_for
+from app.engine.llama import Engine
+from app.errors import Cancelled
+from tests.llama_calls import count_llama_calls
+
+WAIT_S = 30  # every wait here is bounded; a healthy run takes milliseconds
+
+
+@pytest.fixture
+def engine(tiny_chat_path: Path, request: pytest.FixtureRequest) -> Iterator[Engine]:
+    contexts = getattr(request, "param", 1)
+    made = Engine(tiny_chat_path, n_ctx=2048, threads=1, contexts=contexts)
+    yield made
+    made.close()
+
+
+def until(condition: Callable[[], bool]) -> None:
+    """Wait for another thread to reach a state the pool counts, within WAIT_S."""
+    tick = threading.Event()
+    for _ in range(int(WAIT_S / 0.01)):
+        if condition():
+            return
+        tick.wait(0.01)
+    raise AssertionError("the other thread never got there")
+
+
+class Borrower:
+    """A thread that borrows a context for `work`, says when it has one, and holds it until let go."""
+
+    def __init__(self, engine: Engine, work: Caller, lent: list[str], name: str) -> None:
+        self.got, self.go = threading.Event(), threading.Event()
+        self.error: Exception | None = None
+        self.thread = threading.Thread(target=self._run, args=(engine, work, lent, name), daemon=True)
+        self.thread.start()
+
+    def _run(self, engine: Engine, work: Caller, lent: list[str], name: str) -> None:
+        try:
+            with working_for(work), engine._pool.borrow(None):
+                lent.append(name)
+                self.got.set()
+                assert self.go.wait(WAIT_S)
+        except Exception as error:  # the test reads it
+            self.error = error
+
+    def let_go(self) -> None:
+        self.go.set()
+        self.thread.join(WAIT_S)
+        assert not self.thread.is_alive()
+
+
+def waiting(engine: Engine, lane: Lane, count: int) -> Callable[[], bool]:
+    return lambda: engine._pool.waiting(lane) == count
+
+
+def test_a_stopped_borrower_leaves_its_wait_without_taking_a_context(engine: Engine) -> None:
+    lent: list[str] = []
+    holder = Borrower(engine, Caller(), lent, "holder")
+    assert holder.got.wait(WAIT_S)
+    stopped = Caller("interactive", threading.Event())
+    waiter = Borrower(engine, stopped, lent, "waiter")
+    until(waiting(engine, "interactive", 1))
+    stopped.stop.set()  # its client went away
+    waiter.thread.join(WAIT_S)
+    assert isinstance(waiter.error, Cancelled)
+    assert engine._pool.lent("interactive") == 1 and engine._pool.waiting("interactive") == 0
+    holder.let_go()
+    assert lent == ["holder"] and engine._pool.lent("interactive") == 0
+
+
+def test_interactive_work_is_lent_a_free_context_before_background_work(engine: Engine) -> None:
+    lent: list[str] = []
+    holder = Borrower(engine, Caller(), lent, "holder")
+    assert holder.got.wait(WAIT_S)
+    fit = Borrower(engine, Caller("background"), lent, "fit")
+    until(waiting(engine, "background", 1))
+    request = Borrower(engine, Caller(), lent, "request")  # came after the fit's step
+    until(waiting(engine, "interactive", 1))
+    holder.let_go()
+    assert request.got.wait(WAIT_S)
+    assert not fit.got.is_set()
+    request.let_go()
+    assert fit.got.wait(WAIT_S)
+    fit.let_go()
+    assert lent == ["holder", "request", "fit"]
+
+
+@pytest.mark.parametrize("engine", [2], indirect=True)
+def test_background_work_holds_at_most_half_the_contexts(engine: Engine) -> None:
+    lent: list[str] = []
+    first = Borrower(engine, Caller("background"), lent, "fit 1")
+    assert first.got.wait(WAIT_S)
+    second = Borrower(engine, Caller("background"), lent, "fit 2")
+    until(waiting(engine, "background", 1))  # a context is idle, but it stays the interactive lane's
+    request = Borrower(engine, Caller(), lent, "request")
+    assert request.got.wait(WAIT_S)
+    assert not second.got.is_set()
+    first.let_go()
+    assert second.got.wait(WAIT_S)
+    second.let_go()
+    request.let_go()
+    assert lent == ["fit 1", "request", "fit 2"]
+
+
+def test_a_prefill_stops_between_its_pieces_and_leaves_nothing_that_changes_an_answer(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokens = engine.vocab.tokenize("the parcel came late again. " * 60, add_bos=True)
+    pieces = -(-len(tokens) // engine.n_ubatch)
+    assert pieces >= 3
+    whole, _ = engine.prefill(tokens)  # nobody stops it
+    calls = count_llama_calls(monkeypatch)
+    bindings.init()
+    import llama_cpp
+
+    decode = llama_cpp.llama_decode
+    stopped = Caller("interactive", threading.Event())
+
+    def client_leaves_during_the_first_piece(ctx: Any, batch: Any) -> Any:
+        stopped.stop.set()
+        return decode(ctx, batch)
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", client_leaves_during_the_first_piece)
+    with working_for(stopped), pytest.raises(Cancelled):
+        engine.prefill(tokens)
+    assert calls.decodes == 1 and calls.rows == engine.n_ubatch  # one piece, not the other pieces
+    monkeypatch.setattr(llama_cpp, "llama_decode", decode)
+    again, _ = engine.prefill(tokens)  # on the context the stopped prefill used
+    assert again.data == whole.data
+
+
+def test_a_prefill_in_pieces_is_the_one_call_llama_cpp_would_split_alike(engine: Engine) -> None:
+    tokens = engine.vocab.tokenize("where is my order? " * 80, add_bos=True)
+    assert len(tokens) > 2 * engine.n_ubatch
+    pieces, _ = engine.prefill(tokens)
+    with engine._pool.borrow(None) as ctx:
+        ctx.clear()
+        ctx.fill([(token, i, (0,), False) for i, token in enumerate(tokens)])
+        ctx.decode()
+        one_call = ctx.save()
+        ctx.clear()
+    assert pieces.data == one_call
+
+
+def test_a_context_keeps_no_snapshot_alive_that_the_cache_let_go(engine: Engine) -> None:
+    """A pooled context remembers which snapshot its cells hold, but a snapshot the RAM tier evicted is
+    freed all the same: its bytes are counted in no budget any more."""
+    first, _ = engine.prefill(engine.vocab.tokenize("the first state", add_bos=True))
+    kept = weakref.ref(first)
+    with engine._pool.borrow(first) as ctx:
+        assert ctx.position_of(first) == 0  # the context holds it: a request for it skips the restore
+    del first
+    gc.collect()
+    assert kept() is None
