@@ -90,7 +90,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?=
 PORT ?=
 
-.PHONY: api-examples setup vulkan-deps bench-native test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-images bench-fleet bench-calibration bench-labelling eval load check-gpu clean clean-build
+.PHONY: api-examples setup vulkan-deps bench-native test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-images bench-impatient bench-fleet bench-calibration bench-labelling eval load check-gpu clean clean-build
 
 # `make setup` records the choice even when that build is installed already (choosing it again).
 setup: $(INSTALL_STAMP)
@@ -267,6 +267,12 @@ bench-restart: model $(BENCH_STAMP)
 # bench/results/<date>-<sha>-image-states.{json,md}
 bench-images: model-small $(BENCH_STAMP)
 	$(BIN)/python -m bench.image_states --model $(SMALL_MODEL) $(BENCH_ARGS)
+
+# Clients that time out and retry (the official SDK's defaults) against patient ones on one server with
+# the default config, issue 58's stall, and what an interactive request waits while a fit runs:
+# bench/results/<date>-<sha>-impatient.{json,md}. make bench-impatient BENCH_ARGS=--quick: a short run.
+bench-impatient: model $(BENCH_STAMP)
+	$(BIN)/python -m bench.impatient $(BENCH_ARGS)
 
 # Simulated, no model, seconds: cache hit rate and prefill saved against fleet size (1 to 64 replicas) for
 # round robin, least connections and HAProxy's bounded-load hashing; bench/results/fleet-sim.{json,md,png}
