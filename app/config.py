@@ -313,6 +313,12 @@ class Settings:
         _positive_number,
     )
     max_batch_jobs: int = _option(4, "batch jobs running at once; beyond: 503 overloaded", _integer(1))
+    max_fitting_jobs: int = _option(
+        2,
+        "fitting jobs running at once (POST /v1/calibrations; a labelling session's jobs count too); beyond: "
+        "503 overloaded",
+        _integer(1),
+    )
     shutdown_timeout: float = _option(
         30.0, "seconds SIGTERM waits for in-flight requests before exiting", _positive_number, restart=True
     )

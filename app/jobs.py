@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -91,12 +92,14 @@ class JobRegistry(Generic[W]):
         job.thread.join(timeout)
 
     def cancel_all(self, timeout: float) -> None:
-        """Stop every job and wait for each (at shutdown, before the models close)."""
+        """Stop every job, then wait for them all to end within one `timeout` seconds, however many there
+        are (at shutdown, before the models close): they stop side by side, not one after another."""
         jobs = self.all()
         for job in jobs:
             job.work.stop()
+        deadline = time.monotonic() + timeout
         for job in jobs:
-            job.thread.join(timeout)
+            job.thread.join(max(0.0, deadline - time.monotonic()))
 
     def _run(self, job: BackgroundJob[W]) -> None:
         error = None

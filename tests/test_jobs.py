@@ -4,6 +4,7 @@ and which finished jobs it remembers (the newest ones; a running job is never fo
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 from app.jobs import BackgroundJob, JobRegistry
@@ -83,3 +84,23 @@ def test_the_newest_finished_jobs_are_kept_and_running_ones_never_forgotten() ->
     assert jobs.get(order[0].id) is None and jobs.get(order[-1].id) is order[-1]
     finish(running)
     assert {job.id for job in jobs.all()} == {job.id for job in [*order[-2:], running]}
+
+
+class Unstoppable(Held):
+    """Work that goes on when asked to stop, until it is released."""
+
+    def stop(self) -> None:
+        pass
+
+
+def test_cancelling_every_job_waits_one_timeout_for_all_not_one_each() -> None:
+    jobs: JobRegistry[Held] = JobRegistry("test")
+    started = [jobs.start(Unstoppable()) for _ in range(4)]
+    timeout = 0.5  # a shutdown's: four jobs that never stop would hold it 2 s, one after another
+    began = time.monotonic()
+    jobs.cancel_all(timeout)
+    took = time.monotonic() - began
+    assert all(job.running for job in started)  # not stopped: waited for, then left
+    for job in started:
+        finish(job)
+    assert 0.9 * timeout <= took < 2 * timeout, f"cancel_all took {took:.2f} s"

@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 from app.answering.service import ModelService
 from app.config import Settings
 from app.config_sources import ConfigError, SettingsSource, load_settings
+from app.errors import ModelUnavailable
 from app.fleet.processes import READY, ServerProcess
 from app.http.server import create_app
 from app.platform.tiny_gguf import write_tiny_gguf
@@ -373,6 +374,45 @@ def test_a_model_is_never_unloaded_under_an_in_flight_request(ggufs: dict[str, P
     assert not holder.is_alive() and results == [True, True]
     assert set(registry.loaded()) == {"two"}
     registry.close()
+
+
+def test_a_closed_registry_loads_no_model_again(ggufs: dict[str, Path]) -> None:
+    """At shutdown the models close for good: a lease after close (a job's thread that outlived the
+    jobs' cancelling) is refused, and a load under way when the registry closes is closed as it ends."""
+    spec = ModelSpec("one", ggufs["one"], settings=isolated_settings(n_ctx=1024, threads=1, session_cache_disk_bytes=0))
+    loading, release, loaded = threading.Event(), threading.Event(), list[ModelService]()
+
+    def loader(spec: ModelSpec) -> ModelService:
+        loading.set()
+        assert release.wait(60)
+        loaded.append(load_spec(spec))
+        return loaded[-1]
+
+    registry = ModelRegistry(ModelsConfig((spec,), "one", models_max=1), loader=loader)
+    refused: list[Exception] = []
+
+    def lease() -> None:
+        try:
+            with registry.lease("one"):
+                pass
+        except ModelUnavailable as error:
+            refused.append(error)
+
+    during = threading.Thread(target=lease, daemon=True)
+    during.start()
+    assert loading.wait(60)
+    registry.close()  # while the model loads
+    release.set()
+    during.join(60)
+    assert not during.is_alive() and len(refused) == 1 and "shutting down" in str(refused[0])
+    assert registry.loaded() == {} and loaded[0].engine.model is None  # the model it loaded is closed
+    with pytest.raises(ModelUnavailable, match="shutting down"):
+        registry.load("one")
+    assert len(loaded) == 1  # never loaded again
+    with TestClient(create_app(isolated_settings(), registry=registry)) as client:
+        refused_request = ask(client, "one")
+    assert refused_request.status_code == 503
+    assert refused_request.json()["detail"]["error_type"] == "model_unavailable"
 
 
 def test_sighup_reloads_the_config(tmp_path: Path, ggufs: dict[str, Path]) -> None:

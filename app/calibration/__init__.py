@@ -12,9 +12,10 @@ from app.calibration.fit import Fit, FitRecord
 from app.calibration.metrics import Scores
 from app.calibration.policy import AnswerProbabilities, Calibration, FitsFound, Mode, QuestionReadouts, fits_among
 from app.calibration.scoring import softmax
-from app.calibration.store import FitStore, question_key
+from app.calibration.store import ANY_PROMPT, FitStore, question_key
 
 __all__ = [
+    "ANY_PROMPT",
     "CONTENT_FREE_STATES",
     "FOLDS",
     "MIN_LABELLED",

@@ -26,6 +26,9 @@ from app.paths import write_atomically
 
 log = logging.getLogger("onepass.fits")
 SUFFIX = ".fit.json"
+# A store opened with this identity lists and deletes the fits of every prompt in its folder: what can be
+# known of a model not loaded, whose prompt is not known yet. Never an identity a fit is written with.
+ANY_PROMPT = "*"
 # Readings of the folder while files vanish from it (replaced by other puts) before one is taken as it is.
 READS_WHILE_REPLACED = 3
 
@@ -115,7 +118,7 @@ class FitStore:
             fields = {k: v for k, v in data.items() if k != "digest"}
             if data["digest"] != _digest(fields):
                 raise ValueError("its digest does not match")
-            if fields["identity"] != self.identity:  # another prompt of this model file (the other layout)
+            if self.identity not in (ANY_PROMPT, fields["identity"]):  # another prompt of this model file
                 log.debug("fit file %s is for another prompt", path)
                 return None
             return FitRecord.from_json(fields)

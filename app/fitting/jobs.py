@@ -45,6 +45,8 @@ class FitWork:
         self.progress = Progress(len(self.examples), show=False)
 
     def run(self) -> str:
+        if self.cancel.is_set():  # stopped before it started: the model is not leased (nor loaded) for it
+            raise InterruptedError("the fitting run was cancelled")
         with self.lease() as service:
             journal, store = journal_for(service), service.calibration.store
             if store is None or journal is None:
@@ -56,7 +58,7 @@ class FitWork:
             else:
                 self.reused = len(evidence)
                 self.progress.skip(len(evidence))
-            reports, records = fit_all(self.examples, evidence, service.calibration, self.question_set)
+            reports, records = fit_all(self.examples, evidence, service.calibration, self.question_set, self.cancel)
             stored, reports = store_all(store, reports, records)
             if self.drops_unadopted:
                 for r in reports:

@@ -1,5 +1,9 @@
 """Request bodies: read within a size limit, Content-Encoding (zstd, gzip) undone, then strict JSON,
-or multipart/form-data whose `request` part is (app/http/multipart.py)."""
+or multipart/form-data whose `request` part is (app/http/multipart.py).
+
+`read_request` is every route's one reader: on the event loop it only receives the body's bytes
+(within the limit); undoing the encoding, parsing and the route's own reading of the payload run
+in one worker thread, so a large body never stalls the loop (and /health with it)."""
 
 from __future__ import annotations
 
@@ -7,8 +11,10 @@ import json
 import math
 import re
 import zlib
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
+import anyio
 from starlette.requests import Request
 
 from app.errors import ApiError, InvalidRequest
@@ -43,8 +49,9 @@ def decode_content(body: bytes, encoding: str, limit: int) -> bytes:
     return decoded
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, decoded, or a 413 as soon as it (or what it decompresses to) passes `limit` bytes."""
+async def _received(request: Request, limit: int) -> list[bytes]:
+    """The body's chunks as they arrive, or a 413 as soon as they pass `limit` bytes. On the loop, so
+    nothing here copies or looks into them."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(limit, f"the body of {declared} bytes")
@@ -54,7 +61,31 @@ async def read_body(request: Request, limit: int) -> bytes:
         if size > limit:
             raise too_large(limit)
         chunks.append(chunk)
-    return decode_content(b"".join(chunks), request.headers.get("content-encoding", "identity"), limit)
+    return chunks
+
+
+Read = TypeVar("Read")
+
+
+async def read_request(
+    request: Request, limit: int, then: Callable[[Any, dict[str, bytes]], Read], *, multipart: bool = False
+) -> Read:
+    """What `then(payload, parts)` makes of the request's body: the body received within `limit` bytes
+    on the loop, then, in ONE worker thread call, joined, its Content-Encoding undone (a 413 as soon
+    as it decompresses past `limit`), parsed as strict JSON (with `multipart`, a multipart/form-data
+    body's `request` part, its image parts in `parts`; else any body is JSON and `parts` is empty),
+    and read by `then` (validation, images)."""
+    chunks = await _received(request, limit)
+    encoding = request.headers.get("content-encoding", "identity")
+    content_type = request.headers.get("content-type", "") if multipart else ""
+
+    def read() -> Read:
+        body = b"".join(chunks)
+        chunks.clear()  # the joined copy is all that is kept of a body that may be a hundred MB
+        payload, parts = parse_payload(decode_content(body, encoding, limit), content_type)
+        return then(payload, parts)
+
+    return await anyio.to_thread.run_sync(read)
 
 
 MAX_DEPTH = 64  # objects and arrays nested deeper than this are rejected, before any recursion can fail
@@ -78,6 +109,13 @@ def _finite(text: str) -> float:
     if not math.isfinite(number):  # 1e999 parses to infinity
         raise _Refused(text, f"the number {text[:40]} is out of range (it would be {number})")
     return number
+
+
+def _object(value: dict[str, Any]) -> dict[str, Any]:
+    """Every object as parsed. Being Python, the call is a point where the thread parsing a large body
+    lets others run: json's C scanner otherwise holds the GIL, and so stalls the event loop, until the
+    whole body is parsed (numbers have such points already, in their hooks)."""
+    return value
 
 
 def _integer(text: str) -> int:
@@ -112,36 +150,48 @@ def _printable(key: str) -> str:
 def check_tree(value: Any) -> None:
     """Depth within MAX_DEPTH and every string (keys too) valid Unicode text, or a 422 naming the place.
 
-    Iterative, so a deep body cannot exhaust the stack here either.
+    Iterative, so a deep body cannot exhaust the stack here either. A container's children are walked
+    last first, each wholly before the one before it, and the place is built only for an error: the
+    walk holds one iterator per open container, not a place per value, so a body of a million values
+    leaves nothing for the garbage collector to scan (its pauses stop every thread, the loop's too).
     """
-    stack: list[tuple[Any, int, list[Any]]] = [(value, 0, ["body"])]
-    while stack:
-        item, depth, loc = stack.pop()
-        if isinstance(item, str):
-            if _SURROGATE.search(item):
-                raise _invalid(loc, "string holds a lone UTF-16 surrogate", "string_unicode", "not valid UTF-8 text")
-            continue
-        if not isinstance(item, dict | list):
-            continue
-        if depth >= MAX_DEPTH:
-            raise _invalid(loc, f"JSON nested deeper than {MAX_DEPTH} levels", "json_too_deep", f"limit {MAX_DEPTH}")
-        pairs = item.items() if isinstance(item, dict) else enumerate(item)
-        for key, child in pairs:
-            if isinstance(key, str) and _SURROGATE.search(key):
-                raise _invalid(
-                    [*loc, _printable(key)],
-                    "key holds a lone UTF-16 surrogate",
-                    "string_unicode",
-                    "not valid UTF-8 text",
-                )
-            stack.append((child, depth + 1, [*loc, key]))
+    loc: list[Any] = ["body"]  # the place of `item`; each open container adds its child's key
+    open_children: list[Iterator[tuple[Any, Any]]] = []  # per open container, its children not yet walked
+    item = value
+    while True:
+        if isinstance(item, str) and _SURROGATE.search(item):
+            raise _invalid(list(loc), "string holds a lone UTF-16 surrogate", "string_unicode", "not valid UTF-8 text")
+        if isinstance(item, dict | list):
+            if len(open_children) >= MAX_DEPTH:
+                limit = f"limit {MAX_DEPTH}"
+                raise _invalid(list(loc), f"JSON nested deeper than {MAX_DEPTH} levels", "json_too_deep", limit)
+            if isinstance(item, dict):
+                for key in item:
+                    if isinstance(key, str) and _SURROGATE.search(key):
+                        message = "key holds a lone UTF-16 surrogate"
+                        raise _invalid([*loc, _printable(key)], message, "string_unicode", "not valid UTF-8 text")
+                open_children.append(reversed(item.items()))
+            else:
+                open_children.append(zip(range(len(item) - 1, -1, -1), reversed(item), strict=True))
+            loc.append(None)  # the key of the child being walked
+        while open_children:  # the next value: the innermost open container's next child
+            child = next(open_children[-1], None)
+            if child is not None:
+                loc[-1], item = child
+                break
+            open_children.pop()
+            loc.pop()
+        else:
+            return
 
 
 def parse_json(body: bytes) -> Any:
     """JSON as RFC 8259 has it, as text the tokenizer can take: NaN, Infinity and numbers out of a
     double's range are rejected, as are lone surrogates and nesting deeper than MAX_DEPTH."""
     try:
-        payload = json.loads(body, parse_constant=_reject_constant, parse_float=_finite, parse_int=_integer)
+        payload = json.loads(
+            body, object_hook=_object, parse_constant=_reject_constant, parse_float=_finite, parse_int=_integer
+        )
     except RecursionError as error:  # deeper than the interpreter's stack: far past MAX_DEPTH
         raise _invalid(["body"], f"JSON nested deeper than {MAX_DEPTH} levels", "json_too_deep", str(error)) from error
     except _Refused as error:

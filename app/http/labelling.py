@@ -14,7 +14,7 @@ from app.answering.service import answer_from
 from app.errors import ApiError, InvalidRequest
 from app.fitting.jobs import FitWork
 from app.fitting.labelling import LabellingSession
-from app.http.body import parse_json, read_body
+from app.http.body import read_request
 from app.http.runtime import runtime_of
 from app.jobs import BackgroundJob
 
@@ -144,5 +144,5 @@ def _label(session: LabellingSession, payload: Any) -> dict[str, Any]:
 async def store_label(request: Request) -> JSONResponse:
     """POST /v1/labelling/labels {"state": line, "answers": {...}}: answered once the label is on disk."""
     session = _session(request)
-    payload = parse_json(await read_body(request, runtime_of(request).settings.max_body_bytes))
-    return JSONResponse(await anyio.to_thread.run_sync(_label, session, payload))
+    limit = runtime_of(request).settings.max_body_bytes
+    return JSONResponse(await read_request(request, limit, lambda payload, _: _label(session, payload)))

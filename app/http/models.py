@@ -26,7 +26,9 @@ async def unload_model_route(request: Request) -> JSONResponse:
     runtime = runtime_of(request)
     name = runtime.canonical(request.path_params["name"])
     registry = runtime.require_registry()
-    return JSONResponse({"name": name, "unloaded": registry.unload(name)})
+    # in a worker thread: closing a model frees llama.cpp's memory and waits for its disk tier's writes
+    unloaded = await anyio.to_thread.run_sync(registry.unload, name)
+    return JSONResponse({"name": name, "unloaded": unloaded})
 
 
 async def cache_stats(request: Request) -> JSONResponse:

@@ -147,7 +147,13 @@ def _calibration_paths(
             "post": {
                 "operationId": "startCalibration",
                 "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
-                "responses": {"202": job, "401": errors["401"], "404": errors["404"], "422": errors["422"]},
+                "responses": {
+                    "202": job,
+                    "401": errors["401"],
+                    "404": errors["404"],
+                    "422": errors["422"],
+                    "503": errors["503"],
+                },
             },
             "get": {"operationId": "listCalibrations", "responses": {"200": json_object, "401": errors["401"]}},
         },

@@ -17,9 +17,18 @@ from starlette.responses import JSONResponse, Response
 from app.contract import SystemOneRequest, SystemOneResponse
 from app.errors import ApiError, Cancelled, InvalidRequest
 from app.fleet.routing import PREFIX_KEY_HEADER, affinity_key_of
-from app.http.batch import Run, answer_items, batch_items, is_batch, parse_items, parse_request, per_model
+from app.http.batch import (
+    Item,
+    Run,
+    answer_items,
+    batch_items,
+    is_batch,
+    parse_items,
+    parse_request,
+    per_model,
+)
 from app.http.batch_jobs import BatchWork, batch_job_of
-from app.http.body import parse_payload, read_body
+from app.http.body import read_request
 from app.http.runtime import Runtime, runtime_of
 from app.jobs import BackgroundJob
 
@@ -81,17 +90,25 @@ async def _answer_in_worker(
     return response
 
 
+def _read(payload: Any, parts: dict[str, bytes], runtime: Runtime) -> SystemOneRequest | list[Item]:
+    """The body's request, its images read (CRCs, a PNG's pixel data inflated); or a batch's items, each
+    read on its own. In the body reader's worker thread, with the decoding and parsing before it."""
+    if not is_batch(payload):
+        return parse_request(payload, runtime.settings, parts)
+    if parts:
+        message = "a batch's images come as data_base64 or data URLs, not as parts of a multipart body"
+        raise InvalidRequest.at(("requests",), message, "multipart_invalid", None)
+    return parse_items(batch_items(payload, runtime.settings), runtime.settings, runtime.canonical)
+
+
 async def systemone(request: Request) -> Response:
     runtime = runtime_of(request)
-    body = await read_body(request, runtime.body_limit())
-    payload, parts = parse_payload(body, request.headers.get("content-type", ""))
-    if is_batch(payload):
-        if parts:
-            message = "a batch's images come as data_base64 or data URLs, not as parts of a multipart body"
-            raise InvalidRequest.at(("requests",), message, "multipart_invalid", None)
-        return await _batch(request, runtime, payload)
-    # in a worker thread: reading images (CRCs, a PNG's pixel data inflated) is CPU work, not the event loop's
-    parsed = await anyio.to_thread.run_sync(parse_request, payload, runtime.settings, parts)
+    read = await read_request(
+        request, runtime.body_limit(), lambda payload, parts: _read(payload, parts, runtime), multipart=True
+    )
+    if isinstance(read, list):
+        return await _batch(request, runtime, read)
+    parsed = read
     name = runtime.canonical(parsed.model)  # 404 before any work, also while the models load
     observed = request.scope["state"].get("observed", {})
     observed.update(model=name, questions=len(parsed.questions))
@@ -106,12 +123,10 @@ async def systemone(request: Request) -> Response:
     return Response(response.to_json(), media_type="application/json", headers=headers)
 
 
-async def _batch(request: Request, runtime: Runtime, payload: Any) -> JSONResponse:
+async def _batch(request: Request, runtime: Runtime, items: list[Item]) -> JSONResponse:
     """{"results": [...]} in the request's order, or 202 and a job when the batch is too large to be
     answered in the response (more than max_sync_batch_items, or more for a model than it admits)."""
     settings = runtime.settings
-    raw = batch_items(payload, settings)
-    items = await anyio.to_thread.run_sync(parse_items, raw, settings, runtime.canonical)  # images: as above
     observed = request.scope["state"].get("observed", {})
     observed.update(batch=len(items))
     wanted = per_model(items)

@@ -20,6 +20,7 @@ from app.calibration import CONTENT_FREE_STATES, Calibration, DiskPriors, FitSto
 from app.engine.bindings import decision_order_setter, shipped_backends
 from app.engine.devices import gpu_layers_problem
 from app.engine.disk_tier import DiskTier, SnapshotIdentity
+from app.engine.fingerprint import model_digest
 from app.engine.llama import Engine
 from app.engine.ram_tier import CacheKey, RamTier, cache_key
 from app.engine.tiers import PrefixCache
@@ -109,7 +110,18 @@ def speed_settings_for(spec: ModelSpec) -> SpeedSettings:
 def model_folder(spec: ModelSpec, engine: Engine) -> str:
     """A model's subfolder name (snapshots, fits): its file and fingerprint, so servers of one model
     file share it and different models never meet."""
-    return f"{spec.path.stem}-{engine.fingerprint.hex()[:16]}"
+    return _folder_name(spec, engine.fingerprint)
+
+
+def _folder_name(spec: ModelSpec, fingerprint: bytes) -> str:
+    return f"{spec.path.stem}-{fingerprint.hex()[:16]}"
+
+
+def fits_folder(spec: ModelSpec) -> Path:
+    """The folder fits_for gives the model, named from its files without loading it: the fingerprint is
+    the engine's (model_digest), read from its record while the files are unchanged, else hashed.
+    OSError when a file is missing."""
+    return spec.settings.calibration_dir / _folder_name(spec, model_digest(spec.path, spec.settings.mmproj))
 
 
 def disk_tier_for(spec: ModelSpec, engine: Engine) -> DiskTier | None:

@@ -53,6 +53,7 @@ class ModelRegistry:
         self._errors: dict[str, str] = {}
         self._decision_types: dict[str, str | None] = {}  # learnt at each model's load (its GGUF's metadata)
         self._offered = self._index(config)
+        self._closed = False  # once closed, no model loads again (a thread outliving shutdown gets a 503)
 
     @classmethod
     def serving(cls, service: ModelService, spec: ModelSpec | None = None) -> Self:
@@ -80,14 +81,31 @@ class ModelRegistry:
         """How many requests the model decodes at once (its pool of llama.cpp contexts)."""
         return self._offered.specs[self.canonical(name)].settings.contexts
 
+    def spec_of(self, name: str) -> ModelSpec:
+        """The model's configuration (what is known of it without loading it)."""
+        return self._offered.specs[self.canonical(name)]
+
     @contextmanager
     def lease(self, name: str) -> Iterator[ModelService]:
-        """The model, loaded and kept resident for as long as the caller holds it."""
+        """The model, loaded and kept resident for as long as the caller holds it. ModelUnavailable (503)
+        once the registry is closed."""
         resident = self._acquire(self.canonical(name))
+        assert resident is not None  # _acquire loads
         try:
             yield resident.service
         finally:
             self._release(resident)
+
+    @contextmanager
+    def lease_if_loaded(self, name: str) -> Iterator[ModelService | None]:
+        """The model kept resident while the caller holds it, if it is loaded now; else None, and nothing
+        is loaded (nor evicted to make room)."""
+        resident = self._acquire(self.canonical(name), load=False)
+        try:
+            yield None if resident is None else resident.service
+        finally:
+            if resident is not None:
+                self._release(resident)
 
     def load(self, name: str) -> None:
         with self.lease(name):
@@ -178,21 +196,34 @@ class ModelRegistry:
         ]
 
     def close(self) -> None:
+        """Close every resident model, for good: a later lease raises ModelUnavailable instead of loading a
+        model again (a job's thread that outlived shutdown), and a load under way is closed when it ends."""
         with self._cond:
+            self._closed = True
             residents = list(self._resident.values())
             self._resident.clear()
+            self._cond.notify_all()  # leases waiting for a load in flight: they raise now
         for resident in residents:
             self._close(resident)
 
-    def _acquire(self, name: str) -> _Resident:
+    def _unavailable(self, name: str) -> ModelUnavailable:
+        return ModelUnavailable(f"model {name!r} is not available: the server is shutting down")
+
+    def _acquire(self, name: str, load: bool = True) -> _Resident | None:
+        """The model's resident entry, one more request counted on it; loaded first if it is not (None
+        instead when not `load`)."""
         with self._cond:
-            while name in self._loading:
+            while name in self._loading and not self._closed:
                 self._cond.wait()
+            if self._closed:
+                raise self._unavailable(name)
             resident = self._resident.get(name)
             if resident is not None:
                 self._resident.move_to_end(name)
                 resident.busy += 1
                 return resident
+            if not load:
+                return None
             spec = self._offered.specs[name]
             self._loading.add(name)
         try:
@@ -206,10 +237,15 @@ class ModelRegistry:
             raise ModelUnavailable(f"model {name!r} could not be loaded: {error}") from error
         with self._cond:
             self._loading.discard(name)
-            self._errors.pop(name, None)
-            self._decision_types[name] = service.prompter.decision_type
-            resident = self._resident[name] = _Resident(service, spec, busy=1)
             self._cond.notify_all()
+            closed = self._closed
+            if not closed:
+                self._errors.pop(name, None)
+                self._decision_types[name] = service.prompter.decision_type
+                resident = self._resident[name] = _Resident(service, spec, busy=1)
+        if closed:  # closed while it loaded: nobody may use it
+            service.close()
+            raise self._unavailable(name)
         self._evict_idle()
         return resident
 
