@@ -94,11 +94,17 @@ class JobRegistry(Generic[W]):
     def cancel_all(self, timeout: float) -> None:
         """Stop every job, then wait for them all to end within one `timeout` seconds, however many there
         are (at shutdown, before the models close): they stop side by side, not one after another."""
-        jobs = self.all()
-        for job in jobs:
+        self.stop_all()
+        self.join_all(time.monotonic() + timeout)
+
+    def stop_all(self) -> None:
+        """Tell every job to stop at its next step."""
+        for job in self.all():
             job.work.stop()
-        deadline = time.monotonic() + timeout
-        for job in jobs:
+
+    def join_all(self, deadline: float) -> None:
+        """Wait for every job to end, until `deadline` (time.monotonic()) at the latest."""
+        for job in self.all():
             job.thread.join(max(0.0, deadline - time.monotonic()))
 
     def _run(self, job: BackgroundJob[W]) -> None:

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -120,8 +121,12 @@ def _lifespan(
                 loop.remove_signal_handler(signal.SIGHUP)
             if runtime.labelling is not None:
                 runtime.labelling.close()  # no refit starts after this
-            runtime.fit_jobs.cancel_all(settings.shutdown_timeout)
-            runtime.batch_jobs.cancel_all(settings.shutdown_timeout)
+            # every job of both kinds stops side by side, within one shutdown_timeout
+            runtime.fit_jobs.stop_all()
+            runtime.batch_jobs.stop_all()
+            deadline = time.monotonic() + settings.shutdown_timeout
+            runtime.fit_jobs.join_all(deadline)
+            runtime.batch_jobs.join_all(deadline)
             if thread is not None:
                 thread.join()
                 if runtime.registry is not None:
