@@ -62,6 +62,14 @@ def served(tiny_chat_path: Path) -> Iterator[tuple[str, ModelService]]:
         service.close()
 
 
+def in_flight(url: str) -> float:
+    """The requests the server has admitted and not yet answered."""
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("onepass_in_flight{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def timed_post(url: str, body: Any, timeout: float = 300) -> tuple[float, httpx.Response]:
     began = time.perf_counter()
     response = httpx.post(url + "/v1/systemone", json=body, timeout=timeout)
@@ -137,3 +145,22 @@ def test_abandoned_requests_batches_and_jobs_stop_and_change_no_later_answer(
         assert again.status_code == 200
         fresh = tiny_service.answer(SystemOneRequest.model_validate(long_body(n)))
         assert again.json()["answers"] == json.loads(fresh.to_json())["answers"]
+
+
+def test_a_short_request_is_answered_while_a_long_new_state_is_still_being_prefilled(
+    served: tuple[str, ModelService],
+) -> None:
+    """One context: the long state's prefill hands the context over between two of its pieces, so a
+    hit that comes meanwhile is answered before the long request, not after it."""
+    url, _ = served
+    assert timed_post(url, SHORT)[1].status_code == 200  # SHORT's state is cached: a hit from now on
+    finished: list[str] = []
+    long_request = threading.Thread(target=lambda: finished.append(str(timed_post(url, long_body(11))[1].status_code)))
+    long_request.start()
+    deadline = time.monotonic() + 60
+    while in_flight(url) < 1:  # admitted: its worker goes straight on to the context and the prefill
+        assert time.monotonic() < deadline, "the long request never came in"
+    hit = timed_post(url, SHORT)[1]
+    finished.append(f"hit {hit.status_code}")
+    long_request.join(120)
+    assert finished == ["hit 200", "200"]

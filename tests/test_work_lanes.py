@@ -168,3 +168,49 @@ def test_a_context_keeps_no_snapshot_alive_that_the_cache_let_go(engine: Engine)
     del first
     gc.collect()
     assert kept() is None
+
+
+def test_a_long_prefill_hands_its_context_to_a_waiting_request_between_pieces_and_ends_alike(
+    tiny_chat_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One context: a request that comes while a long state is prefilled gets the context after the
+    piece under way, not after the whole state; the prefill then goes on from a snapshot of what it
+    had done, and its snapshot and state mean are those of a prefill nobody interrupted, bit for bit."""
+    engine = Engine(tiny_chat_path, n_ctx=2048, threads=1, probe_layer="middle")
+    try:
+        tokens = engine.vocab.tokenize("the parcel came late again. " * 60, add_bos=True)
+        assert len(tokens) > 2 * engine.n_ubatch
+        alone, _ = engine.prefill(tokens)
+        assert alone.state_mean is not None
+        bindings.init()
+        import llama_cpp
+
+        decode, events = llama_cpp.llama_decode, []
+        lent: list[str] = []
+        request: list[Borrower] = []
+        came = threading.Event()
+
+        def a_request_comes_during_the_first_piece(ctx: Any, batch: Any) -> Any:
+            events.append("piece")
+            if not request:
+                request.append(Borrower(engine, Caller(), lent, "request"))
+                until(waiting(engine, "interactive", 1))
+                came.set()
+            return decode(ctx, batch)
+
+        monkeypatch.setattr(llama_cpp, "llama_decode", a_request_comes_during_the_first_piece)
+        handed: list[int] = []
+        prefilling = threading.Thread(target=lambda: handed.append(len(engine.prefill(tokens)[0].tokens)), daemon=True)
+        prefilling.start()
+        assert came.wait(WAIT_S) and request[0].got.wait(WAIT_S)
+        pieces_before = events.count("piece")
+        request[0].let_go()
+        prefilling.join(WAIT_S)
+        assert not prefilling.is_alive() and handed == [len(tokens)]
+        assert pieces_before == 1  # the request waited for one piece, not for the state
+        monkeypatch.setattr(llama_cpp, "llama_decode", decode)
+        again, _ = engine.prefill(tokens)
+        assert again.data == alone.data
+        assert again.state_mean is not None and again.state_mean.tobytes() == alone.state_mean.tobytes()
+    finally:
+        engine.close()

@@ -227,53 +227,80 @@ class Engine:
         images: Mapping[str, bytes] | None = None,
     ) -> tuple[Snapshot, Timing]:
         """Snapshot of sequence 0 after `tokens`, starting from `base` when it holds a prefix of them.
-        `spans`: the images among the tokens' cells, in order; `images`: each one's file by its SHA-256."""
+        `spans`: the images among the tokens' cells, in order; `images`: each one's file by its SHA-256.
+
+        In pieces (`_pieces`), stopped (Cancelled) between two once nobody waits for it. When a request
+        waits for a context meanwhile, the prefill saves what it has done as a snapshot, hands its
+        context over and goes on from that snapshot once it has one again: restoring a snapshot gives
+        the cells its very bytes, so the result is the same bit for bit, and a short request is not
+        stuck behind a long state."""
         spans = tuple(spans)
         if not spans_fit(tokens, spans):
             raise ValueError("the image spans do not lie over the image cells of the tokens")
         if base is not None and not base.holds(tokens[: base.n_tokens], spans[: len(base.spans)]):
             raise ValueError("base snapshot is not a prefix of the tokens to prefill")
         timing = Timing()
-        with self._pool.borrow(base) as ctx:
-            start, position = 0, 0
-            if base is not None:
+        pieces = self._pieces(tokens, spans, base)
+        done = base  # the prefix prefilled so far: where the next context starts from
+        rows: list[NDArray[np.float32]] = []  # the tapped layer's rows of the pieces done, in order
+        while True:
+            with self._pool.borrow(done) as ctx:
                 began = time.perf_counter()
-                ctx.hold(base)
-                timing.restore_ms = _ms_since(began)
-                start, position = base.n_tokens, base.next_pos
-            else:
-                ctx.clear()
-            began = time.perf_counter()
-            ctx.read_rows(True)
-            cell = start
-            for span in spans[len(base.spans) if base is not None else 0 :]:
-                position = self._decode_text(ctx, tokens[cell : span.offset], position)
-                position = self._decode_image(ctx, span, position, images or {})
-                cell = span.offset + span.n_tokens
-            self._decode_text(ctx, tokens[cell:], position)
-            state_mean = None
-            if len(tokens) > start and ctx.tap is not None:
-                state_mean = ctx.tap.rows(len(tokens) - start).mean(axis=0)
-                state_mean.flags.writeable = False
-            timing.prefill_ms = _ms_since(began)
-            snapshot = Snapshot(ctx.save(), tuple(tokens), state_mean, spans)
-            ctx.holding(snapshot)
-            return snapshot, timing
+                if done is not None:
+                    ctx.hold(done)
+                else:
+                    ctx.clear()
+                timing.restore_ms += _ms_since(began)
+                began = time.perf_counter()
+                ctx.read_rows(True)
+                first = done.n_tokens if done is not None else 0
+                position = done.next_pos if done is not None else 0
+                cell = len(tokens)
+                for at, end, span in (piece for piece in pieces if piece[0] >= first):
+                    if at > first and self._pool.someone_waits():
+                        cell = at  # a request waits for this context: hand it over between two pieces
+                        break
+                    current().check("a piece of the prefill")
+                    if span is None:
+                        ctx.fill([(token, position + i, (0,), False) for i, token in enumerate(tokens[at:end])])
+                        ctx.decode(more_rows=True)
+                        position += end - at
+                    else:
+                        position = self._decode_image(ctx, span, position, images or {})
+                if ctx.tap is not None and cell > first:
+                    rows.append(ctx.tap.rows(cell - first))
+                timing.prefill_ms += _ms_since(began)
+                done = Snapshot(ctx.save(), tuple(tokens[:cell]), None, tuple(x for x in spans if x.offset < cell))
+                if cell < len(tokens):
+                    ctx.holding(done)  # should this context come back first, it goes on without a restore
+                    continue  # borrow again, from the prefix prefilled so far
+                state_mean = None
+                if rows and len(tokens) > (base.n_tokens if base is not None else 0):
+                    state_mean = np.concatenate(rows).mean(axis=0)
+                    state_mean.flags.writeable = False
+                snapshot = Snapshot(done.data, tuple(tokens), state_mean, spans)
+                ctx.holding(snapshot)
+                return snapshot, timing
 
-    def _decode_text(self, ctx: Context, tokens: Sequence[int], position: int) -> int:
-        """Decode `tokens` into sequence 0 from `position` (the layer tap reading on); the position after.
+    def _pieces(
+        self, tokens: Sequence[int], spans: Sequence[ImageSpan], base: Snapshot | None
+    ) -> list[tuple[int, int, ImageSpan | None]]:
+        """What a prefill decodes after `base`, one llama_decode each: (first cell, end, the image or None).
+        Text in micro-batches, the pieces llama.cpp would split one call into anyway (so the cells hold
+        the same bytes), each image whole. Between two pieces a prefill looks whether anyone still
+        waits for it, and hands its context over to a request that waits for one."""
+        pieces: list[tuple[int, int, ImageSpan | None]] = []
+        cell = base.n_tokens if base is not None else 0
 
-        One micro-batch per llama_decode, the pieces llama.cpp would split one call into anyway (so the
-        cells hold the same bytes), with a look between them whether anyone still waits for the work:
-        a long state stops within one piece of its client leaving."""
-        work = current()
-        step = self.n_ubatch
-        for start in range(0, len(tokens), step):
-            work.check("a piece of the prefill")
-            piece = tokens[start : start + step]
-            ctx.fill([(token, position + start + i, (0,), False) for i, token in enumerate(piece)])
-            ctx.decode(more_rows=True)
-        return position + len(tokens)
+        def text(upto: int) -> None:
+            pieces.extend((at, min(at + self.n_ubatch, upto), None) for at in range(cell, upto, self.n_ubatch))
+
+        for span in spans[len(base.spans) if base is not None else 0 :]:
+            text(span.offset)
+            pieces.append((span.offset, span.offset + span.n_tokens, span))
+            cell = span.offset + span.n_tokens
+        text(len(tokens))
+        return pieces
 
     def _decode_image(self, ctx: Context, span: ImageSpan, position: int, images: Mapping[str, bytes]) -> int:
         """Encode the image of `span` and decode it into sequence 0 from `position`; the position after."""

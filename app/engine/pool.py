@@ -13,6 +13,7 @@ borrower whose work is stopped gives up its wait instead of taking a context for
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import threading
@@ -203,7 +204,9 @@ class ContextPool:
         self._contexts: list[Context] = []
         self._idle: list[Context] = []  # least recently used first
         self._idle_changed = threading.Condition()
-        self._waiting: dict[Lane, int] = dict.fromkeys(LANES, 0)
+        # Borrowers waiting, per lane, in the order they came: a lane's contexts go to its first waiter,
+        # so a prefill that hands its context over goes behind the request it handed it to.
+        self._queues: dict[Lane, collections.deque[object]] = {lane: collections.deque() for lane in LANES}
         self._lent: dict[Lane, int] = dict.fromkeys(LANES, 0)
         self._busy_s: dict[Lane, float] = dict.fromkeys(LANES, 0.0)  # how long contexts were lent, per lane
 
@@ -227,7 +230,13 @@ class ContextPool:
 
     def waiting(self, lane: Lane) -> int:
         with self._idle_changed:
-            return self._waiting[lane]
+            return len(self._queues[lane])
+
+    def someone_waits(self) -> bool:
+        """Whether an interactive caller waits for a context and none is idle: a prefill then hands its
+        context over between two of its pieces."""
+        with self._idle_changed:
+            return bool(self._queues["interactive"]) and not self._idle
 
     def busy_seconds(self) -> dict[Lane, float]:
         """The seconds contexts have been lent so far, per lane (for /metrics: the work done, answered or not)."""
@@ -244,14 +253,14 @@ class ContextPool:
             self._idle.clear()
             self._idle_changed.notify_all()
 
-    def _may_take(self, lane: Lane) -> bool:
+    def _may_take(self, lane: Lane, ticket: object) -> bool:
         if not self._contexts:
             return True  # closed: the borrower raises
-        if not self._idle:
+        if not self._idle or self._queues[lane][0] is not ticket:
             return False
         if lane == "interactive":
             return True
-        return self._waiting["interactive"] == 0 and self._lent["background"] < self.background_cap
+        return not self._queues["interactive"] and self._lent["background"] < self.background_cap
 
     @contextlib.contextmanager
     def borrow(self, wanted: Snapshot | None) -> Iterator[Context]:
@@ -264,15 +273,16 @@ class ContextPool:
         """
         work = current()
         work.check("a context was free")
+        ticket = object()
         with self._idle_changed:
-            self._waiting[work.lane] += 1
+            self._queues[work.lane].append(ticket)
             try:
-                while not self._may_take(work.lane):
+                while not self._may_take(work.lane, ticket):
                     self._idle_changed.wait(STOP_POLL_S)
                     work.check("a context was free")
             finally:
-                self._waiting[work.lane] -= 1
-                self._idle_changed.notify_all()  # a background borrower may take one now
+                self._queues[work.lane].remove(ticket)
+                self._idle_changed.notify_all()  # the next in line may take one now
             if not self._contexts:
                 raise EngineError("the engine is closed")
             holding = [ctx for ctx in self._idle if wanted is not None and ctx.position_of(wanted) is not None]
