@@ -33,6 +33,7 @@ import datetime
 import json
 import math
 import os
+import statistics
 import subprocess
 import tempfile
 import threading
@@ -189,10 +190,10 @@ def engine_s(body: dict[str, Any]) -> float:
     return sum(float(timing[part]) for part in ENGINE_PARTS) / 1000
 
 
-def percentile(samples: list[float], q: float) -> float:
-    """Nearest rank: with few samples the p99 is the largest."""
+def percentile(samples: list[float], q: float) -> float | None:
+    """Nearest rank: with few samples the p99 is the largest. None without samples (JSON has no NaN)."""
     ordered = sorted(samples)
-    return round(ordered[max(0, math.ceil(q * len(ordered)) - 1)], 1) if ordered else float("nan")
+    return round(ordered[max(0, math.ceil(q * len(ordered)) - 1)], 1) if ordered else None
 
 
 def spread(samples_ms: list[float]) -> dict[str, Any]:
@@ -264,7 +265,7 @@ def stall(url: str, states: StateMaker, cfg: Config) -> dict[str, Any]:
         progress.step("ordinary request after the flood")
     settle(url)
     busy = busy_s(url, "interactive") - busy_before
-    idle_median = percentile(idle, 0.5)
+    idle_median = statistics.median(idle)  # idle_repeats >= 1
     return {
         "ordinary": f"one state of ~{cfg.short_tokens} tokens, one question, asked again (a hit after the first)",
         "cold_ms": round(cold_ms, 1),
