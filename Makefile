@@ -90,7 +90,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?=
 PORT ?=
 
-.PHONY: api-examples setup vulkan-deps bench-native test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-images bench-impatient bench-fleet bench-calibration bench-labelling eval load check-gpu clean clean-build
+.PHONY: api-examples setup vulkan-deps bench-native bench-throughput test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-images bench-impatient bench-fleet bench-calibration bench-labelling eval load check-gpu clean clean-build
 
 # `make setup` records the choice even when that build is installed already (choosing it again).
 setup: $(INSTALL_STAMP)
@@ -249,6 +249,12 @@ test-native: model model-decision $(DEV_STAMP) $(NATIVE_SERVER)
 # bench/results/<date>-<sha>-native-speed.{json,md}. make bench-native BENCH_ARGS=--quick: a smaller run.
 bench-native: model-decision $(BENCH_STAMP) $(NATIVE_SERVER)
 	$(BIN)/python -m bench.native_speed --server $(NATIVE_SERVER) --model $(DECISION_MODEL) $(BENCH_ARGS)
+
+# Issue 59's yardstick: onepass and llama.cpp's /v1/systemone at 1, 4, 16 and 64 clients, new states (5 questions)
+# and hits (1 and 5), requests/s and p50/p99; 16 clients' hits against one client's, and a hit beside a ~4,000-token
+# prefill: bench/results/<date>-<sha>-throughput.{json,md} (about 25 minutes on 2 cores). BENCH_ARGS=--quick: shorter.
+bench-throughput: model-decision $(BENCH_STAMP) $(NATIVE_SERVER)
+	$(BIN)/python -m bench.throughput --server $(NATIVE_SERVER) --model $(DECISION_MODEL) $(BENCH_ARGS)
 
 # The full comparison for a model (default: the default model): make bench BENCH_ARGS="--model models/x.gguf"
 BENCH_ARGS ?=

@@ -32,8 +32,9 @@ LAYERS: list[set[str]] = [
     # make bench; what reads the eval set or compares its reports, or compares onepass with llama.cpp
     {"run", "compare_evals", "native_template", "native_decision"},
     {"native_speed"},  # onepass and llama.cpp's /v1/systemone on speed: reads native_decision's agreement
-    # in-process measures on native_speed's questions: where its new states go, what the layer tap costs
-    {"new_state_cost", "tap_cost"},
+    # in-process measures on native_speed's questions: where its new states go, what the layer tap costs;
+    # and many clients at once on native_speed's two servers
+    {"new_state_cost", "tap_cost", "throughput"},
 ]
 
 
