@@ -90,7 +90,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?=
 PORT ?=
 
-.PHONY: api-examples setup vulkan-deps bench-native bench-throughput test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-images bench-impatient bench-fleet bench-calibration bench-labelling eval load check-gpu clean clean-build
+.PHONY: api-examples setup vulkan-deps bench-native bench-throughput test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-images bench-exactness bench-impatient bench-fleet bench-calibration bench-labelling eval load check-gpu clean clean-build
 
 # `make setup` records the choice even when that build is installed already (choosing it again).
 setup: $(INSTALL_STAMP)
@@ -279,6 +279,13 @@ bench-images: model-small $(BENCH_STAMP)
 # bench/results/<date>-<sha>-impatient.{json,md}. make bench-impatient BENCH_ARGS=--quick: a short run.
 bench-impatient: model $(BENCH_STAMP)
 	$(BIN)/python -m bench.impatient $(BENCH_ARGS)
+
+# In-process, the default model: whether a request's label logits stay bit-identical when its question
+# suffixes share one llama_decode with other requests' (flash attention, repacked weights, unified KV and
+# split streams), and one decode of k requests against k: bench/results/<date>-<sha>-cross-request-exactness.{json,md}.
+# make bench-exactness BENCH_ARGS=--quick: short states, one placement each.
+bench-exactness: model $(BENCH_STAMP)
+	$(BIN)/python -m bench.cross_request_exactness $(BENCH_ARGS)
 
 # Simulated, no model, seconds: cache hit rate and prefill saved against fleet size (1 to 64 replicas) for
 # round robin, least connections and HAProxy's bounded-load hashing; bench/results/fleet-sim.{json,md,png}

@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
         "shared_suffixes",
         "image_states",
         "priority_facts",
+        "cross_request_exactness",
         "impatient",
     },
     # what builds on a scenario's pieces: the labelling loop on calibration_study's evidence
