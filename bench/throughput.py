@@ -449,6 +449,8 @@ def markdown(report: dict[str, Any]) -> str:
             "",
         ]
     b = report["beside_long_state"]
+    same = sum(r["agreement"]["same_answer"] for r in report["cells"])
+    compared = sum(r["agreement"]["compared"] for r in report["cells"])
     lines += [
         f"A 1-question hit idle and while a new state of ~{cfg['long_tokens']} tokens is prefilled (one client, "
         f"{cfg['busy_states']} cached states round-robin; ms from the client):",
@@ -481,8 +483,8 @@ def markdown(report: dict[str, Any]) -> str:
             ],
         ),
         "",
-        f"Equal work: the same answer to every question: {'yes' if report['equal_work'] else 'NO'}; the largest "
-        f"probability gap {report['largest_gap']:.1e}.",
+        f"Equal work: the same answer to {same} of {compared} questions asked of both; the largest probability "
+        f"gap {report['largest_gap']:.1e}.",
         "",
         f"The run took {report['seconds']} s.",
     ]
