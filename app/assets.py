@@ -58,6 +58,9 @@ class _Problems:
 def request_of(payload: Any, parts: Mapping[str, bytes] | None = None) -> SystemOneRequest:
     """The contract's request from a parsed body and its multipart parts (none for a JSON body), its
     images read into its media; a 422 listing every problem otherwise."""
+    sent = payload.get("assets") if isinstance(payload, dict) else None
+    if isinstance(sent, dict):  # the count first, in the words of the full count below, before any is read
+        _at_most_max_images([], list(sent))
     try:
         request = SystemOneRequest.model_validate(payload)
     except ValidationError as error:

@@ -213,17 +213,18 @@ def test_models_lists_which_models_take_images() -> None:
     assert listing["models"][1]["x_mmproj"] == "p.gguf"
 
 
-def test_ten_thousand_assets_are_refused_by_the_contract_before_any_text_is_searched() -> None:
+def test_ten_thousand_assets_are_refused_by_their_count_before_any_is_read_or_text_searched() -> None:
     assets = {f"<{i}>": asset(RED) for i in range(10_000)}
     with pytest.raises(InvalidRequest) as raised:
         request_of(asked(" ".join(assets), assets=assets))
-    [detail] = raised.value.details
-    assert {key: detail[key] for key in ("loc", "msg", "type", "ctx")} == {
-        "loc": ["body", "assets"],
-        "msg": "Dictionary should have at most 8 items after validation, not more",
-        "type": "too_long",
-        "ctx": {"field_type": "Dictionary", "max_length": MAX_IMAGES, "actual_length": None},
-    }
+    assert raised.value.details == [
+        {
+            "loc": ["body", "assets", "<8>"],
+            "msg": "10000 images; a request takes at most 8",
+            "type": "too_long",
+            "input": 10_000,
+        }
+    ]
 
 
 def test_more_images_than_a_request_takes_are_counted_before_placeholders_are_looked_for() -> None:
