@@ -24,6 +24,7 @@ from app.fitting.labels import LabelsFile, as_given, labels_path, sealed
 from app.http.labelling import _overview
 from app.jobs import JobRegistry
 from tests.labelling_states import QUESTIONS, right, state
+from tests.skip_groups import skip_if
 
 THREAD_IO = Path("/proc/thread-self/io")
 
@@ -55,7 +56,7 @@ def whole_lines(path: Path) -> list[int]:
 # --- the labels file ------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not THREAD_IO.is_file(), reason="needs Linux's per-thread I/O counts")
+@skip_if(not THREAD_IO.is_file(), "linux", "needs Linux's per-thread I/O counts")
 def test_a_label_writes_its_own_line_not_the_file_and_syncs_the_folder_only_as_it_makes_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
