@@ -28,8 +28,8 @@ from typesafe_sdk import Noul, RetryPolicy, TypeSafeClient
 from app.answering.service import ModelService
 from app.engine.bindings import EngineError
 from app.engine.disk_tier import MAGIC, SUFFIX
+from app.engine.kv_settings import N_UBATCH
 from app.engine.llama import SuffixTokens
-from app.engine.pool import N_UBATCH
 from app.engine.snapshot import IMAGE_CELL, ImageSpan, Snapshot
 from app.engine.vision import ImageUnreadable, Vision
 from app.http.server import create_app

@@ -2,7 +2,8 @@
 
 It uses llama.cpp's low-level API (app/engine/bindings.py): the high-level `Llama` class saves
 whole-context state with a large scores array, which is far too slow here. Beside it: the model's
-vocabulary (vocab.py), its pool of contexts (pool.py) and the suffix tree (suffix_tree.py).
+vocabulary (vocab.py), its pool of contexts (pool.py), a prefix's prefill in pieces (prefill.py) and the
+suffix tree (suffix_tree.py).
 
 A request borrows one pooled context, restores its prefix snapshot into sequence 0, copies
 sequence 0 to one sequence per question (with a unified KV cache the copies share the prefix
@@ -35,8 +36,10 @@ from app.engine import bindings, whole_prompt
 from app.engine.bindings import EngineError, llama
 from app.engine.caller import Lane, current
 from app.engine.fingerprint import model_digest
-from app.engine.pool import Context, ContextPool, KvSettings, keeps_memory
+from app.engine.kv_settings import KvSettings
+from app.engine.pool import Context, ContextPool, keeps_memory
 from app.engine.pool import RestoreError as RestoreError  # raised through the engine; the pool is its own
+from app.engine.prefill import Prefill
 from app.engine.snapshot import ImageSpan, spans_fit
 from app.engine.snapshot import Snapshot as Snapshot  # the engine takes and gives snapshots: its callers' type too
 from app.engine.suffix_tree import plan_groups, suffix_rows
@@ -228,94 +231,16 @@ class Engine:
     ) -> tuple[Snapshot, Timing]:
         """Snapshot of sequence 0 after `tokens`, starting from `base` when it holds a prefix of them.
         `spans`: the images among the tokens' cells, in order; `images`: each one's file by its SHA-256.
-
-        In pieces (`_pieces`), stopped (Cancelled) between two once nobody waits for it. When a request
-        waits for a context meanwhile, the prefill saves what it has done as a snapshot, hands its
-        context over and goes on from that snapshot once it has one again: restoring a snapshot gives
-        the cells its very bytes, so the result is the same bit for bit, and a short request is not
-        stuck behind a long state."""
+        In pieces, stopped between two once nobody waits for it, its context handed to a waiting
+        request between two (prefill.py)."""
         spans = tuple(spans)
         if not spans_fit(tokens, spans):
             raise ValueError("the image spans do not lie over the image cells of the tokens")
         if base is not None and not base.holds(tokens[: base.n_tokens], spans[: len(base.spans)]):
             raise ValueError("base snapshot is not a prefix of the tokens to prefill")
-        timing = Timing()
-        pieces = self._pieces(tokens, spans, base)
-        done = base  # the prefix prefilled so far: where the next context starts from
-        rows: list[NDArray[np.float32]] = []  # the tapped layer's rows of the pieces done, in order
-        while True:
-            with self._pool.borrow(done) as ctx:
-                began = time.perf_counter()
-                if done is not None:
-                    ctx.hold(done)
-                else:
-                    ctx.clear()
-                timing.restore_ms += _ms_since(began)
-                began = time.perf_counter()
-                ctx.read_rows(True)
-                first = done.n_tokens if done is not None else 0
-                position = done.next_pos if done is not None else 0
-                cell = len(tokens)
-                for at, end, span in (piece for piece in pieces if piece[0] >= first):
-                    if at > first and self._pool.someone_waits():
-                        cell = at  # a request waits for this context: hand it over between two pieces
-                        break
-                    current().check("a piece of the prefill")
-                    if span is None:
-                        ctx.fill([(token, position + i, (0,), False) for i, token in enumerate(tokens[at:end])])
-                        ctx.decode(more_rows=True)
-                        position += end - at
-                    else:
-                        position = self._decode_image(ctx, span, position, images or {})
-                if ctx.tap is not None and cell > first:
-                    rows.append(ctx.tap.rows(cell - first))
-                timing.prefill_ms += _ms_since(began)
-                done = Snapshot(ctx.save(), tuple(tokens[:cell]), None, tuple(x for x in spans if x.offset < cell))
-                if cell < len(tokens):
-                    ctx.holding(done)  # should this context come back first, it goes on without a restore
-                    continue  # borrow again, from the prefix prefilled so far
-                state_mean = None
-                if rows and len(tokens) > (base.n_tokens if base is not None else 0):
-                    state_mean = np.concatenate(rows).mean(axis=0)
-                    state_mean.flags.writeable = False
-                snapshot = Snapshot(done.data, tuple(tokens), state_mean, spans)
-                ctx.holding(snapshot)
-                return snapshot, timing
-
-    def _pieces(
-        self, tokens: Sequence[int], spans: Sequence[ImageSpan], base: Snapshot | None
-    ) -> list[tuple[int, int, ImageSpan | None]]:
-        """What a prefill decodes after `base`, one llama_decode each: (first cell, end, the image or None).
-        Text in micro-batches, the pieces llama.cpp would split one call into anyway (so the cells hold
-        the same bytes), each image whole. Between two pieces a prefill looks whether anyone still
-        waits for it, and hands its context over to a request that waits for one."""
-        pieces: list[tuple[int, int, ImageSpan | None]] = []
-        cell = base.n_tokens if base is not None else 0
-
-        def text(upto: int) -> None:
-            pieces.extend((at, min(at + self.n_ubatch, upto), None) for at in range(cell, upto, self.n_ubatch))
-
-        for span in spans[len(base.spans) if base is not None else 0 :]:
-            text(span.offset)
-            pieces.append((span.offset, span.offset + span.n_tokens, span))
-            cell = span.offset + span.n_tokens
-        text(len(tokens))
-        return pieces
-
-    def _decode_image(self, ctx: Context, span: ImageSpan, position: int, images: Mapping[str, bytes]) -> int:
-        """Encode the image of `span` and decode it into sequence 0 from `position`; the position after."""
-        if self.vision is None:
-            raise EngineError("this model has no vision projector: it takes no images")
-        current().check("an image's prefill")
-        if span.sha256 not in images:
-            raise ValueError(f"no file given for the image {span.sha256}")
-        n_tokens, after = self.vision.decode(ctx.ctx, images[span.sha256], span.sha256, position)
-        if (n_tokens, after - position) != (span.n_tokens, span.n_pos):
-            raise EngineError(
-                f"the image {span.sha256} filled {n_tokens} cells and {after - position} positions, "
-                f"not its span's {span.n_tokens} and {span.n_pos}"
-            )
-        return after
+        prefilled = Prefill(self._pool, self.vision, self.n_ubatch, tokens, spans, images or {})
+        snapshot = prefilled.run(base)
+        return snapshot, Timing(prefill_ms=prefilled.prefill_ms, restore_ms=prefilled.restore_ms)
 
     def decode_suffixes(
         self, prefix: Snapshot, suffixes: Sequence[SuffixTokens], *, hidden: bool = False

@@ -1,0 +1,126 @@
+"""A prefix prefilled into a snapshot, in pieces: its text in micro-batches, the pieces llama.cpp would
+split one call into anyway (so the cells hold the same bytes as one call), each image whole through
+the vision projector.
+
+Between two pieces the prefill stops (Cancelled) once nobody waits for it any more, and hands its
+context over when an interactive caller waits for one and none is idle: it saves what it has done as
+a snapshot, lets the other go first, and goes on from that snapshot when it has a context again.
+Restoring a snapshot gives the cells its very bytes, and the tapped layer's rows of the pieces done
+are carried over, so the snapshot and its state mean are those of an uninterrupted prefill, bit for
+bit, and a short request waits for one piece of a long state, not for all of it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from app.engine.bindings import EngineError
+from app.engine.caller import current
+from app.engine.pool import Context, ContextPool
+from app.engine.snapshot import ImageSpan, Snapshot
+from app.engine.vision import Vision
+
+Piece = tuple[int, int, ImageSpan | None]  # (first cell, end, the image or None: text)
+
+
+class Prefill:
+    """One prefill of `tokens` (with its image `spans` and their files `images`) on `pool`'s contexts;
+    its restore and prefill time once run."""
+
+    def __init__(
+        self,
+        pool: ContextPool,
+        vision: Vision | None,
+        n_ubatch: int,
+        tokens: Sequence[int],
+        spans: tuple[ImageSpan, ...],
+        images: Mapping[str, bytes],
+    ) -> None:
+        self._pool, self._vision, self._n_ubatch = pool, vision, n_ubatch
+        self.tokens, self.spans, self.images = tokens, spans, images
+        self.restore_ms = self.prefill_ms = 0.0
+
+    def run(self, base: Snapshot | None) -> Snapshot:
+        """The snapshot after the tokens, prefilled from `base` (a prefix of them) or from nothing."""
+        tokens, spans = self.tokens, self.spans
+        pieces = self.pieces(base)
+        done = base  # the prefix prefilled so far: where the next context starts from
+        rows: list[NDArray[np.float32]] = []  # the tapped layer's rows of the pieces done, in order
+        while True:
+            with self._pool.borrow(done) as ctx:
+                began = time.perf_counter()
+                if done is not None:
+                    ctx.hold(done)
+                else:
+                    ctx.clear()
+                self.restore_ms += _ms_since(began)
+                began = time.perf_counter()
+                ctx.read_rows(True)
+                first = done.n_tokens if done is not None else 0
+                cell = self._decode(ctx, pieces, first, done.next_pos if done is not None else 0)
+                if ctx.tap is not None and cell > first:
+                    rows.append(ctx.tap.rows(cell - first))
+                self.prefill_ms += _ms_since(began)
+                done = Snapshot(ctx.save(), tuple(tokens[:cell]), None, tuple(x for x in spans if x.offset < cell))
+                if cell < len(tokens):
+                    ctx.holding(done)  # should this context come back first, it goes on without a restore
+                    continue  # borrow again, from the prefix prefilled so far
+                state_mean = None
+                if rows and len(tokens) > (base.n_tokens if base is not None else 0):
+                    state_mean = np.concatenate(rows).mean(axis=0)
+                    state_mean.flags.writeable = False
+                snapshot = Snapshot(done.data, tuple(tokens), state_mean, spans)
+                ctx.holding(snapshot)
+                return snapshot
+
+    def _decode(self, ctx: Context, pieces: list[Piece], first: int, position: int) -> int:
+        """Decode the pieces from cell `first` (at `position`) into sequence 0; the cell it stopped at:
+        the end, or the start of a piece it left for later because a request waits for the context."""
+        for at, end, span in (piece for piece in pieces if piece[0] >= first):
+            if at > first and self._pool.someone_waits():
+                return at  # a request waits for this context: hand it over between two pieces
+            current().check("a piece of the prefill")
+            if span is None:
+                ctx.fill([(token, position + i, (0,), False) for i, token in enumerate(self.tokens[at:end])])
+                ctx.decode(more_rows=True)
+                position += end - at
+            else:
+                position = self._decode_image(ctx, span, position)
+        return len(self.tokens)
+
+    def pieces(self, base: Snapshot | None) -> list[Piece]:
+        """What the prefill decodes after `base`, one llama_decode each, in order."""
+        pieces: list[Piece] = []
+        cell = base.n_tokens if base is not None else 0
+
+        def text(upto: int) -> None:
+            pieces.extend((at, min(at + self._n_ubatch, upto), None) for at in range(cell, upto, self._n_ubatch))
+
+        for span in self.spans[len(base.spans) if base is not None else 0 :]:
+            text(span.offset)
+            pieces.append((span.offset, span.offset + span.n_tokens, span))
+            cell = span.offset + span.n_tokens
+        text(len(self.tokens))
+        return pieces
+
+    def _decode_image(self, ctx: Context, span: ImageSpan, position: int) -> int:
+        """Encode the image of `span` and decode it into sequence 0 from `position`; the position after."""
+        if self._vision is None:
+            raise EngineError("this model has no vision projector: it takes no images")
+        if span.sha256 not in self.images:
+            raise ValueError(f"no file given for the image {span.sha256}")
+        n_tokens, after = self._vision.decode(ctx.ctx, self.images[span.sha256], span.sha256, position)
+        if (n_tokens, after - position) != (span.n_tokens, span.n_pos):
+            raise EngineError(
+                f"the image {span.sha256} filled {n_tokens} cells and {after - position} positions, "
+                f"not its span's {span.n_tokens} and {span.n_pos}"
+            )
+        return after
+
+
+def _ms_since(began: float) -> float:
+    return (time.perf_counter() - began) * 1000
