@@ -26,6 +26,7 @@ from app.contract import SystemOneRequest
 from app.serving.registry import ModelRegistry
 from tests.conftest import tiny_settings
 from tests.live import RunningServer
+from tests.llama_calls import count_llama_calls
 from tests.loading import load_model
 
 QUESTIONS = 20
@@ -164,3 +165,22 @@ def test_a_short_request_is_answered_while_a_long_new_state_is_still_being_prefi
     finished.append(f"hit {hit.status_code}")
     long_request.join(120)
     assert finished == ["hit 200", "200"]
+
+
+def test_a_retry_of_a_request_given_up_goes_on_from_the_prefill_it_had_paid_for(
+    served: tuple[str, ModelService], tiny_service: ModelService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that gives up and sends the same request again, as the SDK does: the retry prefills only
+    what the first attempt had not, and answers as a server that never saw the first attempt."""
+    url, _ = served
+    give_up(url, [long_body(12)])
+    deadline = time.monotonic() + 60
+    while in_flight(url) > 0:  # the abandoned attempt stops at its next piece
+        assert time.monotonic() < deadline, "the abandoned request never stopped"
+    calls = count_llama_calls(monkeypatch)
+    again = timed_post(url, long_body(12))[1]
+    assert again.status_code == 200
+    state_rows = again.json()["usage"]["input_tokens"]  # the prefix and the questions' rows, at most
+    assert calls.rows < state_rows - 512  # at least one piece of the state was not decoded again
+    fresh = tiny_service.answer(SystemOneRequest.model_validate(long_body(12)))
+    assert again.json()["answers"] == json.loads(fresh.to_json())["answers"]

@@ -17,6 +17,7 @@ import pytest
 from app.engine import bindings
 from app.engine.caller import Caller, Lane, working_for
 from app.engine.llama import Engine
+from app.engine.prefill import Stopped
 from app.errors import Cancelled
 from tests.llama_calls import count_llama_calls
 
@@ -143,6 +144,47 @@ def test_a_prefill_stops_between_its_pieces_and_leaves_nothing_that_changes_an_a
     monkeypatch.setattr(llama_cpp, "llama_decode", decode)
     again, _ = engine.prefill(tokens)  # on the context the stopped prefill used
     assert again.data == whole.data
+
+
+def test_a_retry_goes_on_from_the_pieces_a_stopped_prefill_paid_for_and_ends_alike(
+    tiny_chat_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that gives up and retries (the SDK does): the stopped prefill says what it had done, and
+    the retry decodes only the rest, into the snapshot and state mean of an uninterrupted prefill."""
+    engine = Engine(tiny_chat_path, n_ctx=2048, threads=1, probe_layer="middle")
+    try:
+        base, _ = engine.prefill(engine.vocab.tokenize("System part. ", add_bos=True))
+        tokens = (*base.tokens, *engine.vocab.tokenize(" the parcel came late again." * 60))
+        whole, _ = engine.prefill(tokens, base)
+        assert whole.state_mean is not None
+        calls = count_llama_calls(monkeypatch)
+        bindings.init()
+        import llama_cpp
+
+        decode, stopped = llama_cpp.llama_decode, Caller("interactive", threading.Event())
+
+        def client_leaves_during_the_second_piece(ctx: Any, batch: Any) -> Any:
+            if calls.decodes == 1:
+                stopped.stop.set()
+            return decode(ctx, batch)
+
+        monkeypatch.setattr(llama_cpp, "llama_decode", client_leaves_during_the_second_piece)
+        with working_for(stopped), pytest.raises(Stopped) as raised:
+            engine.prefill(tokens, base)
+        partial = raised.value.partial
+        assert partial is not None and partial.snapshot.n_tokens == base.n_tokens + 2 * engine.n_ubatch
+        monkeypatch.setattr(llama_cpp, "llama_decode", decode)
+        rows_before = calls.rows
+        again, _ = engine.prefill(tokens, base, resume=partial)
+        assert calls.rows - rows_before == len(tokens) - partial.snapshot.n_tokens  # only the rest
+        assert again.data == whole.data
+        assert again.state_mean is not None and again.state_mean.tobytes() == whole.state_mean.tobytes()
+        other_base, _ = engine.prefill(base.tokens[:-1])
+        rows_before = calls.rows
+        engine.prefill(tokens, other_base, resume=partial)  # begun after another base: not gone on from
+        assert calls.rows - rows_before == len(tokens) - other_base.n_tokens
+    finally:
+        engine.close()
 
 
 def test_a_prefill_in_pieces_is_the_one_call_llama_cpp_would_split_alike(engine: Engine) -> None:

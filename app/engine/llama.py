@@ -39,7 +39,7 @@ from app.engine.fingerprint import model_digest
 from app.engine.kv_settings import KvSettings
 from app.engine.pool import Context, ContextPool, keeps_memory
 from app.engine.pool import RestoreError as RestoreError  # raised through the engine; the pool is its own
-from app.engine.prefill import Prefill
+from app.engine.prefill import Partial, Prefill
 from app.engine.snapshot import ImageSpan, spans_fit
 from app.engine.snapshot import Snapshot as Snapshot  # the engine takes and gives snapshots: its callers' type too
 from app.engine.suffix_tree import plan_groups, suffix_rows
@@ -228,18 +228,20 @@ class Engine:
         *,
         spans: Sequence[ImageSpan] = (),
         images: Mapping[str, bytes] | None = None,
+        resume: Partial | None = None,
     ) -> tuple[Snapshot, Timing]:
         """Snapshot of sequence 0 after `tokens`, starting from `base` when it holds a prefix of them.
         `spans`: the images among the tokens' cells, in order; `images`: each one's file by its SHA-256.
-        In pieces, stopped between two once nobody waits for it, its context handed to a waiting
-        request between two (prefill.py)."""
+        In pieces, its context handed to a waiting request between two, and Stopped between two (with
+        what it had done) once nobody waits for it; `resume`: such a stopped prefill's work, to go on
+        from where it is one of these tokens from this base (prefill.py)."""
         spans = tuple(spans)
         if not spans_fit(tokens, spans):
             raise ValueError("the image spans do not lie over the image cells of the tokens")
         if base is not None and not base.holds(tokens[: base.n_tokens], spans[: len(base.spans)]):
             raise ValueError("base snapshot is not a prefix of the tokens to prefill")
         prefilled = Prefill(self._pool, self.vision, self.n_ubatch, tokens, spans, images or {})
-        snapshot = prefilled.run(base)
+        snapshot = prefilled.run(base, resume)
         return snapshot, Timing(prefill_ms=prefilled.prefill_ms, restore_ms=prefilled.restore_ms)
 
     def decode_suffixes(

@@ -7,13 +7,17 @@ context over when an interactive caller waits for one and none is idle: it saves
 a snapshot, lets the other go first, and goes on from that snapshot when it has a context again.
 Restoring a snapshot gives the cells its very bytes, and the tapped layer's rows of the pieces done
 are carried over, so the snapshot and its state mean are those of an uninterrupted prefill, bit for
-bit, and a short request waits for one piece of a long state, not for all of it.
+bit, and a short request waits for one piece of a long state, not for all of it. A prefill stopped
+between two pieces says what it had done (`Stopped.partial`), and a later prefill of the same tokens
+from the same base may go on from there (`resume`): a client that gives up and retries, as the SDK
+does, finds the pieces its first attempt paid for.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -23,8 +27,28 @@ from app.engine.caller import current
 from app.engine.pool import Context, ContextPool
 from app.engine.snapshot import ImageSpan, Snapshot
 from app.engine.vision import Vision
+from app.errors import Cancelled
 
 Piece = tuple[int, int, ImageSpan | None]  # (first cell, end, the image or None: text)
+
+
+@dataclass(frozen=True)
+class Partial:
+    """What a stopped prefill had done: a snapshot of its first pieces, the tapped layer's rows of
+    those pieces, and the cells it had started after (its base's)."""
+
+    snapshot: Snapshot
+    rows: tuple[NDArray[np.float32], ...]
+    after: int
+
+
+class Stopped(Cancelled):
+    """A prefill stopped between two pieces because nobody waits for it; `partial`: what it had done
+    (None: nothing beyond its base)."""
+
+    def __init__(self, partial: Partial | None) -> None:
+        super().__init__("cancelled between two pieces of the prefill")
+        self.partial = partial
 
 
 class Prefill:
@@ -44,46 +68,78 @@ class Prefill:
         self.tokens, self.spans, self.images = tokens, spans, images
         self.restore_ms = self.prefill_ms = 0.0
 
-    def run(self, base: Snapshot | None) -> Snapshot:
-        """The snapshot after the tokens, prefilled from `base` (a prefix of them) or from nothing."""
+    def run(self, base: Snapshot | None, resume: Partial | None = None) -> Snapshot:
+        """The snapshot after the tokens, prefilled from `base` (a prefix of them) or from nothing, going
+        on from `resume` where that is a stopped prefill of these tokens from the same base. Stopped
+        (with what it had done) once nobody waits for it."""
         tokens, spans = self.tokens, self.spans
+        start = base.n_tokens if base is not None else 0
         pieces = self.pieces(base)
         done = base  # the prefix prefilled so far: where the next context starts from
         rows: list[NDArray[np.float32]] = []  # the tapped layer's rows of the pieces done, in order
+        if resume is not None and self._goes_on(resume, start):
+            done, rows = resume.snapshot, list(resume.rows)
+
+        def stopped() -> Stopped:
+            partial = None if done is None or done.n_tokens <= start else Partial(done, tuple(rows), start)
+            return Stopped(partial)
+
         while True:
-            with self._pool.borrow(done) as ctx:
-                began = time.perf_counter()
-                if done is not None:
-                    ctx.hold(done)
-                else:
-                    ctx.clear()
-                self.restore_ms += _ms_since(began)
-                began = time.perf_counter()
-                ctx.read_rows(True)
-                first = done.n_tokens if done is not None else 0
-                cell = self._decode(ctx, pieces, first, done.next_pos if done is not None else 0)
-                if ctx.tap is not None and cell > first:
-                    rows.append(ctx.tap.rows(cell - first))
-                self.prefill_ms += _ms_since(began)
-                done = Snapshot(ctx.save(), tuple(tokens[:cell]), None, tuple(x for x in spans if x.offset < cell))
-                if cell < len(tokens):
-                    ctx.holding(done)  # should this context come back first, it goes on without a restore
-                    continue  # borrow again, from the prefix prefilled so far
-                state_mean = None
-                if rows and len(tokens) > (base.n_tokens if base is not None else 0):
-                    state_mean = np.concatenate(rows).mean(axis=0)
-                    state_mean.flags.writeable = False
-                snapshot = Snapshot(done.data, tuple(tokens), state_mean, spans)
-                ctx.holding(snapshot)
-                return snapshot
+            try:
+                with self._pool.borrow(done) as ctx:
+                    began = time.perf_counter()
+                    if done is not None:
+                        ctx.hold(done)
+                    else:
+                        ctx.clear()
+                    self.restore_ms += _ms_since(began)
+                    began = time.perf_counter()
+                    ctx.read_rows(True)
+                    first = done.n_tokens if done is not None else 0
+                    cell = self._decode(ctx, pieces, first, done.next_pos if done is not None else 0)
+                    if ctx.tap is not None and cell > first:
+                        rows.append(ctx.tap.rows(cell - first))
+                    self.prefill_ms += _ms_since(began)
+                    if cell > first or cell == len(tokens):
+                        done = Snapshot(
+                            ctx.save(), tuple(tokens[:cell]), None, tuple(x for x in spans if x.offset < cell)
+                        )
+                    if cell < len(tokens) and current().stopped:
+                        raise stopped()
+                    if cell < len(tokens):
+                        assert done is not None  # a request waits: handed over after a piece, saved above
+                        ctx.holding(done)  # should this context come back first, it goes on without a restore
+                        continue  # borrow again, from the prefix prefilled so far
+                    state_mean = None
+                    if rows and len(tokens) > (base.n_tokens if base is not None else 0):
+                        state_mean = np.concatenate(rows).mean(axis=0)
+                        state_mean.flags.writeable = False
+                    assert done is not None  # saved above: the prefill reached the end
+                    snapshot = Snapshot(done.data, tuple(tokens), state_mean, spans)
+                    ctx.holding(snapshot)
+                    return snapshot
+            except Stopped:
+                raise
+            except Cancelled:  # stopped while it waited for a context again
+                raise stopped() from None
+
+    def _goes_on(self, resume: Partial, start: int) -> bool:
+        """Whether `resume` is a stopped prefill of a prefix of these tokens, begun after `start` cells."""
+        held = resume.snapshot
+        spans = tuple(x for x in self.spans if x.offset < held.n_tokens)
+        return (
+            resume.after == start
+            and start < held.n_tokens < len(self.tokens)
+            and held.holds(self.tokens[: held.n_tokens], spans)
+        )
 
     def _decode(self, ctx: Context, pieces: list[Piece], first: int, position: int) -> int:
         """Decode the pieces from cell `first` (at `position`) into sequence 0; the cell it stopped at:
-        the end, or the start of a piece it left for later because a request waits for the context."""
+        the end, or the start of a piece it left for later, because nobody waits for the prefill any
+        more or a request waits for the context."""
         for at, end, span in (piece for piece in pieces if piece[0] >= first):
-            if at > first and self._pool.someone_waits():
-                return at  # a request waits for this context: hand it over between two pieces
-            current().check("a piece of the prefill")
+            if current().stopped or (at > first and self._pool.someone_waits()):
+                return at  # stopped, or a request waits for this context: hand it over between two pieces
             if span is None:
                 ctx.fill([(token, position + i, (0,), False) for i, token in enumerate(self.tokens[at:end])])
                 ctx.decode(more_rows=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -12,10 +13,14 @@ from typing import Literal
 from app.engine.caller import current
 from app.engine.disk_tier import DiskTier
 from app.engine.llama import Engine, Timing
+from app.engine.prefill import Partial, Stopped
 from app.engine.ram_tier import CacheKey, RamTier, cache_key
 from app.engine.snapshot import ImageSpan, Snapshot
 
 Source = Literal["hit", "disk", "miss", "off"]
+# Stopped prefills whose work is kept for a retry: each may hold up to a context's worth of KV bytes,
+# which no budget of the RAM tier counts.
+MAX_PARTIALS = 2
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,8 @@ class PrefixCache:
         self._key_fn = key_fn
         self.prefilled_tokens = 0  # tokens prefilled so far (for /metrics)
         self._counter_lock = threading.Lock()  # pooled contexts prefill in parallel threads
+        # stopped prefills' work by key, for a retry to go on from; oldest first
+        self._partials: OrderedDict[CacheKey, Partial] = OrderedDict()
 
     def key(self, *parts: str | bytes) -> CacheKey:
         """A prefix's key: the model, the KV settings, and `parts`, what else shapes its snapshot's bytes."""
@@ -68,7 +75,12 @@ class PrefixCache:
 
         def prefilled() -> Snapshot:
             current().check("the prefill")
-            snapshot, spent = self.engine.prefill(tokens, base=base, spans=spans, images=images)
+            resume = self._partial(key)
+            try:
+                snapshot, spent = self.engine.prefill(tokens, base=base, spans=spans, images=images, resume=resume)
+            except Stopped as stopped:
+                self._keep(key, stopped.partial or resume)
+                raise
             with self._counter_lock:
                 self.prefilled_tokens += len(tokens) - (base.n_tokens if base is not None else 0)
             timing.restore_ms += spent.restore_ms
@@ -99,14 +111,32 @@ class PrefixCache:
         source: Source = "off" if not self.ram.enabled else "hit" if hit else "disk" if from_disk else "miss"
         return ResolvedPrefix(snapshot, source)
 
+    def _partial(self, key: CacheKey) -> Partial | None:
+        """The work of a stopped prefill of the prefix under `key`, taken out (a prefill goes on from it)."""
+        with self._counter_lock:
+            return self._partials.pop(key, None)
+
+    def _keep(self, key: CacheKey, partial: Partial | None) -> None:
+        """Keep a stopped prefill's work for the next prefill of the same prefix (a client's retry), the
+        most recent MAX_PARTIALS of them: outside the RAM tier's budget, so few."""
+        if partial is None:
+            return
+        with self._counter_lock:
+            self._partials[key] = partial
+            self._partials.move_to_end(key)
+            while len(self._partials) > MAX_PARTIALS:
+                self._partials.popitem(last=False)
+
     def drop(self, key: CacheKey) -> None:
         """A snapshot that failed to restore: out of both tiers, so the next resolve prefills it anew."""
+        self._partial(key)
         self.ram.evict(key)
         if self.disk is not None:
             self.disk.discard(key)
 
     def forget(self, key: CacheKey) -> None:
         """A good snapshot out of both tiers on purpose, so the next resolve prefills it anew."""
+        self._partial(key)
         self.ram.evict(key)
         if self.disk is not None:
             self.disk.forget(key)
