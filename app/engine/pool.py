@@ -6,7 +6,7 @@ A request borrows one context. A context is handed back holding only sequence 0,
 the snapshot it holds (or for the base that snapshot grew from) skips the restore: the cells
 already hold the snapshot's exact bytes.
 
-Each borrow is made for the current work (app/engine/caller.py): interactive work is lent an idle
+Each borrow is made for the current caller (app/engine/caller.py): interactive work is lent an idle
 context before background work, background work holds at most `background_cap` contexts, and a
 borrower whose work is stopped gives up its wait instead of taking a context for nobody.
 """
@@ -230,31 +230,31 @@ class ContextPool:
 
     @contextlib.contextmanager
     def borrow(self, wanted: Snapshot | None) -> Iterator[Context]:
-        """An idle context for the current work: one that already holds `wanted` if there is one, else
-        the least recently used. Cancelled, instead, once the work is stopped while it waits.
+        """An idle context for the current caller: one that already holds `wanted` if there is one, else
+        the least recently used. Cancelled, instead, once the caller is stopped while it waits.
 
         A context is handed back holding its sequence 0, so the next request for the same
         prefix (or a prefix of it, such as the base) skips the restore. Anything that goes
         wrong on the way clears it.
         """
-        work = current()
-        work.check("a context was free")
+        caller = current()
+        caller.check("a context was free")
         ticket = object()
         with self._idle_changed:
-            self._queues[work.lane].append(ticket)
+            self._queues[caller.lane].append(ticket)
             try:
-                while not self._may_take(work.lane, ticket):
+                while not self._may_take(caller.lane, ticket):
                     self._idle_changed.wait(STOP_POLL_S)
-                    work.check("a context was free")
+                    caller.check("a context was free")
             finally:
-                self._queues[work.lane].remove(ticket)
+                self._queues[caller.lane].remove(ticket)
                 self._idle_changed.notify_all()  # the next in line may take one now
             if not self._contexts:
                 raise EngineError("the engine is closed")
             holding = [ctx for ctx in self._idle if wanted is not None and ctx.position_of(wanted) is not None]
             ctx = holding[-1] if holding else self._idle[0]
             self._idle.remove(ctx)
-            self._lent[work.lane] += 1
+            self._lent[caller.lane] += 1
         lent_at = time.perf_counter()
         handed_back = False
         try:
@@ -265,6 +265,6 @@ class ContextPool:
                 ctx.clear()
             with self._idle_changed:
                 self._idle.append(ctx)
-                self._lent[work.lane] -= 1
-                self._busy_s[work.lane] += time.perf_counter() - lent_at
+                self._lent[caller.lane] -= 1
+                self._busy_s[caller.lane] += time.perf_counter() - lent_at
                 self._idle_changed.notify_all()  # waiters of both lanes: each has its own rule

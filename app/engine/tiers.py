@@ -47,7 +47,7 @@ class PrefixCache:
         self.disk = disk
         self._key_fn = key_fn
         self.prefilled_tokens = 0  # tokens prefilled so far (for /metrics)
-        self._counter_lock = threading.Lock()  # pooled contexts prefill in parallel threads
+        self._lock = threading.Lock()  # the counter and the partials: pooled contexts prefill in parallel threads
         # stopped prefills' work by key, for a retry to go on from; oldest first
         self._partials: OrderedDict[CacheKey, Partial] = OrderedDict()
 
@@ -81,7 +81,7 @@ class PrefixCache:
             except Stopped as stopped:
                 self._keep(key, stopped.partial or resume)
                 raise
-            with self._counter_lock:
+            with self._lock:
                 self.prefilled_tokens += len(tokens) - (base.n_tokens if base is not None else 0)
             timing.restore_ms += spent.restore_ms
             timing.prefill_ms += spent.prefill_ms
@@ -113,7 +113,7 @@ class PrefixCache:
 
     def _partial(self, key: CacheKey) -> Partial | None:
         """The work of a stopped prefill of the prefix under `key`, taken out (a prefill goes on from it)."""
-        with self._counter_lock:
+        with self._lock:
             return self._partials.pop(key, None)
 
     def _keep(self, key: CacheKey, partial: Partial | None) -> None:
@@ -121,7 +121,7 @@ class PrefixCache:
         most recent MAX_PARTIALS of them: outside the RAM tier's budget, so few."""
         if partial is None:
             return
-        with self._counter_lock:
+        with self._lock:
             self._partials[key] = partial
             self._partials.move_to_end(key)
             while len(self._partials) > MAX_PARTIALS:

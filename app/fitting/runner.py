@@ -114,7 +114,7 @@ def answer_all(
     `stop` ends the run at the next step of any example. With a `journal`, evidence answered before is
     reused, and each newly answered example's is kept there as soon as it is answered, so an interrupted
     run resumes where it stopped."""
-    work = Caller("background", stop if stop is not None else threading.Event())
+    caller = Caller("background", stop if stop is not None else threading.Event())
     kept = [journal.load(e.request, hidden=True) if journal else None for e in examples]
     reused = sum(found is not None for found in kept)
     progress.skip(reused)
@@ -123,11 +123,11 @@ def answer_all(
         if known is not None:
             found.append(known)
             continue
-        if work.stopped:
+        if caller.stopped:
             raise InterruptedError("the fitting run was cancelled")
         began = time.perf_counter()
         try:
-            with working_for(work):
+            with working_for(caller):
                 evidence = service.evidence(example.request, hidden=True)  # hidden: for the probe candidate
         except Cancelled as error:
             raise InterruptedError("the fitting run was cancelled") from error
