@@ -15,11 +15,11 @@ import uvicorn
 from app.config_sources import DEFAULT_CONFIG_PATH, ConfigError, SettingsSource
 from app.engine.devices import backends, devices, gpu_layers_problem
 from app.fitting.examples import ExampleError
-from app.fitting.labelling import LabellingFiles, read_states
-from app.fitting.labels import LabelsFile, labels_path
 from app.fleet.processes import listening_socket, url_of
 from app.fleet.routing import replica_name
 from app.http.server import create_app
+from app.labelling.labels import LabelsFile, labels_path
+from app.labelling.session import LabellingFiles, read_states
 from app.platform.build_check import run_check
 from app.serving.specs import read_models_config
 

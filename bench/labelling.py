@@ -5,7 +5,7 @@ Reads the stored evidence of the pipeline workloads (bench/evidence.py: the defa
 hidden vectors beside them). Per workload, seed 0's items are the unlabelled states a user has; seeds
 1 and 2's items whose states are not among them are held out. Two ways to choose which states get labels:
 
-- ranked, as `onepass label` does: no fit at first; take the next BATCH states app/fitting/ranking.py
+- ranked, as `onepass label` does: no fit at first; take the next BATCH states app/labelling/ranking.py
   offers (one in four drawn at random, on which the answer sets are calibrated; the others ranked by
   their answers as served now, with the fits so far, and their mean vectors), label them (the
   generator's right answers stand in for the user), refit as the fitting run does (app/fitting/
@@ -40,10 +40,10 @@ from app.calibration import Calibration, Evidence, FitRecord, FitsFound, fits_am
 from app.calibration.candidates import ProbeCandidate
 from app.calibration.evidence import Example, example_of
 from app.contract import SystemOneRequest
-from app.fitting import ranking
 from app.fitting.examples import UserExample
-from app.fitting.ranking import directions, next_to_label, worths
 from app.fitting.runner import fit_all
+from app.labelling import ranking
+from app.labelling.ranking import directions, next_to_label, worths
 from bench.calibration_study import TEST, fitting_at, load, load_hidden, parsed
 from bench.evidence import OUT as EVIDENCE
 from bench.output import RESULTS, Progress, git_sha, machine, table, write_atomically
@@ -387,7 +387,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Pool: seed 0's items per workload (the states a user has); held out: seeds 1 and 2's items whose states "
         "are not in the pool. "
-        f"Ranked: {BATCH} states at a time as app/fitting/ranking.py orders them, refit after each batch. Random: "
+        f"Ranked: {BATCH} states at a time as app/labelling/ranking.py orders them, refit after each batch. Random: "
         f"{report['repeats']} draws per size ({COVERAGE_DRAWS} at {max(SIZES)} labels), averaged. Accuracy of every "
         f"question on the held-out items as a request is answered; for a fitted question its {COVERAGE:.0%} sets' "
         "coverage (after random labels, ± the spread of one draw's) and mean size.",

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.fitting.labelling import LabellingSession
+from app.labelling.session import LabellingSession
 
 TEAM = {"type": "choice", "instructions": "Which team?", "criteria": {"Alpha": None, "Beta": None, "Gamma": None}}
 URGENT = {"type": "noul", "instructions": "Is it urgent?"}

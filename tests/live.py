@@ -15,9 +15,9 @@ import httpx
 import uvicorn
 
 from app.config import Settings
-from app.fitting.labelling import LabellingFiles
 from app.fleet.processes import listening_socket, url_of
 from app.http.server import create_app, default_loader
+from app.labelling.session import LabellingFiles
 from app.serving.registry import ModelRegistry
 
 

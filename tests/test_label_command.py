@@ -18,7 +18,7 @@ from typing import IO, Any
 import httpx
 import pytest
 
-from app.fitting.labels import LabelsFile, labels_path
+from app.labelling.labels import LabelsFile, labels_path
 from app.paths import REPO_ROOT
 from tests.labelling_states import index_of, right, write_states
 

@@ -20,8 +20,8 @@ import httpx
 import pytest
 from selenium.webdriver.chrome.webdriver import WebDriver
 
-from app.fitting.labelling import LabellingFiles, read_states
-from app.fitting.labels import LabelsFile, labels_path
+from app.labelling.labels import LabelsFile, labels_path
+from app.labelling.session import LabellingFiles, read_states
 from app.serving.registry import ModelRegistry
 from bench.browser import WAIT_S, Page, chromium, find_tools
 from tests.conftest import tiny_settings

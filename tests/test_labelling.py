@@ -20,9 +20,9 @@ from app.calibration import Calibration
 from app.fitting.cli import main as calibrate_main
 from app.fitting.examples import ExampleError, parse_examples, read_examples
 from app.fitting.journal import EvidenceJournal
-from app.fitting.labelling import NOT_ADOPTED, LabellingFiles, LabellingSession, read_states
-from app.fitting.labels import LabelsFile, digest_of, labels_path
 from app.http.server import create_app
+from app.labelling.labels import LabelsFile, digest_of, labels_path
+from app.labelling.session import NOT_ADOPTED, LabellingFiles, LabellingSession, read_states
 from app.serving.registry import ModelRegistry
 from tests.conftest import tiny_settings
 from tests.labelling_states import (

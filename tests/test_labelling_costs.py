@@ -19,10 +19,10 @@ import pytest
 from PIL import Image
 
 from app.answering.service import ModelService
-from app.fitting.labelling import LabellingSession, read_states
-from app.fitting.labels import LabelsFile, as_given, labels_path, sealed
 from app.http.labelling import _overview
 from app.jobs import JobRegistry
+from app.labelling.labels import LabelsFile, as_given, labels_path, sealed
+from app.labelling.session import LabellingSession, read_states
 from tests.labelling_states import QUESTIONS, right, state
 from tests.skip_groups import skip_if
 

@@ -38,6 +38,7 @@ LAYERS: list[set[str]] = [
     {"answering", "platform"},  # one model's request path; this machine (CPU, build, tuning)
     {"serving"},  # settings per model, loading, the registry
     {"fitting"},  # fitting calibration to a user's examples: the fitting run (onepass calibrate, the jobs)
+    {"labelling"},  # onepass label: a session of states ranked, labelled and refitted, on the fitting run
     {"http"},  # the HTTP edge
     {"__main__"},  # the CLI
 ]

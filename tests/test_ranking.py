@@ -1,4 +1,4 @@
-"""Which states to label next (app/fitting/ranking.py): the least sure answers first, near-copies of a
+"""Which states to label next (app/labelling/ranking.py): the least sure answers first, near-copies of a
 state taken or labelled pushed back, nothing labelled twice."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from app.calibration import AnswerProbabilities, Fit, FitRecord
-from app.fitting.ranking import DRAWN_EVERY, directions, drawn, next_to_label, unsureness, worth, worths
+from app.labelling.ranking import DRAWN_EVERY, directions, drawn, next_to_label, unsureness, worth, worths
 
 
 def test_a_wider_set_is_less_sure_and_a_certain_answer_is_worth_nothing() -> None:

@@ -40,9 +40,9 @@ from app.config import Settings
 from app.config_sources import SettingsSource
 from app.contract import SystemOneRequest, SystemOneResponse
 from app.engine.caller import current
-from app.fitting.labelling import LabellingFiles, read_states
-from app.fitting.labels import LabelsFile, labels_path
 from app.http.server import create_app
+from app.labelling.labels import LabelsFile, labels_path
+from app.labelling.session import LabellingFiles, read_states
 from app.paths import REPO_ROOT
 from app.platform.tiny_gguf import write_tiny_gguf
 from app.serving.loading import load_spec

@@ -1,4 +1,4 @@
-"""/v1/labelling: the labelling session `onepass label S.jsonl` serves (app/fitting/labelling.py): its
+"""/v1/labelling: the labelling session `onepass label S.jsonl` serves (app/labelling/session.py): its
 progress and figures, the next states to label with their current answers, and storing a label."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from starlette.responses import JSONResponse
 from app.answering.service import answer_from
 from app.errors import ApiError, InvalidRequest
 from app.fitting.jobs import FitWork
-from app.fitting.labelling import LabellingSession
 from app.http.body import read_request
 from app.http.runtime import runtime_of
 from app.jobs import BackgroundJob
+from app.labelling.session import LabellingSession
 
 MOST_NEXT = 50  # states one GET /v1/labelling/next may ask for
 # A whole number in ASCII digits: str.isdigit also takes digits int() refuses ("²"), and int() refuses

@@ -14,11 +14,11 @@ from app.config import Settings
 from app.config_sources import ConfigError, SettingsSource, reload_settings
 from app.errors import ApiError, ModelNotFound
 from app.fitting.jobs import FitWork
-from app.fitting.labelling import LabellingSession
 from app.http.admission import Admission, Place
 from app.http.batch_jobs import BatchWork
 from app.images import IMAGES_BODY_BYTES
 from app.jobs import JobRegistry
+from app.labelling.session import LabellingSession
 from app.serving.registry import ModelRegistry
 from app.serving.specs import read_models_config
 

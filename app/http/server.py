@@ -18,7 +18,6 @@ from app.answering.service import ModelService
 from app.config import Settings
 from app.config_sources import ConfigError, SettingsSource, package_version
 from app.errors import ApiError
-from app.fitting.labelling import LabellingFiles, LabellingSession
 from app.fleet.routing import REPLICA_HEADER, replica_name
 from app.http.errors import EXCEPTION_HANDLERS
 from app.http.middleware import PUBLIC_PATHS, ContainInternalErrors, RequireApiKey
@@ -27,6 +26,7 @@ from app.http.openapi import build_openapi
 from app.http.page import Page
 from app.http.routes import API_ROUTES
 from app.http.runtime import Runtime, read_api_keys
+from app.labelling.session import LabellingFiles, LabellingSession
 from app.serving.registry import ModelRegistry
 from app.serving.specs import read_models_config
 

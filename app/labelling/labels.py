@@ -1,7 +1,7 @@
 """The user's labels for a states file, kept as a verified file beside it: `S.labels.jsonl` for `S.jsonl`.
 
 Each line is an example as `onepass calibrate` reads it (state, questions, the state's image fields,
-answers, and `x_drawn`: whether the state was offered at random, app/fitting/ranking.py), plus
+answers, and `x_drawn`: whether the state was offered at random, app/labelling/ranking.py), plus
 `x_state` (the line of the state in S.jsonl, from 1) and `x_digest` (blake3 of the line's canonical
 JSON without it). A line keeps the order of the states file's questions and options.
 

@@ -1,5 +1,5 @@
 """A labelling session (`onepass label S.jsonl`): the states answered once, ranked by what a label would
-teach the fits, labelled by the user into a verified file (app/fitting/labels.py), and refitted in the
+teach the fits, labelled by the user into a verified file (app/labelling/labels.py), and refitted in the
 background as labels arrive.
 
 Answering every state is a job in the server's one JobRegistry of calibration jobs, through
@@ -35,10 +35,10 @@ from app.fitting.examples import (
     right_index,
 )
 from app.fitting.jobs import FitWork, Lease
-from app.fitting.labels import LabelsFile
-from app.fitting.ranking import directions, drawn, next_to_label, worths
 from app.fitting.runner import answer_all, journal_for
 from app.jobs import BackgroundJob, JobRegistry
+from app.labelling.labels import LabelsFile
+from app.labelling.ranking import directions, drawn, next_to_label, worths
 
 log = logging.getLogger("onepass.label")
 CONTENT_KEYS = ("state", "questions", *IMAGE_FIELDS)  # what a label line repeats of its state
