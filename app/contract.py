@@ -1,8 +1,8 @@
 """The System One wire contract as pydantic models: validation and canonical text, no I/O.
 
 Requests are validated here into typed questions; anything that fails becomes a 422 in
-pydantic's own error shape (`errors_for_response`). Responses are built from the models below (the
-same ones /openapi.json describes), each answer by `answer_of` with the contract's confidence formulas.
+pydantic's own error shape (`errors_for_response`). Responses are the models below (the same ones
+/openapi.json describes); app/answering/answers.py builds each answer from its probabilities.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictFloat, StrictStr, ValidationError
 
-from app.confidence import choice_confidence, expected_score, score_confidence
 from app.images import MAX_IMAGES, NO_MEDIA, Media
 
 # A text field may be a string, an object or an array; the last two are rendered as canonical JSON.
@@ -288,6 +287,9 @@ class TimingMs(BaseModel):
 # rounding). docs/exactness.md's table says which prompt, layout and decision type depends on which.
 DependsOn = Literal["ids", "question_order", "option_order", "other_questions"]
 DEPENDS_ON: tuple[DependsOn, ...] = get_args(DependsOn)
+# Besides those of its prompt: the other requests decoded in the same llama_decode (the setting
+# batch_requests), which move an answer by the spread docs/exactness.md measured.
+OTHER_REQUESTS: Literal["other_requests"] = "other_requests"
 
 
 class SystemOneResponse(BaseModel):
@@ -299,8 +301,9 @@ class SystemOneResponse(BaseModel):
     # The prompt layout that answered: question-first answers depend on the set of questions asked.
     x_layout: Literal["state-first", "question-first"] | None = None
     # What this response's answers may depend on besides the state and each question (DependsOn), in
-    # DEPENDS_ON's order; empty: nothing, to rounding.
-    x_depends_on: list[DependsOn] | None = None
+    # DEPENDS_ON's order, then OTHER_REQUESTS when other requests shared its decode; empty: nothing, to
+    # rounding.
+    x_depends_on: list[DependsOn | Literal["other_requests"]] | None = None
 
     def to_json(self) -> bytes:
         return self.model_dump_json(exclude_none=True).encode()
@@ -341,60 +344,3 @@ class BatchRequest(_Model):
     valid fails alone, so items are validated one by one, not here."""
 
     requests: Annotated[list[Any], Field(min_length=1)]
-
-
-# The answer for one question, from its probabilities ------------------------------------------------
-
-
-def answer_of(
-    question: Question,
-    probabilities: list[float],
-    mass: float | None,
-    raw: list[float] | None = None,
-    fit: CalibrationUsed | None = None,
-    answer_set: tuple[list[int], float] | None = None,
-) -> Answer:
-    """The answer in `question`'s type; `raw` (before calibration) is reported as x_raw when given,
-    `fit` (the user's fit that gave the probabilities) as x_calibration, `answer_set` (its label
-    indices in the set's order, and its coverage) as x_set."""
-    shown = None if answer_set is None else _answer_set(question, *answer_set)
-    if isinstance(question, NoulQuestion):
-        return NoulAnswer(
-            noul=probabilities[0],
-            x_label_mass=mass,
-            x_raw=raw[0] if raw is not None else None,
-            x_calibration=fit,
-            x_set=shown,
-        )
-    if isinstance(question, ChoiceQuestion):
-        by_name = dict(zip(question.criteria, probabilities, strict=True))
-        # Ties go to the first name in sorted order, so option order never changes the choice.
-        best = max(sorted(by_name), key=by_name.__getitem__)
-        return ChoiceAnswer(
-            choice=best,
-            confidence=choice_confidence(probabilities),
-            probabilities=by_name,
-            x_label_mass=mass,
-            x_raw=dict(zip(question.criteria, raw, strict=True)) if raw is not None else None,
-            x_calibration=fit,
-            x_set=shown,
-        )
-    return ScoreAnswer(
-        score=expected_score(probabilities),
-        confidence=score_confidence(probabilities),
-        legend={str(i): level for i, level in enumerate(question.criteria)},
-        probabilities={str(i): p for i, p in enumerate(probabilities)},
-        x_label_mass=mass,
-        x_raw={str(i): p for i, p in enumerate(raw)} if raw is not None else None,
-        x_calibration=fit,
-        x_set=shown,
-    )
-
-
-def _answer_set(question: Question, labels: list[int], coverage: float) -> AnswerSet:
-    if isinstance(question, NoulQuestion):
-        return AnswerSet(labels=[i == 0 for i in labels], coverage=coverage)
-    if isinstance(question, ChoiceQuestion):
-        names = list(question.criteria)
-        return AnswerSet(labels=[names[i] for i in labels], coverage=coverage)
-    return AnswerSet(labels=[str(i) for i in sorted(labels)], coverage=coverage)
