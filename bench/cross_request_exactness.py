@@ -41,7 +41,8 @@ from app.answering.service import distinct_suffixes
 from app.contract import SystemOneRequest
 from app.engine.bindings import EngineError, llama
 from app.engine.kv_settings import KvSettings
-from app.engine.llama import Engine, Snapshot, SuffixTokens
+from app.engine.llama import Engine, SuffixTokens
+from app.engine.snapshot import Snapshot
 from app.engine.suffix_tree import MAX_SEQUENCES, Row, suffix_rows
 from app.serving.known_models import default_model_path
 from app.serving.loading import prompter_for

@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from app.answering import decision_text
 from app.answering.decision_format import CAUSAL, DecisionError, DecisionFormat, Option, options_of
-from app.answering.decision_media import NO_MEDIA, ImageSpan, ImageTokens, Media, PromptImages, Vision, described
+from app.answering.decision_media import PromptImages, described
 from app.answering.decision_text import common as _common
 from app.answering.decision_text import common_text as _common_text
 from app.answering.decision_text import pick_labels
@@ -58,6 +58,9 @@ from app.contract import (
     Text,
     label_keys,
 )
+from app.engine.snapshot import ImageSpan
+from app.engine.vision import ImageTokens, Vision
+from app.images import NO_MEDIA, Media
 
 log = logging.getLogger("onepass.decision")
 

@@ -18,16 +18,9 @@ from typing import Any
 from app.answering.decision_text import replace_text
 from app.answering.prompter import TemplateRefused
 from app.contract import SystemOneRequest
-
-# what a decision prompter handles its images by, here for it (app/answering/decision.py)
-from app.engine.snapshot import IMAGE_CELL
-from app.engine.snapshot import ImageSpan as ImageSpan
-from app.engine.vision import MEDIA_MARKER as MEDIA_MARKER
-from app.engine.vision import ImageTokens as ImageTokens
-from app.engine.vision import ImageUnreadable
-from app.engine.vision import Vision as Vision
-from app.images import NO_MEDIA as NO_MEDIA
-from app.images import Media as Media
+from app.engine.snapshot import IMAGE_CELL, ImageSpan
+from app.engine.vision import MEDIA_MARKER, ImageTokens, ImageUnreadable, Vision
+from app.images import Media
 
 IMAGE_TYPES = ("openjev", "clef", "pplx-decider", "lfm2-d1", "lfm2-d1-omni")  # server-decision.h can_use_images
 
