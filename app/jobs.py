@@ -2,7 +2,7 @@
 a fitting run). One registry serves every kind: an id, a thread, the status the work ended in (or
 `failed` with the reason, when it raised), and the last KEEP_FINISHED finished jobs remembered for their
 results. A running job is never forgotten. What each kind's job shows is its wire schema's business
-(app/contract_jobs.py: BatchJob, CalibrationJob)."""
+(app/wire/contract_jobs.py: BatchJob, CalibrationJob)."""
 
 from __future__ import annotations
 

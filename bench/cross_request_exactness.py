@@ -38,7 +38,6 @@ import numpy as np
 
 from app.answering.prompting import OwnPrompter
 from app.answering.service import distinct_suffixes
-from app.contract import SystemOneRequest
 from app.engine.bindings import EngineError, llama
 from app.engine.kv_settings import KvSettings
 from app.engine.llama import Engine, SuffixTokens
@@ -46,6 +45,7 @@ from app.engine.snapshot import Snapshot
 from app.engine.suffix_tree import MAX_SEQUENCES, Row, suffix_rows
 from app.serving.known_models import default_model_path
 from app.serving.loading import prompter_for
+from app.wire.contract import SystemOneRequest
 from bench.client import sized_text
 from bench.output import RESULTS, Progress, git_sha, machine, table, write_atomically
 from bench.workloads import QUESTIONS, SENTENCES

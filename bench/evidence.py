@@ -21,11 +21,11 @@ import numpy as np
 
 from app.answering.service import ModelService
 from app.config_sources import DEFAULT_CONFIG_PATH, load_settings
-from app.contract import SystemOneRequest
 from app.paths import REPO_ROOT
 from app.serving.known_models import default_model_path
 from app.serving.loading import load_spec
 from app.serving.specs import ModelSpec, read_models_config
+from app.wire.contract import SystemOneRequest
 from bench.output import Progress, write_atomically
 from bench.pipelines import WORKLOADS
 

@@ -39,11 +39,11 @@ from numpy.typing import NDArray
 from app.calibration import Calibration, Evidence, FitRecord, FitsFound, fits_among
 from app.calibration.candidates import ProbeCandidate
 from app.calibration.evidence import Example, example_of
-from app.contract import SystemOneRequest
 from app.fitting.examples import UserExample
 from app.fitting.runner import fit_all
 from app.labelling import ranking
 from app.labelling.ranking import directions, next_to_label, worths
+from app.wire.contract import SystemOneRequest
 from bench.calibration_study import TEST, fitting_at, load, load_hidden, parsed
 from bench.evidence import OUT as EVIDENCE
 from bench.output import RESULTS, Progress, git_sha, machine, table, write_atomically

@@ -24,10 +24,10 @@ import httpx
 
 from app.answering.service import ModelService
 from app.config import Settings
-from app.contract import SystemOneRequest
 from app.paths import REPO_ROOT
 from app.serving.loading import load_spec
 from app.serving.specs import ModelSpec
+from app.wire.contract import SystemOneRequest
 from bench.eval import load_items
 from bench.output import Progress, table
 from bench.peer import llama_server

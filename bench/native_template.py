@@ -30,10 +30,10 @@ from typing import Any
 import llama_cpp
 
 from app.answering.decision import DecisionPrompter
-from app.contract import SystemOneRequest
 from app.engine.llama import Engine
 from app.paths import REPO_ROOT, cache_home
 from app.serving.loading import prompter_for
+from app.wire.contract import SystemOneRequest
 from bench.eval import load_items
 from bench.output import Progress
 from tools import engine_source

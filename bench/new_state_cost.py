@@ -17,9 +17,9 @@ import tempfile
 from pathlib import Path
 
 from app.config_sources import load_settings
-from app.contract import SystemOneRequest
 from app.serving.loading import load_spec
 from app.serving.specs import ModelSpec
+from app.wire.contract import SystemOneRequest
 from bench.native_decision import DEFAULT_MODEL
 from bench.native_speed import QUESTIONS
 from bench.output import Progress, table

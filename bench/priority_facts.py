@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.contract import SystemOneRequest
 from app.paths import REPO_ROOT
 from app.serving.known_models import default_model_path
+from app.wire.contract import SystemOneRequest
 from bench.evidence import OUT as EVIDENCE
 from bench.evidence import load_served
 from bench.output import Progress, write_atomically

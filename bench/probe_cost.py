@@ -14,8 +14,8 @@ import statistics
 import time
 from pathlib import Path
 
-from app.contract import SystemOneRequest
 from app.serving.known_models import default_model_path
+from app.wire.contract import SystemOneRequest
 from bench.evidence import load_served
 from bench.output import Progress
 from bench.pipelines import WORKLOADS

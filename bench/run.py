@@ -27,13 +27,13 @@ import httpx
 
 from app.answering.prompting import OwnPrompter
 from app.config import Settings
-from app.contract import SystemOneRequest
 from app.engine import bindings
 from app.engine.llama import Engine
 from app.paths import REPO_ROOT
 from app.serving.known_models import default_model_path
 from app.serving.loading import prompter_for, speed_settings_for
 from app.serving.specs import ModelSpec
+from app.wire.contract import SystemOneRequest
 from bench import peer, pipeline, restart, shared_suffixes
 from bench.client import ask as client_ask
 from bench.figure import figure

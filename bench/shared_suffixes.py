@@ -20,12 +20,12 @@ from typing import Any
 from app.answering.prompting import OwnPrompter
 from app.answering.service import distinct_suffixes
 from app.config import Settings
-from app.contract import SystemOneRequest
 from app.engine.llama import Engine
 from app.engine.suffix_tree import suffix_rows
 from app.serving.known_models import default_model_path
 from app.serving.loading import prompter_for, speed_settings_for
 from app.serving.specs import ModelSpec
+from app.wire.contract import SystemOneRequest
 from bench.client import sized_text
 from bench.output import Progress, table
 from bench.workloads import QUESTIONS, SENTENCES

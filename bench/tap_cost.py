@@ -19,10 +19,10 @@ from pathlib import Path
 
 from app.answering.service import distinct_suffixes
 from app.config_sources import load_settings
-from app.contract import SystemOneRequest
 from app.engine.llama import Engine
 from app.serving.loading import load_spec, speed_settings_for
 from app.serving.specs import ModelSpec
+from app.wire.contract import SystemOneRequest
 from bench.native_decision import DEFAULT_MODEL
 from bench.native_speed import QUESTIONS
 from bench.output import Progress, table

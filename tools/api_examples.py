@@ -38,7 +38,6 @@ from app.answering.service import ModelService
 from app.calibration import Evidence
 from app.config import Settings
 from app.config_sources import SettingsSource
-from app.contract import SystemOneRequest, SystemOneResponse
 from app.engine.caller import current
 from app.http.server import create_app
 from app.labelling.labels import LabelsFile, labels_path
@@ -48,6 +47,7 @@ from app.platform.tiny_gguf import write_tiny_gguf
 from app.serving.loading import load_spec
 from app.serving.registry import ModelRegistry
 from app.serving.specs import read_models_config
+from app.wire.contract import SystemOneRequest, SystemOneResponse
 
 PAGE = REPO_ROOT / "docs" / "api.md"
 SHOWN_FOLDER = "/tmp/apidoc"

@@ -4,7 +4,7 @@ applied, the raw probabilities, the fit and the answer set shown as its x_ field
 from __future__ import annotations
 
 from app.confidence import choice_confidence, expected_score, score_confidence
-from app.contract import (
+from app.wire.contract import (
     Answer,
     AnswerSet,
     CalibrationUsed,

@@ -48,7 +48,9 @@ from app.answering.decision_text import common_text as _common_text
 from app.answering.decision_text import pick_labels
 from app.answering.prompter import ContextBound, Plan, Reading, Suffix, TemplateRefused, Tokenizer, TooManyOptions
 from app.answering.token_memo import TokenMemo
-from app.contract import (
+from app.engine.snapshot import ImageSpan
+from app.engine.vision import ImageTokens, Vision
+from app.wire.contract import (
     MAX_OPTIONS,
     ChoiceQuestion,
     NoulQuestion,
@@ -58,9 +60,7 @@ from app.contract import (
     Text,
     label_keys,
 )
-from app.engine.snapshot import ImageSpan
-from app.engine.vision import ImageTokens, Vision
-from app.images import NO_MEDIA, Media
+from app.wire.images import NO_MEDIA, Media
 
 log = logging.getLogger("onepass.decision")
 

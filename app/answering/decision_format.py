@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.contract import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion
+from app.wire.contract import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion
 
 # decision.py prompts the causal types (a state's prefix is kept), encoders.py those read whole.
 CAUSAL = ("openjev", "lev", "nimble", "pplx-decider", "lfm2-d1", "kev")

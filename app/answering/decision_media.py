@@ -17,10 +17,10 @@ from typing import Any
 
 from app.answering.decision_text import replace_text
 from app.answering.prompter import TemplateRefused
-from app.contract import SystemOneRequest
 from app.engine.snapshot import IMAGE_CELL, ImageSpan
 from app.engine.vision import MEDIA_MARKER, ImageTokens, ImageUnreadable, Vision
-from app.images import Media
+from app.wire.contract import SystemOneRequest
+from app.wire.images import Media
 
 IMAGE_TYPES = ("openjev", "clef", "pplx-decider", "lfm2-d1", "lfm2-d1-omni")  # server-decision.h can_use_images
 

@@ -17,7 +17,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from app.answering.decision_format import DecisionError
 from app.answering.prompter import Tokenizer
-from app.contract import MAX_OPTIONS
+from app.wire.contract import MAX_OPTIONS
 
 SPECIAL = re.compile(r"<\|([A-Za-z0-9_]+)\|>")
 BROKEN_BAR = "\u00a6"  # what kev and lfm2-d1-omni write instead of the bars of a special token in user text

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from app.answering.prompter import Dependence, Plan, Prompter, TemplateRefused, TooManyOptions
-from app.contract import DEPENDS_ON, DependsOn, SystemOneRequest
+from app.wire.contract import DEPENDS_ON, DependsOn, SystemOneRequest
 
 log = logging.getLogger("onepass.dependence")
 

@@ -27,10 +27,10 @@ from app.answering.decision import TemplatePrompter
 from app.answering.decision_format import DecisionError, DecisionFormat, options_of
 from app.answering.decision_media import PromptImages
 from app.answering.prompter import ContextBound, Plan, Reading, Suffix, TemplateRefused, Tokenizer
-from app.contract import NoulQuestion, Question, SystemOneRequest, label_keys
 from app.engine.snapshot import ImageSpan
 from app.engine.vision import MEDIA_MARKER, ImageTokens, Vision
-from app.images import NO_MEDIA
+from app.wire.contract import NoulQuestion, Question, SystemOneRequest, label_keys
+from app.wire.images import NO_MEDIA
 
 log = logging.getLogger("onepass.decision")
 

@@ -12,9 +12,9 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from app.contract import DEPENDS_ON, ChoiceQuestion, DependsOn, Question, SystemOneRequest
 from app.engine.llama import Readout
 from app.engine.snapshot import ImageSpan
+from app.wire.contract import DEPENDS_ON, ChoiceQuestion, DependsOn, Question, SystemOneRequest
 
 
 @dataclass(frozen=True)

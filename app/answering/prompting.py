@@ -40,7 +40,9 @@ from app.answering.prompter import (
 )
 from app.answering.token_memo import TokenMemo
 from app.config import parse_layout
-from app.contract import (
+from app.engine.snapshot import IMAGE_CELL, ImageSpan
+from app.engine.vision import ImageUnreadable, Vision
+from app.wire.contract import (
     MAX_OPTIONS,
     ChoiceQuestion,
     NoulQuestion,
@@ -50,8 +52,6 @@ from app.contract import (
     Text,
     render_text,
 )
-from app.engine.snapshot import IMAGE_CELL, ImageSpan
-from app.engine.vision import ImageUnreadable, Vision
 
 log = logging.getLogger("onepass.prompting")
 

@@ -22,9 +22,9 @@ from app.calibration.evidence import Evidence, Example, ratio_of
 from app.calibration.fit import Fit, FitRecord
 from app.calibration.scoring import softmax
 from app.calibration.store import FitStore, question_key
-from app.contract import Question, label_keys
 from app.engine.llama import Readout
 from app.engine.snapshot import Snapshot
+from app.wire.contract import Question, label_keys
 
 Vector = NDArray[np.float32]
 

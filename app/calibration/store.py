@@ -21,8 +21,8 @@ from typing import Any
 import blake3
 
 from app.calibration.fit import FitRecord
-from app.contract import Question, canonical_json
 from app.paths import write_atomically
+from app.wire.contract import Question, canonical_json
 
 log = logging.getLogger("onepass.fits")
 SUFFIX = ".fit.json"

@@ -9,7 +9,7 @@ where the projector asks for it). The engine decodes the text itself, as for any
 through llama_decode and images through the helper give the KV bytes of libmtmd's own whole-prompt
 helper (measured on the mlp and the M-RoPE projectors).
 
-Only bytes app/images.py has checked come here, and they are decoded by stb_image alone (libmtmd
+Only bytes app/wire/images.py has checked come here, and they are decoded by stb_image alone (libmtmd
 exports it): libmtmd's own loader hands whatever stb cannot decode to an ffmpeg subprocess.
 
 A model has one projector context, which its pooled contexts share: its encoder writes one output
@@ -42,7 +42,7 @@ KEEP_TOKENIZED = 64  # recent images whose tokens are kept: a repeated image is 
 
 
 class ImageUnreadable(ValueError):
-    """stb_image could not decode an image that app/images.py took, or the projector cannot take it:
+    """stb_image could not decode an image that app/wire/images.py took, or the projector cannot take it:
     the request's fault, a 422 of type `kind`."""
 
     def __init__(self, message: str, kind: str = "image_invalid") -> None:

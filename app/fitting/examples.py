@@ -13,9 +13,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.assets import request_of
-from app.contract import ChoiceQuestion, NoulQuestion, Question, SystemOneRequest
 from app.errors import InvalidRequest
+from app.wire.assets import request_of
+from app.wire.contract import ChoiceQuestion, NoulQuestion, Question, SystemOneRequest
 
 # An example's images come as a request's do, in JSON: Jev's `assets` (base64) or llama.cpp's data URLs.
 IMAGE_FIELDS = ("assets", "images", "files")

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 
 from app.answering.service import ModelService
 from app.calibration import Evidence
-from app.contract_jobs import CalibrationJob, FitError, FitReport, StoredFit
 from app.fitting.examples import UserExample
 from app.fitting.runner import answer_all, fit_all, journal_for, store_all
 from app.jobs import BackgroundJob
 from app.progress import Progress
+from app.wire.contract_jobs import CalibrationJob, FitError, FitReport, StoredFit
 
 Lease = Callable[[], contextlib.AbstractContextManager[ModelService]]
 

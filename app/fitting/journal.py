@@ -21,8 +21,8 @@ import blake3
 import numpy as np
 
 from app.calibration import Evidence
-from app.contract import SystemOneRequest
 from app.paths import write_atomically
+from app.wire.contract import SystemOneRequest
 
 log = logging.getLogger("onepass.journal")
 SUFFIX = ".evidence.json"

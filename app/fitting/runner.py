@@ -27,7 +27,6 @@ from app.calibration import (
     question_key,
     ratio_of,
 )
-from app.contract import Question, canonical_json
 from app.engine.caller import Caller, working_for
 from app.errors import ApiError, Cancelled, InvalidRequest
 from app.fitting.examples import ExampleError, UserExample
@@ -35,6 +34,7 @@ from app.fitting.journal import EvidenceJournal
 from app.fitting.reach import reach
 from app.fleet.routing import affinity_key_of
 from app.progress import Progress
+from app.wire.contract import Question, canonical_json
 
 log = logging.getLogger("onepass.calibrate")
 

@@ -15,8 +15,8 @@ import hashlib
 import socket
 from collections.abc import Sequence
 
-from app.contract import Text, render_state
-from app.images import Image
+from app.wire.contract import Text, render_state
+from app.wire.images import Image
 
 PREFIX_KEY_HEADER = "X-Onepass-Prefix-Key"  # on every answer; a client may echo it for the proxy to hash
 REPLICA_HEADER = "X-Onepass-Replica"  # on every response: which replica answered

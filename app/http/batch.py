@@ -18,9 +18,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.assets import request_of
 from app.config import Settings
-from app.contract import (
+from app.errors import ApiError, Cancelled, InvalidRequest, ModelNotFound
+from app.fleet.routing import affinity_key_of
+from app.http.admission import Admission
+from app.http.errors import error_of
+from app.progress import Progress
+from app.serving.registry import ModelRegistry
+from app.wire.assets import request_of
+from app.wire.contract import (
     BatchRequest,
     SystemOneRequest,
     errors_for_response,
@@ -28,12 +34,6 @@ from app.contract import (
     question_set_key,
     validation_error,
 )
-from app.errors import ApiError, Cancelled, InvalidRequest, ModelNotFound
-from app.fleet.routing import affinity_key_of
-from app.http.admission import Admission
-from app.http.errors import error_of
-from app.progress import Progress
-from app.serving.registry import ModelRegistry
 
 log = logging.getLogger("onepass.batch")
 

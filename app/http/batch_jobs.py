@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.contract_jobs import BatchJob
 from app.http.admission import Admission
 from app.http.batch import Run, answer_items
 from app.jobs import BackgroundJob
 from app.progress import Progress
 from app.serving.registry import ModelRegistry
+from app.wire.contract_jobs import BatchJob
 
 
 @dataclass

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from app.errors import InvalidRequest
-from app.images import MAX_IMAGES
+from app.wire.images import MAX_IMAGES
 
 REQUEST_PART = "request"
 MAX_PARTS = 1 + MAX_IMAGES

@@ -7,9 +7,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from app.contract import BatchRequest, ErrorResponse, SystemOneRequest, SystemOneResponse, ValidationErrorResponse
-from app.contract_jobs import BatchJob, BatchResponse, CalibrationJob
 from app.http.multipart import MAX_PARTS, REQUEST_PART
+from app.wire.contract import BatchRequest, ErrorResponse, SystemOneRequest, SystemOneResponse, ValidationErrorResponse
+from app.wire.contract_jobs import BatchJob, BatchResponse, CalibrationJob
 
 REF = "#/components/schemas/{model}"
 

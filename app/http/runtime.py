@@ -16,11 +16,11 @@ from app.errors import ApiError, ModelNotFound
 from app.fitting.jobs import FitWork
 from app.http.admission import Admission, Place
 from app.http.batch_jobs import BatchWork
-from app.images import IMAGES_BODY_BYTES
 from app.jobs import JobRegistry
 from app.labelling.session import LabellingSession
 from app.serving.registry import ModelRegistry
 from app.serving.specs import read_models_config
+from app.wire.images import IMAGES_BODY_BYTES
 
 log = logging.getLogger("onepass.server")
 

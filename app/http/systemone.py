@@ -14,7 +14,6 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from app.contract import SystemOneRequest, SystemOneResponse
 from app.errors import ApiError, Cancelled, InvalidRequest
 from app.fleet.routing import PREFIX_KEY_HEADER, affinity_key_of
 from app.http.batch import (
@@ -31,6 +30,7 @@ from app.http.batch_jobs import BatchWork, batch_job_of
 from app.http.body import read_request
 from app.http.runtime import Runtime, runtime_of
 from app.jobs import BackgroundJob
+from app.wire.contract import SystemOneRequest, SystemOneResponse
 
 log = logging.getLogger("onepass.server")
 

@@ -31,8 +31,8 @@ from typing import Any
 
 import blake3
 
-from app.contract import canonical_json
 from app.paths import fsync_folder, write_atomically
+from app.wire.contract import canonical_json
 
 log = logging.getLogger("onepass.labels")
 STATE_KEY, DIGEST_KEY = "x_state", "x_digest"

@@ -23,7 +23,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from app.calibration import MIN_LABELLED, AnswerProbabilities, Calibration, Evidence, FitRecord, question_key
-from app.contract import canonical_json
 from app.errors import InvalidRequest
 from app.fitting.examples import (
     DRAWN_KEY,
@@ -39,6 +38,7 @@ from app.fitting.runner import answer_all, journal_for
 from app.jobs import BackgroundJob, JobRegistry
 from app.labelling.labels import LabelsFile
 from app.labelling.ranking import directions, drawn, next_to_label, worths
+from app.wire.contract import canonical_json
 
 log = logging.getLogger("onepass.label")
 CONTENT_KEYS = ("state", "questions", *IMAGE_FIELDS)  # what a label line repeats of its state

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Self
 
 from app.answering.service import ModelService
-from app.contract import SystemOneRequest, SystemOneResponse, validation_error
 from app.engine.caller import Caller, current, working_for
 from app.errors import InvalidRequest, ModelNotFound, ModelUnavailable
 from app.serving.catalogue import CatalogueEntry
 from app.serving.loading import load_spec
 from app.serving.specs import ModelsConfig, ModelSpec
+from app.wire.contract import SystemOneRequest, SystemOneResponse, validation_error
 
 log = logging.getLogger("onepass.models")
 

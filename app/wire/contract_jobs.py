@@ -1,6 +1,6 @@
 """The wire form of what onepass's own batch and job routes answer, as /openapi.json publishes it: a
 batch's results (each a single request's answer or its error), a batch job, and a fitting job (POST
-/v1/calibrations) with its fits and its report. The batch's request is app/contract.py's BatchRequest.
+/v1/calibrations) with its fits and its report. The batch's request is app/wire/contract.py's BatchRequest.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from app.contract import ErrorDetail, SystemOneResponse, ValidationDetail
+from app.wire.contract import ErrorDetail, SystemOneResponse, ValidationDetail
 
 
 class ItemError(BaseModel):

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictFloat, StrictStr, ValidationError
 
-from app.images import MAX_IMAGES, NO_MEDIA, Media
+from app.wire.images import MAX_IMAGES, NO_MEDIA, Media
 
 # A text field may be a string, an object or an array; the last two are rendered as canonical JSON.
 Text = StrictStr | dict[str, Any] | list[Any]
@@ -79,7 +79,7 @@ class ImageAsset(_Model):
 
 
 class SystemOneRequest(_Model):
-    """A request; once app/assets.py has read its images, `media` holds them, the fields that carried
+    """A request; once app/wire/assets.py has read its images, `media` holds them, the fields that carried
     them are gone (image parts of a chat-message state too), and the texts keep their placeholders."""
 
     model: StrictStr
@@ -336,7 +336,7 @@ class ErrorResponse(BaseModel):
 
 # A batch (onepass's own, in the shape Ollama passes through): several requests in one body, each
 # validated and answered on its own. What it answers, and what its job and a fitting job report:
-# app/contract_jobs.py.
+# app/wire/contract_jobs.py.
 
 
 class BatchRequest(_Model):

@@ -1,6 +1,6 @@
 """A request's images, read off the wire: Jev's `assets` (base64 or a multipart part each) and
 llama.cpp's forms (`files`/`images` data URLs, `image_url` parts of a state of chat messages), each
-checked (app/images.py) and put in prompt order in the request's Media.
+checked (app/wire/images.py) and put in prompt order in the request's Media.
 
 Prompt order: llama.cpp's forms first, as its /v1/systemone loads them (`files`, `images`, then the
 state's parts), then Jev's assets in the order their placeholders are first found in the state and
@@ -19,9 +19,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.contract import ImageAsset, SystemOneRequest, Text, errors_for_response, validation_error
 from app.errors import InvalidRequest
-from app.images import MAX_BASE64_CHARS, MAX_IMAGES, Image, ImageRefused, Media, read_image
+from app.wire.contract import ImageAsset, SystemOneRequest, Text, errors_for_response, validation_error
+from app.wire.images import MAX_BASE64_CHARS, MAX_IMAGES, Image, ImageRefused, Media, read_image
 
 Loc = tuple[str | int, ...]
 DATA_URL_FORM = "images are data URLs: data:image/...;base64,..."
