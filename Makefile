@@ -178,7 +178,7 @@ N ?= 3
 fleet: model
 	$(BIN)/python -m app.fleet.supervisor --replicas $(N) $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) -- $(ARGS)
 
-# Every test run ends with one line naming the groups of tests it skipped and why (tests/skip_groups.py).
+# Every test run ends with one line naming the groups of tests it skipped and why (tests/support/skip_groups.py).
 # Each target's --may-skip names the groups it leaves to another target; under CI=true a skip of any other
 # group fails the run. make test leaves the device, build-choice and llama-server tests to their targets,
 # and the emulated-CPU test where this CPU's build adds nothing that test can see (a fact of the CPU).

@@ -39,15 +39,15 @@ import gguf
 from app.answering.service import ModelService
 from app.config import Settings
 from app.config_sources import load_settings
-from app.contract import SystemOneResponse
 from app.engine.vision import Vision
 from app.http.batch import parse_request
 from app.paths import REPO_ROOT
 from app.serving.loading import load_spec
 from app.serving.specs import ModelSpec
+from app.wire.contract import SystemOneResponse
 from bench.output import RESULTS, Progress, git_sha, machine, median, table, write_atomically
 from bench.workloads import QUESTIONS
-from tests.image_files import png
+from tests.support.image_files import png
 from tests.tiny_vision import write_tiny_mmproj
 
 MODEL = REPO_ROOT / "models" / "gemma-3-270m-q4_k_m.gguf"

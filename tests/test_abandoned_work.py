@@ -22,12 +22,12 @@ import httpx
 import pytest
 
 from app.answering.service import ModelService
-from app.contract import SystemOneRequest
 from app.serving.registry import ModelRegistry
-from tests.conftest import tiny_settings
-from tests.live import RunningServer
-from tests.llama_calls import count_llama_calls
-from tests.loading import load_model
+from app.wire.contract import SystemOneRequest
+from tests.support.live import RunningServer
+from tests.support.llama_calls import count_llama_calls
+from tests.support.loading import load_model
+from tests.support.settings import tiny_settings
 
 QUESTIONS = 20
 GIVE_UP_S = 0.3  # the clients' timeout: well under a long request's work on any machine

@@ -18,9 +18,9 @@ from app.answering.service import ModelService
 from app.config import Settings
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
-from tests.conftest import tiny_settings
-from tests.image_files import png
-from tests.loading import load_model
+from tests.support.image_files import png
+from tests.support.loading import load_model
+from tests.support.settings import tiny_settings
 
 TICKET: dict[str, Any] = json.loads((Path(__file__).parent.parent / "examples" / "ticket.json").read_text())
 

@@ -1,4 +1,4 @@
-"""app/assets.py: every way a client sends an image reads to the same images, in prompt order, with the
+"""app/wire/assets.py: every way a client sends an image reads to the same images, in prompt order, with the
 texts keeping their placeholders; and the routing key and the vision refusal that follow from them."""
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
-from app.assets import request_of
-from app.contract import SystemOneRequest
 from app.errors import InvalidRequest
 from app.fleet.routing import affinity_key, affinity_key_of
 from app.http.runtime import Runtime
-from app.images import IMAGES_BODY_BYTES, MAX_BASE64_CHARS, MAX_IMAGES, Image, read_image
 from app.serving.catalogue import models_listing
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
-from tests.conftest import isolated_settings
-from tests.image_files import jpeg, png
+from app.wire.assets import request_of
+from app.wire.contract import SystemOneRequest
+from app.wire.images import IMAGES_BODY_BYTES, MAX_BASE64_CHARS, MAX_IMAGES, Image, read_image
+from tests.support.image_files import jpeg, png
+from tests.support.settings import isolated_settings
 
 RED, PHOTO = png(2, 2, seed=3), jpeg(8, 6)
 QUESTION = {"q": {"type": "noul", "instructions": "Is it red?"}}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,106 +16,28 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
-from app.contract import SystemOneRequest, SystemOneResponse
-from app.engine.caller import current
 from app.http.batch import parse_items, schedule
 from app.http.runtime import Runtime
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
-from tests.conftest import isolated_settings, tiny_settings
-from tests.image_files import png
-from tests.llama_calls import LlamaCalls
-from tests.test_hardening import FaultyService
-
-TICKET: dict[str, Any] = json.loads((Path(__file__).parent.parent / "examples" / "ticket.json").read_text())
-SUBJECTS = ["charged twice", "parcel lost", "app crashes", "password reset", "refund late", "rude agent", "wrong size"]
-URGENT = {"type": "noul", "instructions": "Is it urgent?"}
-WAIT = 30  # seconds: every wait in these tests is bounded
-
+from tests.support.batches import URGENT, WAIT, alone, batch, runtime_of, settled, ticket
+from tests.support.image_files import png
+from tests.support.interceptors import Doorman, FaultyService
+from tests.support.llama_calls import LlamaCalls
+from tests.support.settings import isolated_settings, tiny_settings
 
 PHOTO = {"type": "image", "format": "png", "data_base64": base64.b64encode(png()).decode()}
-
-
-def ticket(i: int, subject: str | None = None, **changes: Any) -> dict[str, Any]:
-    """A ticket-like request; tickets i and i + 7 share their state (the 50 tickets have 7 states)."""
-    subject = subject or SUBJECTS[i % len(SUBJECTS)]
-    questions = TICKET["questions"] if i % 5 else {**TICKET["questions"], "urgent": URGENT}
-    return {"model": "jev-latest", "state": f"Ticket about {subject}: please help.", "questions": questions, **changes}
-
-
-def comparable(response: dict[str, Any]) -> dict[str, Any]:
-    """What must be the same bit for bit whatever else the server answered: all but the cache and timings."""
-    return {key: value for key, value in response.items() if key not in ("x_cache", "x_timing_ms")}
-
-
-def alone(client: TestClient, body: Any) -> dict[str, Any]:
-    """The item's result as the batch must give it: what the request gets alone."""
-    response = client.post("/v1/systemone", json=body)
-    if response.status_code == 200:
-        return comparable(response.json())
-    return {"error": {"status": response.status_code, "detail": response.json()["detail"]}}
-
-
-def settled(result: dict[str, Any] | None) -> dict[str, Any] | None:
-    return result if result is None or "error" in result else comparable(result)
-
-
-class Doorman(ModelService):
-    """The real service behind a door that records who entered: a request whose state is in `held` waits
-    there until the test opens it; one in `until_cancelled` waits until its request is cancelled."""
-
-    def __init__(self, inner: ModelService) -> None:
-        self.__dict__.update(inner.__dict__)
-        self.door = threading.Condition()
-        self.entered: list[str] = []
-        self.held: set[str] = set()
-        self.until_cancelled: set[str] = set()
-
-    def answer(self, request: SystemOneRequest) -> SystemOneResponse:
-        state = request.state_text
-        with self.door:
-            self.entered.append(state)
-            self.door.notify_all()
-            assert self.door.wait_for(lambda: state not in self.held, WAIT)
-        if state in self.until_cancelled:
-            assert current().stop.wait(WAIT)
-        return super().answer(request)
-
-    def open(self, state: str) -> None:
-        with self.door:
-            self.held.discard(state)
-            self.door.notify_all()
-
-    def wait_entered(self, count: int) -> list[str]:
-        with self.door:
-            assert self.door.wait_for(lambda: len(self.entered) >= count, WAIT), self.entered
-            return list(self.entered)
-
-    def wait_for(self, state: str) -> None:
-        """Until a request about `state` has entered (counting entries is not enough where requests
-        sent alone pass the same door)."""
-        with self.door:
-            assert self.door.wait_for(lambda: state in self.entered, WAIT), self.entered
 
 
 def app_with(service: ModelService, path: Path, **settings: Any) -> Any:
     return create_app(tiny_settings(path, **settings), registry=ModelRegistry.serving(service))
 
 
-def runtime_of(client: TestClient) -> Runtime:
-    runtime: Runtime = client.app.state.runtime  # type: ignore[attr-defined]
-    return runtime
-
-
 def until(runtime: Runtime, condition: Callable[[], bool]) -> None:
     """Wait (bounded) until the admission counts satisfy `condition`."""
     with runtime.admission.changed:
         assert runtime.admission.changed.wait_for(condition, WAIT)
-
-
-def batch(client: TestClient, requests: Any) -> Any:
-    return client.post("/v1/systemone", json={"requests": requests})
 
 
 def batch_of_50(

@@ -3,8 +3,9 @@ orchestrator (run.py) on top, imported by nothing."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from tests.support.imports import bench_imports
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -37,19 +38,6 @@ LAYERS: list[set[str]] = [
     # and many clients at once on native_speed's two servers
     {"new_state_cost", "tap_cost", "throughput"},
 ]
-
-
-def bench_imports(path: Path) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == "bench":
-                found |= {alias.name for alias in node.names}
-            elif node.module.startswith("bench."):
-                found.add(node.module.split(".")[1])
-        elif isinstance(node, ast.Import):
-            found |= {alias.name.split(".")[1] for alias in node.names if alias.name.startswith("bench.")}
-    return found
 
 
 def modules() -> list[Path]:

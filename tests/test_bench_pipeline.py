@@ -11,9 +11,9 @@ from typing import Any
 from app.config import LAYOUTS
 from app.serving.registry import ModelRegistry
 from bench import pipeline
-from tests.conftest import tiny_settings
-from tests.live import RunningServer
-from tests.loading import load_model
+from tests.support.live import RunningServer
+from tests.support.loading import load_model
+from tests.support.settings import tiny_settings
 
 
 @contextmanager

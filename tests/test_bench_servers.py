@@ -12,7 +12,7 @@ import pytest
 
 from app.paths import REPO_ROOT
 from bench.servers import engine_of, onepass_server
-from tests.skip_groups import skip
+from tests.support.skip_groups import skip
 
 MARKER_ENV = "ONEPASS_TEST_CHECKOUT_MARKER"
 

@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 
 from app.paths import REPO_ROOT
-from tests.test_bench_layering import bench_imports
-from tests.test_docs import makefile_rules
+from tests.support.imports import bench_imports
+from tests.support.pages import makefile_rules
 
 BENCH = REPO_ROOT / "bench"
 RESULTS = BENCH / "results"

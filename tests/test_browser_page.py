@@ -12,7 +12,7 @@ import pytest
 from selenium.webdriver.chrome.webdriver import WebDriver
 
 from bench.browser import Page, chromium, find_tools
-from tests.skip_groups import skip
+from tests.support.skip_groups import skip
 
 # Replaces the paragraph #line with a new node that says "replaced", as a re-render does.
 REPLACE = (

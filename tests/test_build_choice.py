@@ -16,8 +16,8 @@ import urllib.request
 from pathlib import Path
 
 from app.paths import REPO_ROOT
-from tests.pipes import read_until
-from tests.skip_groups import skip_if
+from tests.support.pipes import read_until
+from tests.support.skip_groups import skip_if
 from tools.cuda_archs import archs_of
 
 CHOICE_VENV = os.environ.get("ONEPASS_BUILD_CHOICE_VENV")

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from app.calibration import MIN_LABELLED, Calibration, question_key
-from app.contract import SystemOneRequest
+from app.calibration import MIN_LABELLED, question_key
 from app.fitting.cli import main as calibrate_main
 from app.fitting.examples import parse_examples, read_examples
 from app.fitting.journal import SUFFIX as EVIDENCE_SUFFIX
@@ -26,10 +25,12 @@ from app.fitting.runner import fit_all
 from app.http.server import create_app
 from app.paths import REPO_ROOT
 from app.serving.registry import ModelRegistry
+from app.wire.contract import SystemOneRequest
 from bench.policy_examples import examples as policy_examples
-from tests.conftest import tiny_settings
-from tests.loading import load_model
-from tests.pipes import read_until
+from tests.support.fit_faults import fail_fitting
+from tests.support.loading import load_model
+from tests.support.pipes import read_until
+from tests.support.settings import tiny_settings
 
 URGENT = {"type": "noul", "instructions": "Does this need a reply today?"}
 # Each policy brings its own clauses, so "which clause was violated" is a different question per policy.
@@ -122,18 +123,6 @@ def test_a_choice_whose_examples_never_pick_some_options_tries_no_per_label_fit(
     assert any(name.startswith("probe/") for name in urgent["candidates"])
 
 
-def fail_fitting(monkeypatch: pytest.MonkeyPatch, broken: str) -> None:
-    """Fitting the question whose content key is `broken` raises; every other question fits as ever."""
-    choose = Calibration.choose
-
-    def failing(self: Calibration, examples: Any, unlabelled: Any, key: str, ordered: bool, drawn: Any = None) -> Any:
-        if key == broken:
-            raise FloatingPointError("a fault injected into this question's fit")
-        return choose(self, examples, unlabelled, key, ordered, drawn)
-
-    monkeypatch.setattr(Calibration, "choose", failing)
-
-
 def test_a_fit_that_raises_for_one_question_leaves_the_others_stored(
     tiny_chat_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -167,7 +156,7 @@ def calibrate(
     command = [
         sys.executable,
         "-m",
-        "tests.calibrate_harness",
+        "tests.support.calibrate_harness",
         *harness,
         "--",
         str(data),

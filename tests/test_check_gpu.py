@@ -13,7 +13,7 @@ from app.engine import bindings, devices
 from app.engine.devices import backends, gpus
 from app.engine.llama import Engine
 from app.paths import REPO_ROOT
-from tests.skip_groups import skip_if
+from tests.support.skip_groups import skip_if
 
 
 def run(code: str) -> subprocess.CompletedProcess[str]:

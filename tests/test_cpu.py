@@ -22,7 +22,7 @@ from app.platform.cpu import (
     thread_counts,
     wheel_key,
 )
-from tests.skip_groups import skip_if
+from tests.support.skip_groups import skip_if
 
 RECORDED = Path(__file__).parent / "cpuinfo"
 

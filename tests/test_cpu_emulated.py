@@ -14,7 +14,7 @@ from pathlib import Path
 
 from app.platform.build_check import read_build_record, run_check
 from app.platform.cpu import Cpu, parse_proc_cpuinfo
-from tests.skip_groups import skip, skip_if
+from tests.support.skip_groups import skip, skip_if
 
 EPYC = Path(__file__).parent / "cpuinfo" / "amd-epyc-avx2-no-avx512.txt"
 QEMU = shutil.which("qemu-x86_64")

@@ -12,10 +12,10 @@ import pytest
 
 from app.answering.decision import DecisionPrompter
 from app.answering.service import ModelService
-from app.contract import SystemOneRequest
 from app.serving.known_models import default_model_path
-from tests.conftest import isolated_settings
-from tests.loading import load_model
+from app.wire.contract import SystemOneRequest
+from tests.support.loading import load_model
+from tests.support.settings import isolated_settings
 
 pytestmark = pytest.mark.real_model
 

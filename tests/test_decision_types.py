@@ -1,5 +1,5 @@
 """The decision types read from a head or from groups of labels (kev, lfm2-d1, laya, lfm2-d1-omni,
-clef), served through HTTP on tiny GGUFs of each (tests/tiny_decision.py) with real llama.cpp. What
+clef), served through HTTP on tiny GGUFs of each (tests/support/tiny_decision.py) with real llama.cpp. What
 their answers are is compared with llama.cpp's own /v1/systemone in tests/test_native_server.py; here:
 the cache, the disk tier, the limits and the errors."""
 
@@ -19,9 +19,9 @@ from app.engine.bindings import EngineError
 from app.engine.llama import Readout
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
-from tests.conftest import tiny_settings
-from tests.loading import load_model
-from tests.tiny_decision import BUILDERS
+from tests.support.loading import load_model
+from tests.support.settings import tiny_settings
+from tests.support.tiny_decision import BUILDERS
 
 QUESTIONS: dict[str, Any] = {
     "angry": {"type": "noul", "instructions": "Is the customer angry?", "criteria": {"true": "upset", "false": None}},

@@ -15,9 +15,9 @@ import subprocess
 from pathlib import Path
 
 from app.answering.service import ModelService
-from app.contract import SystemOneRequest, SystemOneResponse
 from app.paths import REPO_ROOT
-from tests.test_docs import PAGES, Page, read_page, report
+from app.wire.contract import SystemOneRequest, SystemOneResponse
+from tests.support.pages import PAGES, Page, read_page, report
 
 USER_PAGES = [page for page in PAGES if "notes" not in page.relative_to(REPO_ROOT).parts]
 PERFORMANCE = REPO_ROOT / "docs" / "performance.md"

@@ -8,9 +8,9 @@ from __future__ import annotations
 import re
 
 from app.answering.dependence import TABLE, Cell, Invariances
-from app.contract import DEPENDS_ON, DependsOn
 from app.paths import REPO_ROOT
-from tests.test_docs import PAGES, Page, Text, read_page, report
+from app.wire.contract import DEPENDS_ON, DependsOn
+from tests.support.pages import PAGES, Page, Text, read_page, report
 
 HOME = REPO_ROOT / "docs" / "exactness.md"
 HEADING = "What an answer depends on"

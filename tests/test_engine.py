@@ -11,7 +11,6 @@ import pytest
 
 from app.answering.service import ModelService
 from app.calibration import Priors
-from app.contract import SystemOneRequest
 from app.engine.bindings import EngineError, gpu_offload_supported, shipped_backends
 from app.engine.kv_settings import N_UBATCH, KvSettings
 from app.engine.llama import Engine, Readout, RestoreError, SuffixTokens
@@ -20,10 +19,11 @@ from app.engine.ram_tier import RamTier, cache_key
 from app.engine.snapshot import Snapshot
 from app.engine.suffix_tree import MAX_SEQUENCES
 from app.serving.loading import assemble
-from tests.conftest import GPU_LAYERS, tiny_settings
-from tests.llama_calls import LlamaCalls
-from tests.loading import load_model, own_prompter
-from tests.skip_groups import skip_if
+from app.wire.contract import SystemOneRequest
+from tests.support.llama_calls import LlamaCalls
+from tests.support.loading import load_model, own_prompter
+from tests.support.settings import GPU_LAYERS, tiny_settings
+from tests.support.skip_groups import skip_if
 
 STATE = "Order 1234 arrived broken. I want a refund or a replacement, today."
 

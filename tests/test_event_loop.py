@@ -33,9 +33,9 @@ from app.calibration import Fit, FitRecord, FitStore
 from app.fleet.processes import listening_socket, url_of
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
-from tests.conftest import tiny_settings
-from tests.image_files import png
-from tests.loading import load_model
+from tests.support.image_files import png
+from tests.support.loading import load_model
+from tests.support.settings import tiny_settings
 
 WAIT = 120  # seconds: every wait in these tests is bounded
 MOST_LAG = 0.1  # seconds of the loop's work in one turn: the issue's bound for /health (p99)
@@ -82,7 +82,7 @@ class LoopLag:
 
 
 class LaggedServer:
-    """A real uvicorn server on a loopback port, in a thread (as tests/live.py's), its loop's lag measured.
+    """A real uvicorn server on a loopback port, in a thread (as tests/support/live.py's), its loop's lag measured.
 
     The test process's heap (pytest's, every module the suite imported) is not a server's, and a garbage
     collection the server's work sets off stops every thread while it scans that heap: frozen while the

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.contract import SystemOneRequest
 from app.fitting.examples import parse_examples
 from app.fitting.runner import answer_all, fit_all
 from app.progress import Progress
+from app.wire.contract import SystemOneRequest
 from bench.pipelines import WORKLOADS
-from tests.conftest import isolated_settings
-from tests.loading import load_model
+from tests.support.loading import load_model
+from tests.support.settings import isolated_settings
 
 pytestmark = pytest.mark.real_model
 

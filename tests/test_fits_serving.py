@@ -16,11 +16,9 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from app.answering.service import ModelService
 from app.calibration import Fit, FitRecord, FitStore, example_of, question_key
 from app.calibration.candidates import ProbeCandidate
 from app.calibration.store import SUFFIX
-from app.contract import SystemOneRequest
 from app.fitting.cli import main as calibrate_main
 from app.fitting.examples import ExampleError, parse_examples
 from app.fitting.layouts import LayoutRun, recommend
@@ -29,33 +27,16 @@ from app.http.server import create_app
 from app.paths import REPO_ROOT
 from app.progress import Progress
 from app.serving.registry import ModelRegistry
-from tests.conftest import tiny_settings
-from tests.loading import load_model
+from app.wire.contract import SystemOneRequest
+from tests.support.fit_examples import TEAM, URGENT, examples, served
+from tests.support.loading import load_model
+from tests.support.settings import tiny_settings
 
-TEAM = {"type": "choice", "instructions": "Which team?", "criteria": {"Alpha": None, "Beta": None, "Gamma": None}}
-URGENT = {"type": "noul", "instructions": "Is it urgent?"}
 OTHER = {"type": "score", "instructions": "How long is it?", "criteria": ["short", "medium", "long"]}
-
-
-def examples(n: int) -> list[dict[str, Any]]:
-    """The right team is Alpha eight times in ten (Beta and Gamma once each) and one ticket in ten is
-    urgent, whatever the state says: a bias any fit can learn, with every label seen."""
-    return [
-        {
-            "state": f"Ticket {i}: " + " ".join(f"word{(i * 13 + j) % 89}" for j in range(20)),
-            "questions": {"team": TEAM, "urgent": URGENT},
-            "answers": {"team": {3: "Beta", 7: "Gamma"}.get(i % 10, "Alpha"), "urgent": i % 10 == 5},
-        }
-        for i in range(n)
-    ]
 
 
 def body(state: str, questions: dict[str, Any]) -> dict[str, Any]:
     return {"model": "jev-latest", "state": state, "questions": questions}
-
-
-def served(path: Path, folder: Path, **overrides: Any) -> ModelService:
-    return load_model(tiny_settings(path, calibration="contextual", calibration_dir=folder, **overrides))
 
 
 @pytest.fixture(scope="module")
@@ -518,12 +499,12 @@ def test_onepass_calibrate_compares_both_layouts_stores_both_and_says_which_to_s
     layout = recommended.split()[2]
     assert layout in ("state-first", "question-first") and f"serve it with --layout {layout}" in recommended
     # each layout's server finds its own fits, and only its own
-    for served in ("state-first", "question-first"):
+    for each in ("state-first", "question-first"):
         service = load_model(
-            tiny_settings(tiny_chat_path, layout=served, calibration="contextual", calibration_dir=tmp_path / "fits")
+            tiny_settings(tiny_chat_path, layout=each, calibration="contextual", calibration_dir=tmp_path / "fits")
         )
         try:
-            ids = {fit["id"] for run in runs if run["layout"] == served for fit in run["fits"]}
+            ids = {fit["id"] for run in runs if run["layout"] == each for fit in run["fits"]}
             assert service.calibration.store is not None
             assert {record.id for record in service.calibration.store.records()} == ids
         finally:

@@ -19,21 +19,7 @@ from app.calibration.choosing import MIN_LABELLED, TooFewExamples, choose, fold_
 from app.calibration.evidence import Example, SetRow, log_ratio
 from app.calibration.fit import Fit, softmax
 from app.calibration.metrics import scores
-
-LABELS = ("A", "B", "C")
-
-
-def biased(n: int, seed: int, bias: tuple[float, ...], scale: float) -> list[Example]:
-    """A model that ranks the right label up but prefers some labels and is over- or under-confident."""
-    rng = np.random.default_rng(seed)
-    found = []
-    for _ in range(n):
-        right = int(rng.integers(3))
-        evidence = rng.normal(0, 1, 3)
-        evidence[right] += 1.5
-        raw = softmax(scale * evidence + np.asarray(bias))
-        found.append(Example(LABELS, tuple(float(p) for p in raw), (1 / 3, 1 / 3, 1 / 3), right))
-    return found
+from tests.support.examples import LABELS, biased
 
 
 def test_a_label_bias_is_learned_and_adopted_and_it_helps_on_new_examples() -> None:

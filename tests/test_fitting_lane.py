@@ -20,8 +20,8 @@ from app.jobs import JobRegistry
 from app.serving.loading import load_spec
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
-from tests.conftest import isolated_settings, tiny_settings
-from tests.loading import load_model
+from tests.support.loading import load_model
+from tests.support.settings import isolated_settings, tiny_settings
 
 WAIT = 60  # seconds: every wait in these tests is bounded
 URGENT = {"type": "noul", "instructions": "Is it urgent?"}

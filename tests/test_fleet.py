@@ -31,9 +31,9 @@ from app.fleet.processes import ServerProcess
 from app.fleet.routing import affinity_key
 from app.fleet.supervisor import Fleet, haproxy_problem, with_servers
 from bench.fleet_sim import Ring, key_hash, slots
-from tests.conftest import GPU_LAYERS
-from tests.live import wait_for_disk_writes
-from tests.skip_groups import skip_if
+from tests.support.live import wait_for_disk_writes
+from tests.support.settings import GPU_LAYERS
+from tests.support.skip_groups import skip_if
 
 MISSING = haproxy_problem()
 needs_haproxy = skip_if(MISSING is not None, "fleet", f"no fleet test: {MISSING}")

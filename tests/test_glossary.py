@@ -13,7 +13,7 @@ from functools import cache
 from pathlib import Path
 
 from app.paths import REPO_ROOT
-from tests.test_layering import LAYERS
+from tests.support.floor_plan import LAYERS
 
 APP = REPO_ROOT / "app"
 ARCHITECTURE = REPO_ROOT / "docs" / "architecture.md"
@@ -152,7 +152,7 @@ def resolve(name: str) -> str | None:
     if rest[0][:1].isupper():
         found = [node for m, node in classes().get(rest[0], []) if m in where]
         if not found and len(rest) == 1 and any(rest[0] in top_level_names(modules()[m]) for m in where):
-            return None  # a type alias: contract.Question
+            return None  # a type alias: wire.contract.Question
         if not found:
             return f"no class {rest[0]} in app/{module.replace('.', '/')}"
         if len(rest) == 2 and not any(rest[1] in attributes(node) for node in found):
@@ -179,7 +179,7 @@ def test_the_resolver_refuses_what_is_not_there() -> None:
     assert resolve("engine.tiers.PrefixCache") is None
     assert resolve("Readout.hidden") is None
     assert resolve("ModelService.base") is None  # assigned in __init__
-    assert resolve("contract.Question") is None  # a type alias
+    assert resolve("wire.contract.Question") is None  # a type alias
     assert resolve("contract.Question.type") is not None  # an alias has no attributes to check
     assert resolve("engine.tiers.Snapshot") is not None  # imported there, defined in engine/snapshot.py
     assert resolve("Readout.nothing") is not None

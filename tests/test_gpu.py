@@ -13,13 +13,13 @@ import logging
 import os
 from pathlib import Path
 
-from app.contract import SystemOneRequest
 from app.engine.bindings import gpu_offload_supported, llama_log, shipped_backends
 from app.engine.llama import Engine, SuffixTokens
-from tests.conftest import GPU_LAYERS, tiny_settings
-from tests.llama_calls import LlamaCalls
-from tests.loading import load_model
-from tests.skip_groups import skip_if
+from app.wire.contract import SystemOneRequest
+from tests.support.llama_calls import LlamaCalls
+from tests.support.loading import load_model
+from tests.support.settings import GPU_LAYERS, tiny_settings
+from tests.support.skip_groups import skip_if
 from tools.check_gpu import Placement
 
 pytestmark = skip_if(

@@ -16,17 +16,17 @@ from urllib.parse import urlsplit
 import pytest
 from starlette.testclient import TestClient
 
-from app.answering.prompter import Plan
-from app.answering.service import ModelService, RequestReadouts
-from app.contract import SystemOneRequest, SystemOneResponse
+from app.answering.service import ModelService
 from app.engine.caller import current
 from app.fleet.processes import READY, ServerProcess
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
-from tests.conftest import isolated_settings, tiny_settings
-from tests.live import RunningServer
-from tests.llama_calls import LlamaCalls
+from app.wire.contract import SystemOneRequest, SystemOneResponse
+from tests.support.interceptors import FaultyService
+from tests.support.live import RunningServer
+from tests.support.llama_calls import LlamaCalls
+from tests.support.settings import isolated_settings, tiny_settings
 
 BODY: dict[str, Any] = {
     "model": "jev-latest",
@@ -67,21 +67,6 @@ class CancelWatchingService(ModelService):
         self.saw_cancel.append(current().stop.wait(30))
         self.passed.set()
         return super().answer(request)
-
-
-class FaultyService(ModelService):
-    """The real service, but the first request feeds llama.cpp a token id outside the vocabulary."""
-
-    def __init__(self, inner: ModelService) -> None:
-        self.__dict__.update(inner.__dict__)
-        self.faults = 1
-
-    def decode(self, plan: Plan, **reads: Any) -> RequestReadouts:
-        if self.faults:
-            self.faults -= 1
-            rendered = plan.suffixes()[0]
-            object.__setattr__(rendered, "tokens", (*rendered.tokens[:-1], self.engine.vocab.n_vocab + 7))
-        return super().decode(plan, **reads)
 
 
 @pytest.fixture

@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 
 from app.answering.service import ModelService
-from app.contract import SystemOneRequest
 from app.fitting.examples import ExampleError, parse_examples
 from app.fitting.journal import EvidenceJournal
 from app.fitting.runner import answer_all, fit_all
 from app.platform.tiny_gguf import write_tiny_gguf
 from app.progress import Progress
-from tests.conftest import tiny_settings
-from tests.image_files import PNG_SIGNATURE, chunk, ihdr
-from tests.loading import load_model
+from app.wire.contract import SystemOneRequest
+from tests.support.image_files import PNG_SIGNATURE, chunk, ihdr
+from tests.support.loading import load_model
+from tests.support.settings import tiny_settings
 from tests.tiny_vision import write_tiny_mmproj
 
 LIGHT = {"type": "choice", "instructions": "Is the photo light or dark?", "criteria": {"light": None, "dark": None}}

@@ -1,4 +1,4 @@
-"""app/images.py: PNG and JPEG taken, everything else refused from its bytes; and whatever it takes,
+"""app/wire/images.py: PNG and JPEG taken, everything else refused from its bytes; and whatever it takes,
 stb_image (the decoder inside libmtmd) decodes to the size it read."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.images import MAX_IMAGE_BYTES, MAX_IMAGE_SIDE, Image, ImageRefused, Media, read_image
-from tests.image_files import (
+from app.wire.images import MAX_IMAGE_BYTES, MAX_IMAGE_SIDE, Image, ImageRefused, Media, read_image
+from tests.support.image_files import (
     PNG_SIGNATURE,
     Stb,
     bomb_png,

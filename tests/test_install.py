@@ -19,7 +19,7 @@ import pytest
 
 from app.fleet.processes import ServerProcess
 from app.paths import REPO_ROOT
-from tests.skip_groups import skip
+from tests.support.skip_groups import skip
 
 WHEEL_DIR = os.environ.get("ONEPASS_TEST_WHEEL_DIR")
 PACKAGE_FILES = ("pyproject.toml", "README.md", "LICENSE", "app")  # what `pip install .` reads

@@ -17,13 +17,14 @@ from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
 from app.calibration import question_key
-from app.contract import NoulQuestion
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
-from tests.conftest import tiny_settings
-from tests.test_batch import WAIT, Doorman, alone, batch, runtime_of, settled, ticket
-from tests.test_calibrate_runs import fail_fitting
-from tests.test_fits_serving import URGENT, examples, served
+from app.wire.contract import NoulQuestion
+from tests.support.batches import WAIT, alone, batch, runtime_of, settled, ticket
+from tests.support.fit_examples import URGENT, examples, served
+from tests.support.fit_faults import fail_fitting
+from tests.support.interceptors import Doorman
+from tests.support.settings import tiny_settings
 
 
 class Published:

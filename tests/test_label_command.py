@@ -20,7 +20,7 @@ import pytest
 
 from app.labelling.labels import LabelsFile, labels_path
 from app.paths import REPO_ROOT
-from tests.labelling_states import index_of, right, write_states
+from tests.support.labelling_states import index_of, right, write_states
 
 WAIT_S = 180.0
 

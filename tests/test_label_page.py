@@ -24,11 +24,11 @@ from app.labelling.labels import LabelsFile, labels_path
 from app.labelling.session import LabellingFiles, read_states
 from app.serving.registry import ModelRegistry
 from bench.browser import WAIT_S, Page, chromium, find_tools
-from tests.conftest import tiny_settings
-from tests.labelling_states import write_states
-from tests.live import RunningServer
-from tests.loading import load_model
-from tests.skip_groups import skip
+from tests.support.labelling_states import write_states
+from tests.support.live import RunningServer
+from tests.support.loading import load_model
+from tests.support.settings import tiny_settings
+from tests.support.skip_groups import skip
 
 # What the user clicks for the five states the tab shows: every team seen, one urgent ticket.
 GIVEN: list[dict[str, Any]] = [

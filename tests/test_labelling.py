@@ -24,8 +24,7 @@ from app.http.server import create_app
 from app.labelling.labels import LabelsFile, digest_of, labels_path
 from app.labelling.session import NOT_ADOPTED, LabellingFiles, LabellingSession, read_states
 from app.serving.registry import ModelRegistry
-from tests.conftest import tiny_settings
-from tests.labelling_states import (
+from tests.support.labelling_states import (
     QUESTIONS,
     TEAM,
     URGENT,
@@ -38,7 +37,8 @@ from tests.labelling_states import (
     state,
     write_states,
 )
-from tests.loading import load_model
+from tests.support.loading import load_model
+from tests.support.settings import tiny_settings
 
 # --- the labels file ------------------------------------------------------------------------------
 

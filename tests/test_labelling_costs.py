@@ -23,8 +23,8 @@ from app.http.labelling import _overview
 from app.jobs import JobRegistry
 from app.labelling.labels import LabelsFile, as_given, labels_path, sealed
 from app.labelling.session import LabellingSession, read_states
-from tests.labelling_states import QUESTIONS, right, state
-from tests.skip_groups import skip_if
+from tests.support.labelling_states import QUESTIONS, right, state
+from tests.support.skip_groups import skip_if
 
 THREAD_IO = Path("/proc/thread-self/io")
 

@@ -12,36 +12,14 @@ import re
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
+from tests.support.floor_plan import GROUND, LAYERS
+from tests.support.imports import imported_modules
+
 APP = Path(__file__).resolve().parent.parent / "app"
 # The ops tools (tools/README.md) and the bench run from a checkout on top of app/, which is installed alone.
 TOOLS = APP.parent / "tools"
 BENCH = APP.parent / "bench"
-
-# Lowest first. The ground floor is app/'s own modules; a subpackage may import those and the
-# subpackages of lower layers, never one of its own layer or above.
-GROUND = {
-    "assets",
-    "config",
-    "config_sources",
-    "contract",
-    "confidence",
-    "contract_jobs",
-    "errors",
-    "images",
-    "jobs",
-    "paths",
-    "progress",
-}
-LAYERS: list[set[str]] = [
-    {"engine", "fleet"},  # llama.cpp and the snapshot tiers; the replicas' routing key and processes
-    {"calibration"},  # raw label probabilities to an answer's: contextual calibration, fits, their store
-    {"answering", "platform"},  # one model's request path; this machine (CPU, build, tuning)
-    {"serving"},  # settings per model, loading, the registry
-    {"fitting"},  # fitting calibration to a user's examples: the fitting run (onepass calibrate, the jobs)
-    {"labelling"},  # onepass label: a session of states ranked, labelled and refitted, on the fitting run
-    {"http"},  # the HTTP edge
-    {"__main__"},  # the CLI
-]
+TESTS = APP.parent / "tests"
 
 
 # Rooms entered through their face (their __init__.py) only: code outside imports the names it
@@ -219,9 +197,27 @@ def test_the_tools_stand_on_app_alone() -> None:
 
 def test_tests_build_settings_that_keep_out_of_the_users_fits() -> None:
     """Settings() looks for fits in the user's cache folder, where `onepass calibrate` leaves fits of the
-    real model that would change its answers under test; tests build Settings with tests/conftest.py's
-    isolated_settings (test_config.py checks the defaults themselves)."""
+    real model that would change its answers under test; tests build Settings with
+    tests/support/settings.py's isolated_settings (test_config.py checks the defaults themselves)."""
     direct = re.compile(r"(?<![A-Za-z_])Settings\(")
-    for path in (APP.parent / "tests").glob("*.py"):
-        if path.name not in ("conftest.py", "test_config.py", "test_layering.py"):
-            assert not direct.search(path.read_text()), f"tests/{path.name} builds Settings(...): use isolated_settings"
+    allowed = {"support/settings.py", "test_config.py", "test_layering.py"}
+    for path in TESTS.rglob("*.py"):
+        name = path.relative_to(TESTS).as_posix()
+        if name not in allowed:
+            assert not direct.search(path.read_text()), f"tests/{name} builds Settings(...): use isolated_settings"
+
+
+def is_test_module(module: str) -> bool:
+    """Whether the dotted name is one of tests/' test modules (or its conftest): pytest's to collect."""
+    parts = module.split(".")
+    return parts[0] == "tests" and (parts[-1].startswith("test_") or parts[-1] == "conftest")
+
+
+def test_no_test_module_imports_another() -> None:
+    """What more than one test module uses lives in tests/support/: a test module is a spec to read on its
+    own, and one that imports another drags in that one's fixtures, tests and module-level setup."""
+    assert is_test_module("tests.test_decision") and is_test_module("tests.conftest")
+    assert not is_test_module("tests.support.decision_cases")
+    for path in sorted(TESTS.rglob("*.py")):
+        found = sorted(module for module in imported_modules(path) if is_test_module(module))
+        assert not found, f"tests/{path.relative_to(TESTS)} imports {found}: move what it shares into tests/support/"

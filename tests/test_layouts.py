@@ -15,12 +15,12 @@ from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
 from app.config_sources import ConfigError, SettingsSource, load_settings
-from app.contract import SystemOneRequest
 from app.http.server import create_app
 from app.serving.specs import read_models_config
-from tests.conftest import tiny_settings
-from tests.llama_calls import LlamaCalls
-from tests.loading import load_model, own_prompter
+from app.wire.contract import SystemOneRequest
+from tests.support.llama_calls import LlamaCalls
+from tests.support.loading import load_model, own_prompter
+from tests.support.settings import tiny_settings
 
 QUESTIONS: dict[str, Any] = {
     "queue": {

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from app.config_sources import load_settings
-from app.contract import SystemOneRequest
 from app.engine.fingerprint import file_digest, hash_file, model_digest, records_dir
 from app.platform.tiny_gguf import write_tiny_gguf
 from app.serving.known_models import KnownModel, identify, read_known_models
 from app.serving.loading import load_spec
 from app.serving.specs import MODEL_FILE, read_models_config
-from tests.conftest import tiny_settings
-from tests.loading import load_model
+from app.wire.contract import SystemOneRequest
+from tests.support.loading import load_model
+from tests.support.settings import tiny_settings
 
 HEAD = 1 << 20  # what the fingerprint used to cover: the GGUF's header, metadata and vocabulary
 QUESTIONS: dict[str, Any] = {

@@ -23,7 +23,7 @@ from app.platform.tiny_gguf import write_tiny_gguf
 from app.serving.loading import load_spec
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec, read_models_config, replace_settings
-from tests.conftest import isolated_settings
+from tests.support.settings import isolated_settings
 
 QUESTION = {"type": "choice", "instructions": "Which?", "criteria": {"Alpha": None, "Beta": None, "Gamma": None}}
 

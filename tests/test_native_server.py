@@ -17,18 +17,25 @@ import pytest
 
 from app.answering.decision_media import PromptImages
 from app.answering.prompter import Reading
-from app.assets import request_of
-from app.contract import SystemOneRequest
 from app.engine.llama import Readout
+from app.wire.assets import request_of
+from app.wire.contract import SystemOneRequest
 from bench.native_decision import agreement, onepass_service, probabilities
 from bench.peer import llama_server
-from tests.conftest import tiny_settings
-from tests.loading import load_model
-from tests.skip_groups import skip_if
-from tests.test_decision import QUESTIONS, STATE, TEMPERATURES, TEMPLATES, decision_gguf
-from tests.tiny_decision import BUILDERS
+from tests.support.decision_cases import QUESTIONS, STATE, TEMPERATURES, TEMPLATES, decision_gguf
+from tests.support.loading import load_model
+from tests.support.settings import tiny_settings
+from tests.support.skip_groups import skip_if
+from tests.support.tiny_decision import BUILDERS
+from tests.support.vision_decision import (
+    PAIRS,
+    llama_server_with_mmproj,
+    mmproj,
+    photo,
+    vision_decision_gguf,
+    with_images,
+)
 from tests.tiny_vision import Projector
-from tests.vision_decision import PAIRS, llama_server_with_mmproj, mmproj, photo, vision_decision_gguf, with_images
 
 NATIVE = os.environ.get("ONEPASS_NATIVE_SERVER", "")
 pytestmark = skip_if(

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from app.answering.decision import DecisionPrompter
-from app.contract import SystemOneRequest
+from app.wire.contract import SystemOneRequest
 from bench.native_template import (
     build_renderer,
     compare,
@@ -24,9 +24,9 @@ from bench.native_template import (
     release_source,
     release_version,
 )
-from tests.skip_groups import skip
-from tests.test_decision import QUESTION_FIRST, QUESTIONS, TEMPLATES, decision_gguf, decision_prompter, serve
-from tests.tiny_decision import BUILDERS
+from tests.support.decision_cases import QUESTION_FIRST, QUESTIONS, TEMPLATES, decision_gguf, decision_prompter, serve
+from tests.support.skip_groups import skip
+from tests.support.tiny_decision import BUILDERS
 
 RENDERED_BY_THE_TEMPLATE = ("kev", "lfm2-d1")  # the causal types whose converters' templates are rendered as is
 

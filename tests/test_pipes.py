@@ -1,4 +1,4 @@
-"""tests/pipes.py finds a marker that arrived in the same read as the line before it, and fails
+"""tests/support/pipes.py finds a marker that arrived in the same read as the line before it, and fails
 plainly when the pipe ends without it (a real child process, a real pipe)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.pipes import read_until
+from tests.support.pipes import read_until
 
 # Both lines in one write, then the child waits for its stdin to close: the pipe stays open.
 TWO_LINES_THEN_WAIT = (

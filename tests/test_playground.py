@@ -29,19 +29,19 @@ from app.answering.service import ModelService
 from app.calibration.fit import Fit, FitRecord
 from app.calibration.store import question_key
 from app.config import Settings
-from app.contract import SystemOneRequest, label_keys
 from app.http.page import PAGE_DIRECTORY
 from app.http.server import create_app
 from app.paths import REPO_ROOT
 from app.platform.tiny_gguf import write_tiny_gguf
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
+from app.wire.contract import SystemOneRequest, label_keys
 from bench.browser import Page, Tools, chromium, find_tools
-from tests.conftest import tiny_settings
-from tests.image_files import png
-from tests.live import RunningServer
-from tests.loading import load_model
-from tests.skip_groups import skip
+from tests.support.image_files import png
+from tests.support.live import RunningServer
+from tests.support.loading import load_model
+from tests.support.settings import tiny_settings
+from tests.support.skip_groups import skip
 from tests.tiny_vision import write_tiny_mmproj
 
 PAGE_FILES = ("/", "/index.html", "/app.js", "/label.js", "/app.css", "/examples.json")

@@ -12,8 +12,8 @@ import pytest
 from app.platform.tiny_gguf import write_tiny_gguf
 from app.serving.loading import fits_folder
 from app.serving.specs import ModelSpec
-from tests.conftest import tiny_settings
 from tests.support.loading import load_model
+from tests.support.settings import tiny_settings
 from tests.tiny_vision import write_tiny_mmproj
 
 

@@ -11,11 +11,11 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.answering.service import ModelService, prompt_tokens
-from app.contract import SystemOneRequest
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
-from tests.conftest import tiny_settings
-from tests.loading import load_model
+from app.wire.contract import SystemOneRequest
+from tests.support.loading import load_model
+from tests.support.settings import tiny_settings
 
 LATE = {"type": "noul", "instructions": "Was it late?"}
 UNDER: dict[str, Any] = {"model": "jev-latest", "state": "The parcel arrived late.", "questions": {"late": LATE}}

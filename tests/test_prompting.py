@@ -7,11 +7,11 @@ import pytest
 from app.answering.prompter import ContextBound, TooLongForContext
 from app.answering.prompting import SYSTEM_PROMPT, OwnPrompter, chat_format, level_labels
 from app.answering.service import ModelService
-from app.contract import SystemOneRequest, question_set_key, render_state
 from app.engine.vocab import Vocabulary
 from app.errors import InvalidRequest
 from app.platform.tiny_gguf import CHATML_TEMPLATE
-from tests.loading import own_prompter
+from app.wire.contract import SystemOneRequest, question_set_key, render_state
+from tests.support.loading import own_prompter
 
 STATES = ["Plain words.", "Zeile 1\nZeile 2 — ünïcode", '{"a":1}', "trailing punctuation!!", "ends with digits 42"]
 

@@ -22,14 +22,14 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from app.answering.dependence import TABLE, Cell
-from app.contract import DEPENDS_ON, DependsOn
 from app.http.server import create_app
 from app.platform.tiny_gguf import write_tiny_gguf
 from app.serving.registry import ModelRegistry
-from tests.conftest import GPU_LAYERS, tiny_settings
-from tests.loading import load_model
-from tests.test_decision import LABELLED, TEMPLATES, decision_gguf
-from tests.tiny_decision import BUILDERS
+from app.wire.contract import DEPENDS_ON, DependsOn
+from tests.support.decision_cases import LABELLED, TEMPLATES, decision_gguf
+from tests.support.loading import load_model
+from tests.support.settings import GPU_LAYERS, tiny_settings
+from tests.support.tiny_decision import BUILDERS
 
 POOL: list[dict[str, Any]] = [
     {"type": "noul", "instructions": "Is the customer upset?"},

@@ -9,7 +9,7 @@ import numpy as np
 
 from app.calibration import Calibration, Example, Priors, softmax
 from app.fitting.reach import FACTS_ADVICE, LOW_ACCURACY, reach
-from tests.test_fitting import biased
+from tests.support.examples import biased
 
 
 def fitting() -> Calibration:

@@ -34,8 +34,8 @@ from typesafe_sdk import (
 
 from app.answering.service import ModelService
 from app.serving.registry import ModelRegistry
-from tests.conftest import tiny_settings
-from tests.live import RunningServer
+from tests.support.live import RunningServer
+from tests.support.settings import tiny_settings
 
 TEAM_OPTIONS = ("Billing", "Técnico ✓", "Ventas")
 QUESTIONS: dict[str, Any] = {

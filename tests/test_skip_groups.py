@@ -1,4 +1,4 @@
-"""The skip-group plugin (tests/skip_groups.py) on a small suite of its own, run in-process: the run's
+"""The skip-group plugin (tests/support/skip_groups.py) on a small suite of its own, run in-process: the run's
 last line names every group skipped and why, and under CI=true a skipped group the run did not leave to
 another target fails it."""
 
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from app.paths import REPO_ROOT
-from tests.skip_groups import GROUPS, skip_if
+from tests.support.skip_groups import GROUPS, skip_if
 
 SUITE = """
 import pytest
 
-from tests.skip_groups import skip, skip_if
+from tests.support.skip_groups import skip, skip_if
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ GPU = "gpu (1 test: a CPU build)"
 
 def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ci: bool, *args: str) -> pytest.RunResult:
     monkeypatch.setenv("CI", "true") if ci else monkeypatch.delenv("CI", raising=False)
-    return pytester.runpytest("-p", "tests.skip_groups", "-q", *args)
+    return pytester.runpytest("-p", "tests.support.skip_groups", "-q", *args)
 
 
 def test_a_run_ends_with_one_line_naming_each_skipped_group_and_why(
@@ -120,7 +120,7 @@ def test_a_run_that_skips_nothing_says_so_and_unknown_groups_are_refused(
 # --- the repository's own skips -------------------------------------------------------------------
 
 TESTS = REPO_ROOT / "tests"
-OWN = {TESTS / "skip_groups.py", Path(__file__).resolve()}
+OWN = {TESTS / "support" / "skip_groups.py", Path(__file__).resolve()}
 
 
 def groups_named(tree: ast.AST) -> set[str]:
@@ -143,7 +143,8 @@ def test_every_skip_in_the_suite_names_a_declared_group_and_every_group_is_used(
         text = path.read_text(encoding="utf-8")
         bare += [f"{path.relative_to(REPO_ROOT)}: {m[0]}" for m in re.finditer(r"pytest\.(?:skip\(|mark\.skip)", text)]
         named |= groups_named(ast.parse(text))
-    assert not bare, "skips that name no group (use tests/skip_groups.py's skip or skip_if):\n" + "\n".join(bare)
+    advice = "use tests/support/skip_groups.py's skip or skip_if"
+    assert not bare, f"skips that name no group ({advice}):\n" + "\n".join(bare)
     assert named == GROUPS.keys(), f"named but not declared: {named - GROUPS.keys()}; unused: {GROUPS.keys() - named}"
 
 

@@ -16,7 +16,7 @@ from app.engine.ram_tier import RamTier, cache_key
 from app.engine.snapshot import Snapshot
 from app.engine.tiers import PrefixCache
 from app.errors import Cancelled
-from tests.conftest import GPU_LAYERS
+from tests.support.settings import GPU_LAYERS
 
 STOPPED = Caller(stop=threading.Event())
 STOPPED.stop.set()  # nobody waits for this caller's answer any more

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from app.contract import SystemOneRequest
 from app.engine.bindings import shipped_backends
 from app.paths import prune_records
 from app.platform.tiny_gguf import write_tiny_gguf
 from app.platform.tuning import cache_dir, choose, choose_threads, describe, read_record, tuning_key
 from app.serving.loading import SpeedSettings, speed_settings_for
 from app.serving.specs import ModelSpec
-from tests.conftest import tiny_settings
-from tests.loading import load_model
+from app.wire.contract import SystemOneRequest
+from tests.support.loading import load_model
+from tests.support.settings import tiny_settings
 
 QUESTIONS = {
     "refund": {"type": "noul", "instructions": "Does the customer want money back?"},

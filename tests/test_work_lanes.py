@@ -19,7 +19,7 @@ from app.engine.caller import Caller, Lane, working_for
 from app.engine.llama import Engine
 from app.engine.prefill import Stopped
 from app.errors import Cancelled
-from tests.llama_calls import count_llama_calls
+from tests.support.llama_calls import count_llama_calls
 
 WAIT_S = 30  # every wait here is bounded; a healthy run takes milliseconds
 

@@ -42,7 +42,7 @@ UNGROUPED = "no group"
 def tagged(group: str, why: str) -> str:
     """A skip reason that names its group (what the report's reason carries)."""
     if group not in GROUPS:
-        raise ValueError(f"no skip group {group!r}: declare it in tests/skip_groups.py")
+        raise ValueError(f"no skip group {group!r}: declare it in tests/support/skip_groups.py")
     return f"[{group}] {why}"
 
 
@@ -137,7 +137,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--may-skip",
         default="",
-        help="comma-separated skip groups (tests/skip_groups.py) this run leaves to other targets: "
+        help="comma-separated skip groups (tests/support/skip_groups.py) this run leaves to other targets: "
         "under CI=true a skip of any other group fails the run",
     )
 
@@ -146,5 +146,6 @@ def pytest_configure(config: pytest.Config) -> None:
     named = {g.strip() for g in str(config.getoption("--may-skip")).split(",") if g.strip()}
     unknown = sorted(named - GROUPS.keys())
     if unknown:
-        raise pytest.UsageError(f"--may-skip: no skip group {', '.join(unknown)} (tests/skip_groups.py names them)")
+        named_here = "tests/support/skip_groups.py names them"
+        raise pytest.UsageError(f"--may-skip: no skip group {', '.join(unknown)} ({named_here})")
     config.pluginmanager.register(Ledger(frozenset(named)), "skip-groups")

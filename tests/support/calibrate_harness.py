@@ -1,6 +1,6 @@
 """`onepass calibrate` run as a user runs it, with faults a test can aim (tests/test_calibrate_runs.py):
 
-    python -m tests.calibrate_harness [--block-after K] [--fail-key KEY] -- EXAMPLES [calibrate flags]
+    python -m tests.support.calibrate_harness [--block-after K] [--fail-key KEY] -- EXAMPLES [calibrate flags]
 
 --block-after K: after K examples are answered, print BLOCKED and wait (for stdin, that is until
 killed) before answering the next one, so that a test kills the process at a known point.
@@ -17,8 +17,8 @@ from unittest import mock
 
 from app.answering.service import ModelService
 from app.calibration import Calibration, Evidence
-from app.contract import SystemOneRequest
 from app.fitting.cli import main as calibrate
+from app.wire.contract import SystemOneRequest
 
 
 def main() -> None:

@@ -18,9 +18,9 @@ from typing import Any
 
 from app.platform.tiny_gguf import write_tiny_gguf
 from bench.peer import stop, wait_ready
-from tests.image_files import PNG_SIGNATURE, chunk, ihdr, scanlines
-from tests.test_decision import LABELLED, OPENJEV, TEMPERATURES
-from tests.tiny_decision import BUILDERS, clef
+from tests.support.decision_cases import LABELLED, OPENJEV, TEMPERATURES
+from tests.support.image_files import PNG_SIGNATURE, chunk, ihdr, scanlines
+from tests.support.tiny_decision import BUILDERS, clef
 from tests.tiny_vision import Projector, write_tiny_mmproj
 
 IMAGES_FIRST = "{% for image in images %}{{ image }}{% endfor %}"
