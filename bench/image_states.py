@@ -4,7 +4,7 @@ slots.
 
 No vision GGUF with its projector can be fetched here (docs/models.md, "Vision models"). Without
 --mmproj the text model (the small default, gemma-3-270m) is paired with a tiny random "mlp" projector
-(tests/tiny_vision.py) that makes IMAGE_TOKENS tokens of any image, as many as Gemma 3's projector
+(app/platform/tiny_projector.py) that makes IMAGE_TOKENS tokens of any image, as many as Gemma 3's projector
 does: the figures show what the cache saves of an image state, not what a real vision encoder costs
 (a ViT of hundreds of millions of weights; this one has a few thousand). --mmproj runs the same with
 a real projector for --model.
@@ -42,13 +42,13 @@ from app.config_sources import load_settings
 from app.engine.vision import Vision
 from app.http.batch import parse_request
 from app.paths import REPO_ROOT
+from app.platform.tiny_images import png
+from app.platform.tiny_projector import write_tiny_mmproj
 from app.serving.loading import load_spec
 from app.serving.specs import ModelSpec
 from app.wire.contract import SystemOneResponse
 from bench.output import RESULTS, Progress, git_sha, machine, median, table, write_atomically
 from bench.workloads import QUESTIONS
-from tests.support.image_files import png
-from tests.tiny_vision import write_tiny_mmproj
 
 MODEL = REPO_ROOT / "models" / "gemma-3-270m-q4_k_m.gguf"
 IMAGE_TOKENS = 256  # the tiny projector's tokens per image: (128 / 8)^2

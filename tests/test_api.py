@@ -17,8 +17,8 @@ from starlette.testclient import TestClient
 from app.answering.service import ModelService
 from app.config import Settings
 from app.http.server import create_app
+from app.platform.tiny_images import png
 from app.serving.registry import ModelRegistry
-from tests.support.image_files import png
 from tests.support.loading import load_model
 from tests.support.settings import tiny_settings
 

@@ -14,13 +14,14 @@ import pytest
 from app.errors import InvalidRequest
 from app.fleet.routing import affinity_key, affinity_key_of
 from app.http.runtime import Runtime
+from app.platform.tiny_images import png
 from app.serving.catalogue import models_listing
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
 from app.wire.assets import request_of
 from app.wire.contract import SystemOneRequest
 from app.wire.images import IMAGES_BODY_BYTES, MAX_BASE64_CHARS, MAX_IMAGES, Image, read_image
-from tests.support.image_files import jpeg, png
+from tests.support.image_files import jpeg
 from tests.support.settings import isolated_settings
 
 RED, PHOTO = png(2, 2, seed=3), jpeg(8, 6)

@@ -19,10 +19,10 @@ from app.answering.service import ModelService
 from app.http.batch import parse_items, schedule
 from app.http.runtime import Runtime
 from app.http.server import create_app
+from app.platform.tiny_images import png
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
 from tests.support.batches import URGENT, WAIT, alone, batch, runtime_of, settled, ticket
-from tests.support.image_files import png
 from tests.support.interceptors import Doorman, FaultyService
 from tests.support.llama_calls import LlamaCalls
 from tests.support.settings import isolated_settings, tiny_settings

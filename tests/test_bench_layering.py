@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.imports import bench_imports
+from tests.support.imports import bench_imports, imported_modules
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -55,3 +55,11 @@ def test_no_bench_import_runs_back_up_and_nothing_imports_the_orchestrator() -> 
         assert "run" not in imported, f"bench/{path.name} imports bench/run.py"
         upward = {m for m in imported if rank[m] >= rank[path.stem]}
         assert not upward, f"bench/{path.name} imports {sorted(upward)} from its own layer or above"
+
+
+def test_the_bench_imports_nothing_from_the_tests() -> None:
+    """The bench runs from a checkout on top of app/; what it shares with the tests (the tiny models, their
+    images) lives in app/platform/, so that a test helper's change never moves a measurement."""
+    for path in modules():
+        taken = sorted(module for module in imported_modules(path) if module.split(".")[0] == "tests")
+        assert not taken, f"bench/{path.name} imports {taken}"

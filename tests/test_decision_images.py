@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from app.platform.tiny_projector import Projector
 from tests.support.decision_cases import QUESTIONS, TEMPLATES, decision_gguf
 from tests.support.tiny_decision import BUILDERS
 from tests.support.vision_decision import mmproj, photo, vision_decision_gguf, with_images
 from tests.support.vision_serving import NAME, encodes, numbers, served
-from tests.tiny_vision import Projector
 
 STATE = "The paper on the table."
 

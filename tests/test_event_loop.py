@@ -32,8 +32,8 @@ import uvicorn
 from app.calibration import Fit, FitRecord, FitStore
 from app.fleet.processes import listening_socket, url_of
 from app.http.server import create_app
+from app.platform.tiny_images import png
 from app.serving.registry import ModelRegistry
-from tests.support.image_files import png
 from tests.support.loading import load_model
 from tests.support.settings import tiny_settings
 

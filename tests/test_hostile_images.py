@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from tests.support.image_files import bomb_png, jpeg, png, webp
+from app.platform.tiny_images import png
+from tests.support.image_files import bomb_png, jpeg, webp
 from tests.support.image_requests import HOSTILE, asked, multipart
 
 SEEDS = [png(2, 2), png(3, 1, colour=6), jpeg(8, 8), bomb_png(5000, 5000), webp(), b"", b"\x89PNG\r\n\x1a\n"]

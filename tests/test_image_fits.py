@@ -19,12 +19,12 @@ from app.fitting.examples import ExampleError, parse_examples
 from app.fitting.journal import EvidenceJournal
 from app.fitting.runner import answer_all, fit_all
 from app.platform.tiny_gguf import write_tiny_gguf
+from app.platform.tiny_images import PNG_SIGNATURE, chunk, ihdr
+from app.platform.tiny_projector import write_tiny_mmproj
 from app.progress import Progress
 from app.wire.contract import SystemOneRequest
-from tests.support.image_files import PNG_SIGNATURE, chunk, ihdr
 from tests.support.loading import load_model
 from tests.support.settings import tiny_settings
-from tests.tiny_vision import write_tiny_mmproj
 
 LIGHT = {"type": "choice", "instructions": "Is the photo light or dark?", "criteria": {"light": None, "dark": None}}
 STATE = "<photo> A photo from the archive."

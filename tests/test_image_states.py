@@ -1,5 +1,5 @@
 """Image states on the session cache, against real llama.cpp: tiny text models with tiny vision
-projectors (tests/tiny_vision.py), the "mlp" one (LLaVA-1.5) and the M-RoPE one (Qwen2-VL), asked
+projectors (app/platform/tiny_projector.py), the "mlp" one (LLaVA-1.5) and the M-RoPE one (Qwen2-VL), asked
 through HTTP with Jev's JSON assets. A repeated image state is a hit that runs no encoder, bit for
 bit as the miss and as cache off; after a restart it is a disk hit; another image or another
 projector is a miss; a disk header whose spans were changed is never served."""
@@ -30,15 +30,16 @@ from app.engine.llama import SuffixTokens
 from app.engine.snapshot import IMAGE_CELL, ImageSpan, Snapshot
 from app.engine.vision import ImageUnreadable, Vision
 from app.platform.tiny_gguf import write_tiny_gguf
+from app.platform.tiny_images import PNG_SIGNATURE, chunk, ihdr, scanlines
+from app.platform.tiny_projector import Projector, write_tiny_mmproj
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
 from app.wire.images import read_image
 from tests.support.decision_cases import TEMPLATES, decision_gguf
-from tests.support.image_files import PNG_SIGNATURE, Stb, chunk, ihdr, jpeg, scanlines
+from tests.support.image_files import Stb, jpeg
 from tests.support.live import RunningServer
 from tests.support.settings import tiny_settings
 from tests.support.vision_serving import NAME, encodes, numbers, served
-from tests.tiny_vision import Projector, write_tiny_mmproj
 
 QUESTIONS: dict[str, Any] = {
     "receipt": {"type": "noul", "instructions": "Is this a receipt?"},

@@ -11,21 +11,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from app.platform.tiny_images import PNG_SIGNATURE, chunk, ihdr, png, scanlines
 from app.wire.images import MAX_IMAGE_BYTES, MAX_IMAGE_SIDE, Image, ImageRefused, Media, read_image
 from tests.support.image_files import (
-    PNG_SIGNATURE,
     Stb,
     bomb_png,
-    chunk,
     gif,
-    ihdr,
     interlaced_png,
     jpeg,
     jpeg_frame_type,
     jpeg_sized,
     pillow_size,
-    png,
-    scanlines,
     webp,
 )
 

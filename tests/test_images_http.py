@@ -19,9 +19,9 @@ from typesafe_sdk import Noul, RetryPolicy, TypeSafeClient, TypeSafeUnprocessabl
 
 from app.answering.service import ModelService
 from app.http.server import create_app
+from app.platform.tiny_images import png
 from app.serving.registry import ModelRegistry
 from app.wire.images import MAX_BASE64_CHARS, MAX_IMAGE_BYTES
-from tests.support.image_files import png
 from tests.support.image_requests import (
     HOSTILE,
     ONE_PLACEHOLDER,

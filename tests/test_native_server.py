@@ -18,6 +18,7 @@ import pytest
 from app.answering.decision_media import PromptImages
 from app.answering.prompter import Reading
 from app.engine.llama import Readout
+from app.platform.tiny_projector import Projector
 from app.wire.assets import request_of
 from app.wire.contract import SystemOneRequest
 from bench.native_decision import agreement, onepass_service, probabilities
@@ -35,7 +36,6 @@ from tests.support.vision_decision import (
     vision_decision_gguf,
     with_images,
 )
-from tests.tiny_vision import Projector
 
 NATIVE = os.environ.get("ONEPASS_NATIVE_SERVER", "")
 pytestmark = skip_if(

@@ -33,16 +33,16 @@ from app.http.page import PAGE_DIRECTORY
 from app.http.server import create_app
 from app.paths import REPO_ROOT
 from app.platform.tiny_gguf import write_tiny_gguf
+from app.platform.tiny_images import png
+from app.platform.tiny_projector import write_tiny_mmproj
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
 from app.wire.contract import SystemOneRequest, label_keys
 from bench.browser import Page, Tools, chromium, find_tools
-from tests.support.image_files import png
 from tests.support.live import RunningServer
 from tests.support.loading import load_model
 from tests.support.settings import tiny_settings
 from tests.support.skip_groups import skip
-from tests.tiny_vision import write_tiny_mmproj
 
 PAGE_FILES = ("/", "/index.html", "/app.js", "/label.js", "/app.css", "/examples.json")
 EXAMPLES: dict[str, Any] = json.loads((PAGE_DIRECTORY / "examples.json").read_text())

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from app.platform.tiny_gguf import write_tiny_gguf
+from app.platform.tiny_projector import write_tiny_mmproj
 from app.serving.loading import fits_folder
 from app.serving.specs import ModelSpec
 from tests.support.loading import load_model
 from tests.support.settings import tiny_settings
-from tests.tiny_vision import write_tiny_mmproj
 
 
 def test_a_projector_starts_new_folders_and_the_load_log_names_them(

@@ -10,7 +10,8 @@ from typing import Any
 from typesafe_sdk._core.multipart import Part as SdkPart
 from typesafe_sdk._core.multipart import encode_multipart
 
-from tests.support.image_files import bomb_png, gif, jpeg, jpeg_sized, png, webp
+from app.platform.tiny_images import png
+from tests.support.image_files import bomb_png, gif, jpeg, jpeg_sized, webp
 
 RED = png(2, 2, seed=3)
 

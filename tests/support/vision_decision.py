@@ -1,5 +1,5 @@
 """Decision GGUFs that take images, for the tests: each type llama.cpp gives images (openjev, pplx-decider,
-lfm2-d1, clef, lfm2-d1-omni) on a tiny trunk whose width the tiny projectors of tests/tiny_vision.py
+lfm2-d1, clef, lfm2-d1-omni) on a tiny trunk whose width the tiny projectors of app/platform/tiny_projector.py
 project to, with a template that puts the images before the state as llama.cpp's converters do; the
 projectors each trunk pairs with (Qwen2-VL's M-RoPE grid needs the qwen2vl text model); PNG fixtures;
 and llama-server started with --mmproj."""
@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from app.platform.tiny_gguf import write_tiny_gguf
+from app.platform.tiny_images import PNG_SIGNATURE, chunk, ihdr, scanlines
+from app.platform.tiny_projector import Projector, write_tiny_mmproj
 from bench.peer import stop, wait_ready
 from tests.support.decision_cases import LABELLED, OPENJEV, TEMPERATURES
-from tests.support.image_files import PNG_SIGNATURE, chunk, ihdr, scanlines
 from tests.support.tiny_decision import BUILDERS, clef
-from tests.tiny_vision import Projector, write_tiny_mmproj
 
 IMAGES_FIRST = "{% for image in images %}{{ image }}{% endfor %}"
 LABEL_TEMPLATES = {"openjev": OPENJEV, "pplx-decider": LABELLED}
