@@ -18,6 +18,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from app.answering.decision_format import DecisionError
 from app.answering.prompter import Tokenizer
 from app.wire.contract import MAX_OPTIONS
+from app.wire.json_strings import map_strings
 
 SPECIAL = re.compile(r"<\|([A-Za-z0-9_]+)\|>")
 BROKEN_BAR = "\u00a6"  # what kev and lfm2-d1-omni write instead of the bars of a special token in user text
@@ -49,22 +50,12 @@ def _raise_template_error(message: str) -> None:
 
 def sort_keys(value: Any) -> Any:
     """Every object's keys in sorted order (lev and clef were trained so)."""
-    if isinstance(value, dict):
-        return {key: sort_keys(value[key]) for key in sorted(value)}
-    if isinstance(value, list):
-        return [sort_keys(item) for item in value]
-    return value
+    return map_strings(value, lambda text: text, sort_keys=True)
 
 
 def replace_text(value: Any, search: str, replace: str) -> Any:
     """`search` replaced in every string of a JSON value (not in the keys)."""
-    if isinstance(value, str):
-        return value.replace(search, replace)
-    if isinstance(value, dict):
-        return {key: replace_text(item, search, replace) for key, item in value.items()}
-    if isinstance(value, list):
-        return [replace_text(item, search, replace) for item in value]
-    return value
+    return map_strings(value, lambda text: text.replace(search, replace))
 
 
 def escape_specials(text: str) -> str:
@@ -74,13 +65,7 @@ def escape_specials(text: str) -> str:
 
 def escape_specials_deep(value: Any) -> Any:
     """escape_specials over every string of a JSON value, the keys of objects too (lfm2-d1-omni)."""
-    if isinstance(value, str):
-        return escape_specials(value)
-    if isinstance(value, dict):
-        return {escape_specials(key): escape_specials_deep(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [escape_specials_deep(item) for item in value]
-    return value
+    return map_strings(value, escape_specials, keys=True)
 
 
 def kev_render(value: Any, indent: int = 0) -> str:
@@ -163,16 +148,14 @@ def d1_labels(
 def break_controls(value: Any, controls: Sequence[str]) -> Any:
     """User values with any control token's text (`controls`, longest first) broken by a word joiner,
     so that it stays text when the prompt is tokenized with special tokens parsed."""
-    if isinstance(value, str):
+
+    def broken(text: str) -> str:
         for control in controls:
-            if control in value:
-                value = value.replace(control, control[0] + WORD_JOINER + control[1:])
-        return value
-    if isinstance(value, dict):
-        return {break_controls(key, controls): break_controls(item, controls) for key, item in value.items()}
-    if isinstance(value, list):
-        return [break_controls(item, controls) for item in value]
-    return value
+            if control in text:
+                text = text.replace(control, control[0] + WORD_JOINER + control[1:])
+        return text
+
+    return map_strings(value, broken, keys=True)
 
 
 def pick_labels(tokenizer: Tokenizer, kind: str) -> tuple[tuple[str, int], ...]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from app.errors import InvalidRequest
 from app.wire.contract import ImageAsset, SystemOneRequest, Text, errors_for_response, validation_error
 from app.wire.images import MAX_BASE64_CHARS, MAX_IMAGES, Image, ImageRefused, Media, read_image
+from app.wire.json_strings import map_strings
 
 Loc = tuple[str | int, ...]
 DATA_URL_FORM = "images are data URLs: data:image/...;base64,..."
@@ -124,18 +125,6 @@ def _without_image_parts(state: Text) -> tuple[Text, list[tuple[Loc, Any]]]:
     return ({**state, "messages": kept_messages} if isinstance(state, dict) else kept_messages), found
 
 
-def _strings(value: Any) -> Iterator[str]:
-    """Every string value in a text, in the order the prompt renders them (an object by sorted keys)."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for key in sorted(value):
-            yield from _strings(value[key])
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item)
-
-
 def _assets_in_order(request: SystemOneRequest, state: Text, problems: _Problems) -> list[_Source]:
     """The assets in the order their placeholders are first found; one found nowhere, or without its
     bytes, is a problem."""
@@ -154,9 +143,13 @@ def _assets_in_order(request: SystemOneRequest, state: Text, problems: _Problems
     names = list(named)
     finder = Media(placeholders=tuple((name, i) for i, name in enumerate(names)))
     first: dict[int, None] = {}  # each asset's index, in the order first found
+
+    def note(string: str) -> str:
+        first.update(dict.fromkeys(finder.mentioned(string)))
+        return string
+
     for text in itertools.chain([state], itertools.islice(request.texts(), 1, None)):  # the state without its parts
-        for string in _strings(text):
-            first.update(dict.fromkeys(finder.mentioned(string)))
+        map_strings(text, note, sort_keys=True)  # each string in the order the prompt renders it
     for i, name in enumerate(names):
         if i not in first:
             message = f"the placeholder {name!r} is found nowhere in the state, the instructions or the criteria"

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
+from app.wire.json_strings import map_strings
+
 MAX_IMAGES = 8  # per request, as llama.cpp's /v1/systemone allows
 MAX_IMAGE_SIDE = 1568  # pixels, width and height each: Jev refuses larger images
 MAX_IMAGE_BYTES = 10 * 1024 * 1024  # per image file: llama.cpp's bound for an image it fetches
@@ -297,17 +299,7 @@ class Media:
         if pattern is None:
             return value
         index = dict(self.placeholders)
-
-        def replaced(item: Any) -> Any:
-            if isinstance(item, str):
-                return pattern.sub(lambda found: marker(index[found[0]]), item)
-            if isinstance(item, dict):
-                return {key: replaced(child) for key, child in item.items()}
-            if isinstance(item, list):
-                return [replaced(child) for child in item]
-            return item
-
-        return replaced(value)
+        return map_strings(value, lambda text: pattern.sub(lambda found: marker(index[found[0]]), text))
 
 
 NO_MEDIA = Media()
