@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.disk_tier import STALE_TEMP_SECONDS, DiskTier, SnapshotIdentity
+from app.engine.disk_tier import STALE_TEMP_SECONDS, DiskTier
+from app.engine.snapshot_file import SnapshotIdentity
 from app.paths import REPO_ROOT, TEMP_SUFFIX, write_atomically
 
 

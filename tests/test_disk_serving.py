@@ -16,14 +16,15 @@ import httpx
 import pytest
 
 from app.answering.service import ModelService
+from app.contract import SystemOneRequest
 from app.engine.disk_tier import SUFFIX
 from app.engine.ram_tier import CacheKey
+from app.engine.snapshot_file import read_snapshot
 from app.fleet.processes import READY, ServerProcess
-from app.wire.contract import SystemOneRequest
-from tests.support.live import wait_for_disk_writes
-from tests.support.llama_calls import LlamaCalls
-from tests.support.loading import load_model
-from tests.support.settings import tiny_settings
+from tests.conftest import tiny_settings
+from tests.live import wait_for_disk_writes
+from tests.llama_calls import LlamaCalls
+from tests.loading import load_model
 
 QUESTIONS: dict[str, Any] = {
     "angry": {"type": "noul", "instructions": "Is the customer angry?"},
@@ -120,7 +121,8 @@ def verify_folder(tiny_chat_path: Path, folder: Path) -> int:
     files = list(service.states.disk.folder.glob(f"*{SUFFIX}"))
     for path in files:
         with path.open("rb") as file:
-            service.states.disk._read(file, CacheKey(bytes.fromhex(path.name.removesuffix(SUFFIX))))
+            key = CacheKey(bytes.fromhex(path.name.removesuffix(SUFFIX)))
+            read_snapshot(file, key, service.states.disk.identity)
     service.close()
     return len(files)
 

@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.engine.disk_tier import MAGIC, SUFFIX, DiskTier, SnapshotIdentity
+from app.engine.disk_tier import SUFFIX, DiskTier
 from app.engine.ram_tier import CacheKey, cache_key
 from app.engine.snapshot import Snapshot
-from tests.support.skip_groups import skip
+from app.engine.snapshot_file import MAGIC, SnapshotIdentity, read_snapshot
+from tests.skip_groups import skip
 
 IDENTITY = SnapshotIdentity(build="llama-cpp-python 0.0; test", model="ab" * 32, kv="n_ctx=64")
 FLUSH_S = 30.0
@@ -142,7 +143,7 @@ def test_a_file_of_another_format_version_or_under_another_key_is_rejected(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     snap = snapshot(10)
-    monkeypatch.setattr("app.engine.disk_tier.FORMAT", 0)
+    monkeypatch.setattr("app.engine.snapshot_file.FORMAT", 0)
     _, key = written(tmp_path, snap)
     monkeypatch.undo()
     tier = DiskTier(tmp_path, 1 << 30, IDENTITY)
@@ -305,7 +306,7 @@ def test_eviction_by_one_tier_does_not_break_a_read_in_another(tmp_path: Path) -
         evicter.save(cache_key("b"), snapshot(10, seed=1))  # over its budget with a's file: deletes it
         assert evicter.flush(FLUSH_S)
         assert not file_of(tmp_path, key).exists()
-        assert reader._read(opened, key) == snap  # the open file reads whole
+        assert read_snapshot(opened, key, IDENTITY) == snap  # the open file reads whole
     assert reader.load(key, snap.tokens) is None  # and later it is simply a miss
     assert reader.stats()["rejected"] == {}
 

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from app.engine.caller import Caller, working_for
-from app.engine.disk_tier import DiskTier, SnapshotIdentity
+from app.engine.disk_tier import DiskTier
 from app.engine.llama import Engine, Timing
 from app.engine.ram_tier import RamTier, cache_key
 from app.engine.snapshot import Snapshot
+from app.engine.snapshot_file import SnapshotIdentity
 from app.engine.tiers import PrefixCache
 from app.errors import Cancelled
-from tests.support.settings import GPU_LAYERS
+from tests.conftest import GPU_LAYERS
 
 STOPPED = Caller(stop=threading.Event())
 STOPPED.stop.set()  # nobody waits for this caller's answer any more

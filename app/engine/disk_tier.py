@@ -3,11 +3,9 @@
 One file per snapshot, `<key hex>.snap`, in a folder per model. A new snapshot is queued and
 written by a background thread (temporary file, fsync, rename), so a request never waits for
 the disk; when the queue holds too many bytes the write is skipped and counted. Every read checks the
-whole file against this process (format, llama.cpp build, model, KV settings, key, lengths,
-blake3 of the header, the tokens, the payload, the state's mean vector, image spans and next position)
-and compares tokens and image spans (never pixels) with the wanted prefix: a file that fails is deleted,
-counted by reason and the request prefills as a miss. The state's mean (Snapshot.state_mean, what a
-state probe fit reads) follows the payload where the snapshot has one; a file without it reads as a snapshot without it.
+whole file against this process (snapshot_file.py: the format and its checks) and compares tokens and
+image spans (never pixels) with the wanted prefix: a file that fails is deleted, counted by reason and
+the request prefills as a miss.
 
 Several processes may share the folder, so any file may vanish between two steps: a reader
 only ever opens whole files (rename is atomic), two writers of one key each rename a whole
@@ -21,56 +19,28 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import queue
 import secrets
 import threading
 import time
-from array import array
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import blake3
-import numpy as np
-from numpy.typing import NDArray
+from typing import Any
 
 from app.engine.ram_tier import CacheKey
-from app.engine.snapshot import ImageSpan, Snapshot, read_spans
+from app.engine.snapshot import ImageSpan, Snapshot
+from app.engine.snapshot_file import Rejected, SnapshotIdentity, file_parts, read_snapshot
 from app.paths import TEMP_SUFFIX, size_of, write_atomically
 
 log = logging.getLogger("onepass.disk")
 
-FORMAT = 2  # 2: image spans and the next position in the header; tokens signed (an image's cells are -1)
-MAGIC = b"onepass-snapshot"
 SUFFIX = ".snap"
 # Bytes of snapshots waiting to be written (a few long ones, or many priors); beyond, writes are
 # skipped, never waited for. One write is always let in, whatever its size.
 WRITE_QUEUE_BYTES = 256 * 1024**2
 STALE_TEMP_SECONDS = 3600  # a temporary file this old was left by a killed writer
-DIGEST = 32
-MEAN_DTYPE = np.dtype("<f4")  # the state's mean on disk: little-endian float32, whatever the machine
-
-
-@dataclass(frozen=True)
-class SnapshotIdentity:
-    """What must match for a snapshot's bytes to be restorable, and exact, in this process."""
-
-    build: str  # llama.cpp's version, system info and GPU layers: they decide the KV values
-    model: str  # the model file's fingerprint (hex)
-    kv: str  # the KV settings (engine.KvSettings.describe)
-
-
-class Rejected(Exception):
-    """A snapshot file that must not be used; `reason` is its stats bucket."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-
 
 # What stats() counts beside sizes, rejections and turn-offs.
 COUNTS = ("hits", "misses", "evictions", "collisions", "writes", "writes_skipped", "oversized", "read_bytes")
@@ -150,7 +120,7 @@ class DiskTier:
         snapshot: Snapshot | None = None
         try:
             with path.open("rb") as file:
-                snapshot = self._read(file, key)
+                snapshot = read_snapshot(file, key, self.identity)
         except FileNotFoundError:
             with self._lock:
                 self._sizes.pop(path.name, None)
@@ -172,48 +142,6 @@ class DiskTier:
             self._counts["read_bytes"] += snapshot.n_bytes
             self._read_seconds += time.perf_counter() - began
         return snapshot
-
-    def _read(self, file: BinaryIO, key: CacheKey) -> Snapshot:
-        if file.read(len(MAGIC)) != MAGIC:
-            raise Rejected("header", "not a onepass snapshot")
-        header_bytes = _read_exactly(file, int.from_bytes(_read_exactly(file, 4), "little"))
-        if blake3.blake3(header_bytes).digest() != _read_exactly(file, DIGEST):
-            raise Rejected("header", "header checksum")
-        try:
-            header = json.loads(header_bytes)
-            n_tokens, n_payload = int(header["n_tokens"]), int(header["payload_bytes"])
-            n_mean = int(header.get("state_mean_bytes", 0))  # none in a file an older onepass wrote
-            expected = {
-                "format": FORMAT,
-                "build": self.identity.build,
-                "model": self.identity.model,
-                "kv": self.identity.kv,
-                "key": key.hex(),
-            }
-            mismatched = [field for field, value in expected.items() if header[field] != value]
-        except (ValueError, KeyError, TypeError) as error:
-            raise Rejected("header", f"unparsable header ({error})") from error
-        if mismatched:
-            raise Rejected(mismatched[0], f"written for another {mismatched[0]}")
-        if n_mean % MEAN_DTYPE.itemsize:
-            raise Rejected("header", f"a state mean of {n_mean} bytes")
-        token_bytes = _read_exactly(file, 4 * n_tokens)
-        tokens = tuple(array("i", token_bytes))  # signed: an image's cells are IMAGE_CELL
-        payload = _read_exactly(file, n_payload)
-        mean_bytes = _read_exactly(file, n_mean)
-        if file.read(1):
-            raise Rejected("truncated", "longer than its header says")
-        if blake3.blake3(token_bytes).hexdigest() != header["tokens_blake3"]:
-            raise Rejected("checksum", "tokens checksum")
-        if blake3.blake3(payload, max_threads=blake3.blake3.AUTO).hexdigest() != header["payload_blake3"]:
-            raise Rejected("checksum", "payload checksum")
-        if n_mean and blake3.blake3(mean_bytes).hexdigest() != header.get("state_mean_blake3"):
-            raise Rejected("checksum", "state mean checksum")
-        try:
-            spans = read_spans(header.get("spans"), tokens, header.get("next_pos"))
-        except ValueError as error:
-            raise Rejected("spans", str(error)) from error
-        return Snapshot(payload, tokens, _mean_of(mean_bytes) if n_mean else None, spans)
 
     def _reject(self, path: Path, rejected: Rejected) -> None:
         with contextlib.suppress(OSError):  # gone already, or not deletable: it is a miss either way
@@ -289,32 +217,13 @@ class DiskTier:
         path = self._path(key)
         if path.exists() and not replace:
             return  # written before, by this process or another
-        token_bytes = array("i", snapshot.tokens).tobytes()
-        mean_bytes = b"" if snapshot.state_mean is None else snapshot.state_mean.astype(MEAN_DTYPE).tobytes()
-        header = json.dumps(
-            {
-                "format": FORMAT,
-                "build": self.identity.build,
-                "model": self.identity.model,
-                "kv": self.identity.kv,
-                "key": key.hex(),
-                "n_tokens": snapshot.n_tokens,
-                "next_pos": snapshot.next_pos,
-                "spans": [span.entry() for span in snapshot.spans],
-                "tokens_blake3": blake3.blake3(token_bytes).hexdigest(),
-                "payload_bytes": snapshot.n_bytes,
-                "payload_blake3": blake3.blake3(snapshot.data, max_threads=blake3.blake3.AUTO).hexdigest(),
-                "state_mean_bytes": len(mean_bytes),
-                "state_mean_blake3": blake3.blake3(mean_bytes).hexdigest(),
-            }
-        ).encode()
-        parts = (MAGIC, len(header).to_bytes(4, "little"), header, blake3.blake3(header).digest())
-        if sum(map(len, parts)) + len(token_bytes) + snapshot.n_bytes + len(mean_bytes) > self.max_bytes:
+        parts = file_parts(key, snapshot, self.identity)
+        if sum(map(len, parts)) > self.max_bytes:
             self._count("oversized")  # writing it would evict every other file and then itself
             return
         # Synced, file and folder: a snapshot file is trusted after a power cut. The temporary file's name
         # is its writer's own, so two writers of one key never write into one file.
-        write_atomically(path, (*parts, token_bytes, snapshot.data, mean_bytes))
+        write_atomically(path, parts)
         size = size_of(path)
         with self._lock:
             self._sizes[path.name] = size
@@ -368,17 +277,3 @@ class DiskTier:
                 "rejected": dict(self._rejected),
                 "turned_off": dict(self._turned_off),
             }
-
-
-def _read_exactly(file: BinaryIO, n: int) -> bytes:
-    data = file.read(n)
-    if len(data) != n:
-        raise Rejected("truncated", f"{len(data)} of {n} bytes")
-    return data
-
-
-def _mean_of(data: bytes) -> NDArray[np.float32]:
-    """A state mean read from disk, in the machine's float32, read-only as the engine's are."""
-    mean = np.frombuffer(data, dtype=MEAN_DTYPE).astype(np.float32)
-    mean.flags.writeable = False
-    return mean
