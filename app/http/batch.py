@@ -30,10 +30,10 @@ from app.wire.contract import (
     BatchRequest,
     SystemOneRequest,
     errors_for_response,
-    limit_errors,
     question_set_key,
     validation_error,
 )
+from app.wire.limits import limit_errors
 
 log = logging.getLogger("onepass.batch")
 

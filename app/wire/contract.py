@@ -1,8 +1,11 @@
-"""The System One wire contract as pydantic models: validation and canonical text, no I/O.
+"""The System One wire contract: the request, response and error shapes as pydantic models, no I/O.
 
 Requests are validated here into typed questions; anything that fails becomes a 422 in
 pydantic's own error shape (`errors_for_response`). Responses are the models below (the same ones
-/openapi.json describes); app/answering/answers.py builds each answer from its probabilities.
+/openapi.json describes); app/answering/answers.py builds each answer from its probabilities, and
+app/wire/limits.py checks a request against the server's limits. What else is here is how the
+shapes read: a text's canonical form, a question's labels and texts, which rooms below answering/
+(calibration, fitting, fleet) read too.
 """
 
 from __future__ import annotations
@@ -184,29 +187,6 @@ def question_texts(question: Question) -> list[tuple[tuple[str | int, ...], Text
     elif isinstance(question, ScoreQuestion):
         texts += [(("criteria", i), level) for i, level in enumerate(question.criteria)]
     return texts
-
-
-def limit_errors(request: SystemOneRequest, max_questions: int, max_text_chars: int) -> list[dict[str, Any]]:
-    """422 details for a request beyond the server's limits, found before any inference."""
-    errors: list[dict[str, Any]] = []
-    if len(request.questions) > max_questions:
-        errors += validation_error(
-            ("questions",),
-            f"{len(request.questions)} questions; the limit is {max_questions}",
-            "too_long",
-            len(request.questions),
-        )
-    for qid, question in request.questions.items():
-        for loc, text in question_texts(question):
-            length = len(render_text(text)) if text is not None else 0
-            if length > max_text_chars:
-                errors += validation_error(
-                    ("questions", qid, question.type, *loc),
-                    f"text of {length} characters; the limit is {max_text_chars}",
-                    "string_too_long",
-                    length,
-                )
-    return errors
 
 
 # Responses: the service builds these, the wire is their JSON (fields that are None left out),
