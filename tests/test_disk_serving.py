@@ -16,15 +16,15 @@ import httpx
 import pytest
 
 from app.answering.service import ModelService
-from app.contract import SystemOneRequest
 from app.engine.disk_tier import SUFFIX
 from app.engine.ram_tier import CacheKey
 from app.engine.snapshot_file import read_snapshot
 from app.fleet.processes import READY, ServerProcess
-from tests.conftest import tiny_settings
-from tests.live import wait_for_disk_writes
-from tests.llama_calls import LlamaCalls
-from tests.loading import load_model
+from app.wire.contract import SystemOneRequest
+from tests.support.live import wait_for_disk_writes
+from tests.support.llama_calls import LlamaCalls
+from tests.support.loading import load_model
+from tests.support.settings import tiny_settings
 
 QUESTIONS: dict[str, Any] = {
     "angry": {"type": "noul", "instructions": "Is the customer angry?"},

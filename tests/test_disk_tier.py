@@ -19,7 +19,7 @@ from app.engine.disk_tier import SUFFIX, DiskTier
 from app.engine.ram_tier import CacheKey, cache_key
 from app.engine.snapshot import Snapshot
 from app.engine.snapshot_file import MAGIC, SnapshotIdentity, read_snapshot
-from tests.skip_groups import skip
+from tests.support.skip_groups import skip
 
 IDENTITY = SnapshotIdentity(build="llama-cpp-python 0.0; test", model="ab" * 32, kv="n_ctx=64")
 FLUSH_S = 30.0

@@ -1,5 +1,5 @@
 """Image states on the session cache, against real llama.cpp: tiny text models with tiny vision
-projectors (tests/tiny_vision.py), the "mlp" one (LLaVA-1.5) and the M-RoPE one (Qwen2-VL), asked
+projectors (app/platform/tiny_projector.py), the "mlp" one (LLaVA-1.5) and the M-RoPE one (Qwen2-VL), asked
 through HTTP with Jev's JSON assets. A repeated image state is a hit that runs no encoder, bit for
 bit as the miss and as cache off; after a restart it is a disk hit; another image or another
 projector is a miss; a disk header whose spans were changed is never served."""
@@ -10,9 +10,7 @@ import base64
 import hashlib
 import json
 import zlib
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from ctypes import byref
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -25,7 +23,6 @@ from starlette.testclient import TestClient
 from typesafe_sdk import Image as SdkImage
 from typesafe_sdk import Noul, RetryPolicy, TypeSafeClient
 
-from app.answering.service import ModelService
 from app.engine.bindings import EngineError
 from app.engine.disk_tier import SUFFIX
 from app.engine.kv_settings import N_UBATCH
@@ -33,18 +30,18 @@ from app.engine.llama import SuffixTokens
 from app.engine.snapshot import IMAGE_CELL, ImageSpan, Snapshot
 from app.engine.snapshot_file import MAGIC
 from app.engine.vision import ImageUnreadable, Vision
-from app.http.server import create_app
-from app.images import read_image
 from app.platform.tiny_gguf import write_tiny_gguf
+from app.platform.tiny_images import PNG_SIGNATURE, chunk, ihdr, scanlines
+from app.platform.tiny_projector import Projector, write_tiny_mmproj
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
-from tests.conftest import tiny_settings
-from tests.image_files import PNG_SIGNATURE, Stb, chunk, ihdr, jpeg, scanlines
-from tests.live import RunningServer
-from tests.test_decision import TEMPLATES, decision_gguf
-from tests.tiny_vision import Projector, write_tiny_mmproj
+from app.wire.images import read_image
+from tests.support.decision_cases import TEMPLATES, decision_gguf
+from tests.support.image_files import Stb, jpeg
+from tests.support.live import RunningServer
+from tests.support.settings import tiny_settings
+from tests.support.vision_serving import NAME, encodes, numbers, served
 
-NAME = "eyes"
 QUESTIONS: dict[str, Any] = {
     "receipt": {"type": "noul", "instructions": "Is this a receipt?"},
     "colour": {"type": "choice", "instructions": "Which colour?", "criteria": {"red": None, "blue": None}},
@@ -91,22 +88,6 @@ def files(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     )
 
 
-@contextmanager
-def served(
-    text: Path, mmproj: Path, folder: Path | None = None, **settings: Any
-) -> Iterator[tuple[TestClient, ModelService]]:
-    """An app serving the text model with the projector; `folder`: its disk tier's."""
-    disk = {"session_cache_dir": folder, "session_cache_disk_bytes": 1 << 30} if folder is not None else {}
-    spec = ModelSpec(NAME, text, settings=tiny_settings(text, mmproj=mmproj, **disk, **settings))
-    registry = ModelRegistry(ModelsConfig((spec,), NAME, 1))
-    try:
-        with TestClient(create_app(spec.settings, registry=registry)) as client:
-            registry.load(NAME)
-            yield client, registry.loaded()[NAME]
-    finally:
-        registry.close()  # the disk tier's queued writes are finished first
-
-
 def asked(image: bytes, state: str = "<photo> The paper on the table.") -> dict[str, Any]:
     """A request with one image, as Jev's JSON assets carry it."""
     asset = {"type": "image", "format": "png", "data_base64": base64.b64encode(image).decode()}
@@ -118,16 +99,6 @@ def ask(client: TestClient, image: bytes = PHOTO) -> dict[str, Any]:
     assert response.status_code == 200, response.text
     answered: dict[str, Any] = response.json()
     return answered
-
-
-def numbers(answered: dict[str, Any]) -> str:
-    """The answers, exactly: every float as JSON writes it."""
-    return json.dumps(answered["answers"], sort_keys=True)
-
-
-def encodes(service: ModelService) -> int:
-    assert service.engine.vision is not None
-    return service.engine.vision.encodes
 
 
 @pytest.mark.parametrize("layout", ["state-first", "question-first"])
@@ -325,7 +296,7 @@ def _rewrite_header(path: Path, header: dict[str, Any]) -> None:
 
 
 def test_an_image_stb_cannot_decode_is_a_422_and_the_server_answers_on(files: Files) -> None:
-    """A JPEG whose structure app/images.py takes but whose frame names a quantization table stb_image
+    """A JPEG whose structure app/wire/images.py takes but whose frame names a quantization table stb_image
     has no room for: refused at its asset, from the decoder's own reason, never a 5xx."""
     refused = bytearray(jpeg(64, 48))
     frame = next(i for i in range(2, len(refused) - 1) if refused[i] == 0xFF and refused[i + 1] == 0xC0)

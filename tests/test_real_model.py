@@ -10,16 +10,16 @@ import pytest
 from app.answering.service import ModelService, distinct_suffixes
 from app.calibration import softmax
 from app.config_sources import DEFAULT_CONFIG_PATH, load_settings
-from app.contract import SystemOneRequest, render_state
 from app.engine.disk_tier import DiskTier
 from app.engine.llama import SuffixTokens
 from app.engine.ram_tier import RamTier
 from app.engine.snapshot_file import SnapshotIdentity
 from app.serving.loading import assemble, load_spec
 from app.serving.specs import read_models_config
-from tests.conftest import isolated_settings
-from tests.llama_calls import LlamaCalls
-from tests.loading import load_model, own_prompter
+from app.wire.contract import SystemOneRequest, render_state
+from tests.support.llama_calls import LlamaCalls
+from tests.support.loading import load_model, own_prompter
+from tests.support.settings import isolated_settings
 
 pytestmark = pytest.mark.real_model
 

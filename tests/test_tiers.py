@@ -17,7 +17,7 @@ from app.engine.snapshot import Snapshot
 from app.engine.snapshot_file import SnapshotIdentity
 from app.engine.tiers import PrefixCache
 from app.errors import Cancelled
-from tests.conftest import GPU_LAYERS
+from tests.support.settings import GPU_LAYERS
 
 STOPPED = Caller(stop=threading.Event())
 STOPPED.stop.set()  # nobody waits for this caller's answer any more
