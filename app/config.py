@@ -186,6 +186,13 @@ class Settings:
         per_model=True,
         aliases=("-np", "--parallel"),
     )
+    batch_requests: bool = _option(
+        False,
+        "decode the questions of requests that wait at once in one llama_decode: more requests/s; an answer "
+        "decoded beside others moves by the spread docs/exactness.md measured and says so in x_depends_on",
+        parse_bool,
+        per_model=True,
+    )
     repack: str = _option(
         "auto",
         "ggml's repacked CPU weights: 'auto' times a prefill both ways at first start (cached per CPU, "

@@ -12,9 +12,16 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from app.answering.answers import answer_of
 from app.answering.prompter import Dependence, Plan, Prompter, Suffix, TemplateRefused, TooManyOptions
 from app.calibration import AnswerProbabilities, Calibration, Evidence, QuestionReadouts
-from app.contract import (
+from app.engine.llama import Engine, Readout, SuffixReadouts, SuffixTokens, Timing
+from app.engine.pool import RestoreError
+from app.engine.snapshot import Snapshot
+from app.engine.tiers import PrefixCache, ResolvedPrefix
+from app.errors import ApiError, InvalidRequest
+from app.wire.contract import (
+    OTHER_REQUESTS,
     Answer,
     CalibrationUsed,
     Question,
@@ -22,11 +29,7 @@ from app.contract import (
     SystemOneResponse,
     TimingMs,
     Usage,
-    answer_of,
 )
-from app.engine.llama import Engine, Readout, RestoreError, Snapshot, SuffixReadouts, SuffixTokens, Timing
-from app.engine.tiers import PrefixCache, ResolvedPrefix
-from app.errors import ApiError, InvalidRequest
 
 log = logging.getLogger("onepass.service")
 
@@ -42,6 +45,7 @@ class RequestReadouts:
     suffixes: list[SuffixTokens]
     timing: Timing
     n_decodes: int
+    beside: int = 0  # other requests whose questions shared its decode
 
     @property
     def state_mean(self) -> NDArray[np.float32] | None:
@@ -194,7 +198,7 @@ class ModelService:
             restore_ms=built.restore_ms + answered.timing.restore_ms,
             decode_ms=answered.timing.decode_ms,
         )
-        return RequestReadouts(plan, base, asked, prefix, suffixes, timing, answered.n_decodes)
+        return RequestReadouts(plan, base, asked, prefix, suffixes, timing, answered.n_decodes, answered.beside)
 
     def render(
         self, decoded: RequestReadouts, calibrated: dict[str, AnswerProbabilities], started: float, decoded_at: float
@@ -222,7 +226,10 @@ class ModelService:
             ),
             x_cache=decoded.prefix.source,
             x_layout="question-first" if plan.question_set is not None else "state-first",
-            x_depends_on=self.dependence.of([q for _, q, _ in plan.questions], question_set_fit=set_fit),
+            x_depends_on=[
+                *self.dependence.of([q for _, q, _ in plan.questions], question_set_fit=set_fit),
+                *([OTHER_REQUESTS] if decoded.beside else []),
+            ],
             x_timing_ms=TimingMs(
                 prefill=round(timing.prefill_ms, 3),
                 restore=round(timing.restore_ms, 3),

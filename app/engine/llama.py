@@ -40,6 +40,7 @@ from app.engine.kv_settings import KvSettings
 from app.engine.pool import Context, ContextPool, keeps_memory
 from app.engine.pool import RestoreError as RestoreError  # raised through the engine; the pool is its own
 from app.engine.prefill import Partial, Prefill
+from app.engine.shared_decode import SharedDecodes, SharedJob
 from app.engine.snapshot import ImageSpan, spans_fit
 from app.engine.snapshot import Snapshot as Snapshot  # the engine takes and gives snapshots: its callers' type too
 from app.engine.suffix_tree import plan_groups, suffix_rows
@@ -93,6 +94,7 @@ class SuffixReadouts:
     readouts: list[Readout]
     n_decodes: int
     timing: Timing = field(default_factory=Timing)
+    beside: int = 0  # other requests whose questions were decoded in the same llama_decode
 
 
 @dataclass(frozen=True)
@@ -116,8 +118,11 @@ class Engine:
         flash_attn: bool = False,
         probe_layer: int | Literal["middle"] | None = None,
         mmproj: Path | None = None,
+        batch_requests: bool = False,
     ) -> None:
-        """`mmproj`: a vision projector GGUF for the model; with it the model takes images."""
+        """`mmproj`: a vision projector GGUF for the model; with it the model takes images.
+        `batch_requests`: decode the questions of requests that wait at once in one llama_decode
+        (shared_decode.py)."""
         if not model_path.is_file():
             raise EngineError(f"model file not found: {model_path}")
         bindings.init()
@@ -173,6 +178,10 @@ class Engine:
             self.model, kv, threads, encoder=self.memoryless, tap=None if self.memoryless else layer
         )
         self.open_contexts(contexts)
+        # Only where every request keeps its own rows: a recurrent memory and a model without
+        # memory decode each request as they always do.
+        shares = batch_requests and self.shares_suffix_tokens and not self.memoryless
+        self._shared = SharedDecodes(self._pool, kv.n_ubatch) if shares else None
         if self.vision is not None:
             log.info(
                 "vision projector %s: images on %s positions, %s attention among an image's tokens",
@@ -253,18 +262,50 @@ class Engine:
         All suffixes go into one llama_decode when they fit; otherwise into the fewest decodes
         that respect the sequence limit and the context's free cells.
         """
+        groups = plan_groups(self.n_ctx - prefix.n_tokens, [len(suffix.tokens) for suffix in suffixes])
+        if self._shared is None or hidden or len(groups) > 1 or any(suffix.marks for suffix in suffixes):
+            with self._pool.borrow(prefix) as ctx:
+                return self._decode_alone(ctx, prefix, suffixes, groups, hidden)
+        rows, paths = suffix_rows([suffix.tokens for suffix in suffixes], prefix.next_pos, share=True)
+        caller = current()
+        job = self._shared.decode(
+            SharedJob(
+                prefix,
+                rows,
+                paths,
+                caller.lane,
+                caller.stop,
+                read=lambda ctx, at: SuffixReadouts(
+                    [self._read(ctx, path, suffix, False) for path, suffix in zip(at, suffixes, strict=True)], 1
+                ),
+                alone=lambda ctx: self._decode_alone(ctx, prefix, suffixes, groups, False),
+            )
+        )
+        found = job.result
+        assert found is not None  # decoded: else decode raised
+        if job.beside:
+            found.timing, found.beside = Timing(restore_ms=job.restore_ms, decode_ms=job.decode_ms), job.beside
+        return found
+
+    def _decode_alone(
+        self,
+        ctx: Context,
+        prefix: Snapshot,
+        suffixes: Sequence[SuffixTokens],
+        groups: list[list[int]],
+        hidden: bool,
+    ) -> SuffixReadouts:
+        """The suffixes after `prefix` held in sequence 0 of `ctx`, in the decodes `groups` plans."""
         readouts: list[Readout] = []
         timing = Timing()
-        groups = plan_groups(self.n_ctx - prefix.n_tokens, [len(suffix.tokens) for suffix in suffixes])
-        with self._pool.borrow(prefix) as ctx:
-            began = time.perf_counter()
-            ctx.hold(prefix)
-            timing.restore_ms = _ms_since(began)
-            began = time.perf_counter()
-            for group in groups:
-                current().check("a decode of questions")
-                readouts.extend(self._decode_group(ctx, prefix.next_pos, [suffixes[i] for i in group], hidden))
-            timing.decode_ms = _ms_since(began)
+        began = time.perf_counter()
+        ctx.hold(prefix)
+        timing.restore_ms = _ms_since(began)
+        began = time.perf_counter()
+        for group in groups:
+            current().check("a decode of questions")
+            readouts.extend(self._decode_group(ctx, prefix.next_pos, [suffixes[i] for i in group], hidden))
+        timing.decode_ms = _ms_since(began)
         return SuffixReadouts(readouts, len(groups), timing)
 
     def _decode_group(

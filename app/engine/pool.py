@@ -97,13 +97,17 @@ class Context:
             self.held = self.held[: position + 1]
             return
         self.clear()
+        self.restore(snapshot, 0)
+        self.held = (weakref.ref(snapshot),)
+
+    def restore(self, snapshot: Snapshot, seq: int) -> None:
+        """Restore `snapshot` into sequence `seq`, in the free cells after those in use."""
         blob = snapshot.data
         read = llama.llama_state_seq_set_data(
-            self.ctx, ctypes.cast(ctypes.c_char_p(blob), ctypes.POINTER(ctypes.c_uint8)), len(blob), 0
+            self.ctx, ctypes.cast(ctypes.c_char_p(blob), ctypes.POINTER(ctypes.c_uint8)), len(blob), seq
         )
         if read != len(blob):  # borrow clears the context on the way out: never a half-restored sequence
             raise RestoreError(f"llama.cpp restored {read} of {len(blob)} snapshot bytes")
-        self.held = (weakref.ref(snapshot),)
 
     def save(self) -> bytes:
         """Sequence 0's state (llama_state_seq_get_data): a snapshot's bytes."""
@@ -237,6 +241,15 @@ class ContextPool:
         prefix (or a prefix of it, such as the base) skips the restore. Anything that goes
         wrong on the way clears it.
         """
+        with self.borrow_unless(wanted, None) as ctx:
+            assert ctx is not None  # nothing to give up for
+            yield ctx
+
+    @contextlib.contextmanager
+    def borrow_unless(self, wanted: Snapshot | None, served: threading.Event | None) -> Iterator[Context | None]:
+        """`borrow`, but None once `served` is set while the caller waits: another borrower did the
+        caller's work meanwhile (shared_decode.py). Whoever sets it hands a context back afterwards,
+        which wakes the waiters."""
         caller = current()
         caller.check("a context was free")
         ticket = object()
@@ -244,17 +257,25 @@ class ContextPool:
             self._queues[caller.lane].append(ticket)
             try:
                 while not self._may_take(caller.lane, ticket):
+                    if served is not None and served.is_set():
+                        break
                     self._idle_changed.wait(STOP_POLL_S)
                     caller.check("a context was free")
             finally:
                 self._queues[caller.lane].remove(ticket)
                 self._idle_changed.notify_all()  # the next in line may take one now
-            if not self._contexts:
-                raise EngineError("the engine is closed")
-            holding = [ctx for ctx in self._idle if wanted is not None and ctx.position_of(wanted) is not None]
-            ctx = holding[-1] if holding else self._idle[0]
-            self._idle.remove(ctx)
-            self._lent[caller.lane] += 1
+            if served is not None and served.is_set():
+                ctx = None
+            else:
+                if not self._contexts:
+                    raise EngineError("the engine is closed")
+                holding = [c for c in self._idle if wanted is not None and c.position_of(wanted) is not None]
+                ctx = holding[-1] if holding else self._idle[0]
+                self._idle.remove(ctx)
+                self._lent[caller.lane] += 1
+        if ctx is None:
+            yield None
+            return
         lent_at = time.perf_counter()
         handed_back = False
         try:

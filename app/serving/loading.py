@@ -190,6 +190,7 @@ def load_spec(spec: ModelSpec) -> ModelService:
         flash_attn=speed.flash_attn,
         probe_layer="middle",  # the state probe fit's vector: Snapshot.state_mean
         mmproj=spec.settings.mmproj,
+        batch_requests=spec.settings.batch_requests,
     )
     try:
         prompter = prompter_for(

@@ -1,0 +1,48 @@
+"""Making requests queue up for one shared decode (app/engine/shared_decode.py): the engine's one
+context lent to another thread while they come, and waits on what the engine counts."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+
+from app.engine.llama import Engine
+
+
+def until(condition: Callable[[], bool], wait_s: float) -> None:
+    """Wait for other threads to reach a state the engine counts, within `wait_s`."""
+    tick = threading.Event()
+    for _ in range(int(wait_s / 0.01)):
+        if condition():
+            return
+        tick.wait(0.01)
+    raise AssertionError("the other threads never got there")
+
+
+def queued(engine: Engine) -> int:
+    """Requests queued for a shared decode and not yet taken."""
+    assert engine._shared is not None
+    with engine._shared._lock:
+        return len(engine._shared._queued)
+
+
+@contextlib.contextmanager
+def context_lent(engine: Engine, wait_s: float) -> Iterator[None]:
+    """The engine's one context lent to another thread inside: requests queue up meanwhile, and the first
+    of them to get the context as it comes back leads them all."""
+    got, go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with engine._pool.borrow(None):
+            got.set()
+            assert go.wait(wait_s)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert got.wait(wait_s)
+    try:
+        yield
+    finally:
+        go.set()
+        holder.join(wait_s)

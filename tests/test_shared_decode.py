@@ -1,0 +1,187 @@
+"""With `batch_requests`, the question decodes of requests that wait at once share one llama_decode: each
+request gets its own readouts, a request alone stays bit-identical to the setting off, one beside others
+says so and moves by float rounding only, and a request whose client left is not decoded for nobody. On
+real llama.cpp with the tiny model; the default model's spread is tests/test_real_model.py's."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.answering.service import ModelService
+from app.engine.caller import Caller, working_for
+from app.engine.llama import Engine, SuffixReadouts, SuffixTokens
+from app.engine.snapshot import Snapshot
+from app.errors import Cancelled
+from app.wire.contract import SystemOneRequest
+from tests.support.loading import load_model
+from tests.support.settings import tiny_settings
+from tests.support.shared_decodes import context_lent, queued, until
+
+WAIT_S = 30  # every wait here is bounded; a healthy run takes milliseconds
+N_REQUESTS = 4
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_chat_path: Path) -> Iterator[tuple[Engine, Engine]]:
+    """The same model with the setting off and on, one context each."""
+    alone = Engine(tiny_chat_path, n_ctx=2048, threads=1)
+    shared = Engine(tiny_chat_path, n_ctx=2048, threads=1, batch_requests=True)
+    yield alone, shared
+    alone.close()
+    shared.close()
+
+
+def requests(engine: Engine) -> list[tuple[Snapshot, list[SuffixTokens]]]:
+    """Prefixes of different lengths, with one to three questions that share their first tokens."""
+    made = []
+    for i in range(N_REQUESTS):
+        prefix, _ = engine.prefill([1 + (7 * i + j) % 200 for j in range(20 + 13 * i)])
+        suffixes = [SuffixTokens([5, 6, 7 + q, 8 + i], labels=[10, 11, 12]) for q in range(1 + i % 3)]
+        made.append((prefix, suffixes))
+    return made
+
+
+class Asker:
+    """A thread that decodes one request's questions for its own caller."""
+
+    def __init__(self, engine: Engine, prefix: Snapshot, suffixes: list[SuffixTokens]) -> None:
+        self.caller = Caller("interactive", threading.Event())
+        self.found: SuffixReadouts | None = None
+        self.error: Exception | None = None
+        self.thread = threading.Thread(target=self._run, args=(engine, prefix, suffixes), daemon=True)
+        self.thread.start()
+
+    def _run(self, engine: Engine, prefix: Snapshot, suffixes: list[SuffixTokens]) -> None:
+        try:
+            with working_for(self.caller):
+                self.found = engine.decode_suffixes(prefix, suffixes)
+        except Exception as error:  # the test reads it
+            self.error = error
+
+    def join(self) -> None:
+        self.thread.join(WAIT_S)
+        assert not self.thread.is_alive()
+
+
+def ask_in_line(engine: Engine, asked: list[tuple[Snapshot, list[SuffixTokens]]]) -> list[Asker]:
+    """One thread per request, each started once the one before waits for the context: they wait in
+    this order, and the first leads."""
+    askers = []
+    for prefix, suffixes in asked:
+        askers.append(Asker(engine, prefix, suffixes))
+        until(lambda: queued(engine) == len(askers) == engine._pool.waiting("interactive"), WAIT_S)
+    return askers
+
+
+def logits(found: SuffixReadouts) -> np.ndarray:
+    return np.array([r.label_logits for r in found.readouts], dtype=np.float32)
+
+
+def test_requests_that_wait_at_once_share_one_decode_and_each_gets_its_own_readouts(
+    engines: tuple[Engine, Engine],
+) -> None:
+    alone, shared = engines
+    asked = requests(shared)
+    expected = [logits(alone.decode_suffixes(*request)) for request in requests(alone)]
+    assert shared._shared is not None
+    decodes, answered = shared._shared.decodes, shared._shared.requests
+    with context_lent(shared, WAIT_S):
+        askers = ask_in_line(shared, asked)
+    for asker in askers:
+        asker.join()
+    assert [a.error for a in askers] == [None] * N_REQUESTS
+    assert shared._shared.decodes - decodes == 1  # one leader took every request
+    assert shared._shared.requests - answered == N_REQUESTS
+    for asker, want in zip(askers, expected, strict=True):
+        assert asker.found is not None
+        assert asker.found.beside == N_REQUESTS - 1
+        got = logits(asker.found)
+        assert got.shape == want.shape
+        # Float rounding only: other cells and rows change the order ggml sums in, never which values.
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
+    # The requests' own numbers, not one another's: the readouts follow their own prefixes.
+    assert len({tuple(logits(a.found).ravel().tolist()) for a in askers if a.found is not None}) == N_REQUESTS
+
+
+def test_a_request_alone_is_bit_identical_to_the_setting_off(engines: tuple[Engine, Engine]) -> None:
+    alone, shared = engines
+    for (prefix, suffixes), (own_prefix, _) in zip(requests(alone), requests(shared), strict=True):
+        want = alone.decode_suffixes(prefix, suffixes)
+        got = shared.decode_suffixes(own_prefix, suffixes)
+        assert got.beside == 0
+        assert np.array_equal(logits(got), logits(want))  # bit for bit
+        assert [r.label_mass for r in got.readouts] == [r.label_mass for r in want.readouts]
+
+
+def test_a_request_whose_client_left_is_not_decoded_and_the_others_are(engines: tuple[Engine, Engine]) -> None:
+    _, shared = engines
+    asked = requests(shared)
+    assert shared._shared is not None
+    answered = shared._shared.requests
+    with context_lent(shared, WAIT_S):
+        askers = ask_in_line(shared, asked)
+        gone = askers[1]
+        gone.caller.stop.set()  # its client went away while it waited
+    for asker in askers:
+        asker.join()
+    assert isinstance(gone.error, Cancelled)
+    assert [a.error for a in askers if a is not gone] == [None] * (N_REQUESTS - 1)
+    assert shared._shared.requests - answered == N_REQUESTS - 1
+    assert all(a.found is not None and a.found.beside == N_REQUESTS - 2 for a in askers if a is not gone)
+    assert queued(shared) == 0
+
+
+def test_the_first_in_line_leaving_does_not_fail_the_others(engines: tuple[Engine, Engine]) -> None:
+    _, shared = engines
+    asked = requests(shared)
+    with context_lent(shared, WAIT_S):
+        askers = ask_in_line(shared, asked)
+        first = askers[0]  # it would have led
+        first.caller.stop.set()
+    for asker in askers:
+        asker.join()
+    assert isinstance(first.error, Cancelled)
+    assert all(a.error is None and a.found is not None for a in askers[1:])
+
+
+class Answerer:
+    """A thread that answers one request through a ModelService, for its own caller."""
+
+    def __init__(self, service: ModelService, body: dict[str, Any]) -> None:
+        self.caller = Caller("interactive", threading.Event())
+        self.found: dict[str, Any] | None = None
+        self.thread = threading.Thread(target=self._run, args=(service, body), daemon=True)
+        self.thread.start()
+
+    def _run(self, service: ModelService, body: dict[str, Any]) -> None:
+        with working_for(self.caller):
+            self.found = service.answer(SystemOneRequest.model_validate(body)).wire()
+
+
+def test_a_response_decoded_beside_others_says_so_and_one_alone_does_not(tiny_chat_path: Path) -> None:
+    service = load_model(tiny_settings(tiny_chat_path, batch_requests=True, calibration="none"))
+    try:
+        bodies = [
+            {"model": "m", "state": f"Ticket {i}: the parcel came late.", "questions": {"q": {"type": "noul"}}}
+            for i in range(3)
+        ]
+        for body in bodies:  # cached first, so that each request below only decodes its question
+            service.answer(SystemOneRequest.model_validate(body))
+        alone = service.answer(SystemOneRequest.model_validate(bodies[0])).wire()
+        assert "other_requests" not in alone["x_depends_on"]
+        with context_lent(service.engine, WAIT_S):
+            answerers = []
+            for body in bodies:
+                answerers.append(Answerer(service, body))
+                until(lambda: queued(service.engine) == len(answerers), WAIT_S)
+        for answerer in answerers:
+            answerer.thread.join(WAIT_S)
+        assert all(a.found is not None and a.found["x_depends_on"][-1] == "other_requests" for a in answerers)
+    finally:
+        service.close()
