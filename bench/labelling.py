@@ -28,21 +28,22 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from app.calibration import Calibration, Evidence, FitRecord, FitsFound, fits_among
+from app.calibration import Calibration, Evidence, FitRecord, FitsFound, FitStore, fits_among
 from app.calibration.candidates import ProbeCandidate
 from app.calibration.evidence import Example, example_of
 from app.fitting.examples import UserExample
 from app.fitting.runner import fit_all
-from app.labelling import ranking
-from app.labelling.ranking import directions, next_to_label, worths
+from app.labelling.ranking import directions
+from app.labelling.step import answered, content, drawn_states, picked, refit
 from app.wire.contract import SystemOneRequest
 from bench.calibration_study import TEST, fitting_at, load, load_hidden, parsed
 from bench.evidence import OUT as EVIDENCE
@@ -78,6 +79,8 @@ class Data:
     questions: dict[str, Any]
     pool: tuple[list[UserExample], list[dict[str, Evidence]]]
     test: tuple[list[UserExample], list[dict[str, Evidence]]]
+    # the pool's states as a states file holds them (state and questions): what decides which are drawn
+    items: list[dict[str, Any]] = field(default_factory=list)
 
 
 def workloads(names: Sequence[str] | None) -> tuple[dict[str, Data], float, str]:
@@ -101,8 +104,14 @@ def workloads(names: Sequence[str] | None) -> tuple[dict[str, Data], float, str]
             examples, evidence = parsed(name, test["workloads"][name], test_hidden, fresh)
             held_examples += examples
             held_evidence += evidence
-        found[name] = Data(workload["questions"], parsed(name, workload, hidden), (held_examples, held_evidence))
+        pool = parsed(name, workload, hidden)
+        found[name] = Data(workload["questions"], pool, (held_examples, held_evidence), states_of(workload))
     return found, float(data["calibration_temperature"]), str(data["fingerprint"])
+
+
+def states_of(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    """A workload's states as a states file for `onepass label` holds them: each state with the questions."""
+    return [{"state": item["state"], "questions": workload["questions"]} for item in workload["items"]]
 
 
 def fitted(
@@ -153,24 +162,27 @@ def scored(calibration: Calibration, records: dict[str, FitRecord], test: Pair) 
 
 
 def ranked(calibration: Calibration, data: Data, sizes: Sequence[int], progress: Progress) -> dict[int, Any]:
-    """The loop `onepass label` runs, labels standing in for the user's: rank, label a batch, refit."""
+    """The loop `onepass label` runs, labels standing in for the user's: its step (app/labelling/step.py)
+    of answering the states with the fits stored now, picking a batch, and refitting, with the fits
+    stored in a folder of their own as a served model's are."""
     examples, evidence = data.pool
     request = examples[0].request
     unit = directions([next(iter(row.values())).state_mean for row in evidence])
-    offered = ranking.drawn([str(example.request.state) for example in examples])
+    offered = drawn_states([content(item) for item in data.items])
     examples = [replace(e, drawn=i in set(offered)) for i, e in enumerate(examples)]
     labelled: list[int] = []
-    records: dict[str, FitRecord] = {}
     found = {}
-    while len(labelled) < max(sizes):
-        fits = fits_of(records, request)
-        worth = worths([calibration.answer_evidence(request.questions, row, fits, COVERAGE) for row in evidence])
-        upto = min(size for size in sizes if size > len(labelled))
-        labelled += next_to_label(worth, unit, labelled, min(BATCH, upto - len(labelled)), offered)
-        records = fitted(calibration, [examples[i] for i in labelled], [evidence[i] for i in labelled])
-        if len(labelled) in sizes:
-            found[len(labelled)] = scored(calibration, records, data.test)
-            progress.step(f"ranked {len(labelled)}")
+    with tempfile.TemporaryDirectory(prefix="bench-labelling-") as folder:
+        fits = FitStore(Path(folder), "bench")
+        stored = Calibration(calibration.mode, calibration.temperature, calibration.priors, fits, COVERAGE)
+        while len(labelled) < max(sizes):
+            answers = [answered(stored, request.questions, row, same_set=False) for row in evidence]
+            upto = min(size for size in sizes if size > len(labelled))
+            labelled += picked(answers, unit, labelled, min(BATCH, upto - len(labelled)), offered)
+            refit(stored, [examples[i] for i in labelled], [evidence[i] for i in labelled])
+            if len(labelled) in sizes:
+                found[len(labelled)] = scored(calibration, {r.key: r for r in fits.records()}, data.test)
+                progress.step(f"ranked {len(labelled)}")
     return found
 
 

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.answering.service import ModelService
-from app.calibration import Evidence
+from app.calibration import Calibration, Evidence, FitRecord
 from app.fitting.examples import UserExample
-from app.fitting.runner import answer_all, fit_all, journal_for, store_all
+from app.fitting.runner import QuestionReport, answer_all, fit_all, journal_for, store_all
 from app.jobs import BackgroundJob
 from app.progress import Progress
 from app.wire.contract_jobs import CalibrationJob, FitError, FitReport, StoredFit
@@ -36,10 +36,6 @@ class FitWork:
     errors: list[FitError] = field(default_factory=list)  # the questions that could not be fitted or stored
     # the examples' evidence where it is known already (a labelling session keeps it): nothing is answered
     evidence: list[dict[str, Evidence]] | None = None
-    # A question fitted on labels without adopting a fit drops the fit stored for it (a labelling
-    # session's refits, where the latest labels decide); else an earlier fit stays, as `onepass
-    # calibrate` leaves it.
-    drops_unadopted: bool = False
 
     def __post_init__(self) -> None:
         self.progress = Progress(len(self.examples), show=False)
@@ -58,17 +54,21 @@ class FitWork:
             else:
                 self.reused = len(evidence)
                 self.progress.skip(len(evidence))
-            reports, records = fit_all(self.examples, evidence, service.calibration, self.question_set, self.cancel)
-            stored, reports = store_all(store, reports, records)
-            if self.drops_unadopted:
-                for r in reports:
-                    if r.choice is not None and not r.choice.adopted and r.error is None:
-                        store.forget(r.key)
+            stored, reports = self.fit(service.calibration, evidence)
         self.fits = [StoredFit(id=r.id, key=r.key, method=r.method, examples=r.examples) for r in stored]
         report = [FitReport.model_validate(r.to_json()) for r in reports]
         self.errors = [FitError(key=r.key, name=r.name, ids=r.ids, error=r.error) for r in report if r.error]
         self.report = report
         return "done, with errors" if self.errors else "done"
+
+    def fit(
+        self, calibration: Calibration, evidence: list[dict[str, Evidence]]
+    ) -> tuple[list[FitRecord], list[QuestionReport]]:
+        """Fit the examples and store the adopted fits in the calibration's store (an earlier fit of a
+        question that adopts none stays, as `onepass calibrate` leaves it): the stored records, the reports."""
+        assert calibration.store is not None
+        reports, records = fit_all(self.examples, evidence, calibration, self.question_set, self.cancel)
+        return store_all(calibration.store, reports, records)
 
     def stop(self) -> None:
         self.cancel.set()

@@ -26,7 +26,6 @@ from app.calibration import MIN_LABELLED, AnswerProbabilities, Calibration, Evid
 from app.errors import InvalidRequest
 from app.fitting.examples import (
     DRAWN_KEY,
-    IMAGE_FIELDS,
     ExampleError,
     UserExample,
     json_lines,
@@ -34,14 +33,13 @@ from app.fitting.examples import (
     right_index,
 )
 from app.fitting.jobs import FitWork, Lease
-from app.fitting.runner import answer_all, journal_for
+from app.fitting.runner import QuestionReport, answer_all, journal_for
 from app.jobs import BackgroundJob, JobRegistry
 from app.labelling.labels import LabelsFile
-from app.labelling.ranking import directions, drawn, next_to_label, worths
-from app.wire.contract import canonical_json
+from app.labelling.ranking import directions
+from app.labelling.step import CONTENT_KEYS, answered, content, drawn_states, picked, refit
 
 log = logging.getLogger("onepass.label")
-CONTENT_KEYS = ("state", "questions", *IMAGE_FIELDS)  # what a label line repeats of its state
 # What a label did to the refits: started one, or it is owed one (after the refit running now, once the
 # states are answered), or none will run (the server is stopping).
 REFIT_STARTED, REFIT_PENDING, REFIT_AFTER_ANSWERING, REFIT_CLOSED = (
@@ -79,11 +77,6 @@ class LabellingFiles:
     labels: LabelsFile
 
 
-def content(item: Mapping[str, Any]) -> str:
-    """A state's content as a label line repeats it: its state, questions and images."""
-    return canonical_json({k: item[k] for k in CONTENT_KEYS if k in item})
-
-
 @dataclass
 class _Answering(FitWork):
     """Every state answered once (the journal keeps each as it is answered); fits nothing."""
@@ -113,6 +106,11 @@ class _Refit(FitWork):
 
     session: LabellingSession | None = None
 
+    def fit(
+        self, calibration: Calibration, evidence: list[dict[str, Evidence]]
+    ) -> tuple[list[FitRecord], list[QuestionReport]]:
+        return refit(calibration, self.examples, evidence, self.cancel)  # the labelling loop's step
+
     def run(self) -> str:
         assert self.session is not None
         try:
@@ -134,8 +132,8 @@ class LabellingSession:
         # Each state's content, images included, is serialized here once: the states never change, and
         # the labels stored later are made from them.
         contents = {n: content(states.items[n]) for n in self.order}
-        # the states offered at random (ranking.drawn), as indices into `order` and as lines
-        self.drawn = drawn([contents[n] for n in self.order])
+        # the states offered at random (step.drawn_states), as indices into `order` and as lines
+        self.drawn = drawn_states([contents[n] for n in self.order])
         self.drawn_lines = {self.order[i] for i in self.drawn}
         self._question_keys = {
             n: {qid: question_key(q) for qid, q in states.examples[n].request.questions.items()} for n in self.order
@@ -250,7 +248,7 @@ class LabellingSession:
         labelled = self.labelled()
         examples = [labelled[n] for n in sorted(labelled)]
         evidence = [self._evidence[n] for n in sorted(labelled)]
-        work = _Refit(self.model, self.lease, examples, False, evidence=evidence, drops_unadopted=True, session=self)
+        work = _Refit(self.model, self.lease, examples, False, evidence=evidence, session=self)
         self.refit = self.jobs.start(work)
 
     def refit_ended(self) -> None:
@@ -290,8 +288,7 @@ class LabellingSession:
     def _answer(
         self, calibration: Calibration, n: int, row: dict[str, Evidence], same_set: bool
     ) -> dict[str, AnswerProbabilities]:
-        questions = self.states.examples[n].request.questions
-        return calibration.answer_evidence(questions, row, calibration.fits_for(questions, same_set=same_set))
+        return answered(calibration, self.states.examples[n].request.questions, row, same_set)
 
     # --- what the user sees -------------------------------------------------------------------
 
@@ -331,9 +328,9 @@ class LabellingSession:
             return []
         labelled = set(self.labelled())
         passed = {n for n in skipped if n in self.states.items and n not in labelled}
-        worth_of = worths([answers[n] for n in self.order])
         done = [i for i, n in enumerate(self.order) if n in labelled]
-        found = [self.order[i] for i in next_to_label(worth_of, unit, done, count + len(passed), self.drawn)]
+        chosen = picked([answers[n] for n in self.order], unit, done, count + len(passed), self.drawn)
+        found = [self.order[i] for i in chosen]
         return [n for n in found if n not in passed][:count]
 
     def questions(self, coverage: float, labelled: Mapping[int, UserExample]) -> list[dict[str, Any]]:
