@@ -222,7 +222,8 @@ class Settings:
     )
     session_cache_dir: Path = _option(
         DEFAULT_SNAPSHOT_DIR,
-        "folder of the session cache's disk tier, one subfolder per model (may be shared by several servers)",
+        "folder of the session cache's disk tier, one subfolder per model file and projector (a --mmproj "
+        "given, changed or dropped starts another one; may be shared by several servers)",
         parse_path,
         per_model=True,
     )
@@ -255,8 +256,9 @@ class Settings:
     calibration_dir: Path = _option(
         DEFAULT_FITS_DIR,
         "folder of the calibrations fitted to your examples (POST /v1/calibrations, onepass calibrate), one "
-        "subfolder per model file, each fit valid only for the prompt it was fitted under (may be shared by "
-        "several servers)",
+        "subfolder per model file and projector (a --mmproj given, changed or dropped starts another one: "
+        "fits made without it are not used with it), each fit valid only for the prompt it was fitted under "
+        "(may be shared by several servers)",
         parse_path,
         per_model=True,
     )

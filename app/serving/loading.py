@@ -192,6 +192,15 @@ def load_spec(spec: ModelSpec) -> ModelService:
         mmproj=spec.settings.mmproj,
         batch_requests=spec.settings.batch_requests,
     )
+    if spec.settings.mmproj is not None:
+        # The folder's name holds the projector's fingerprint too: what was kept without this
+        # projector (or with another) is not found here, and a user who just added one should know.
+        log.info(
+            "%s: with its projector, fits and snapshots are kept in %s/ (the model file and projector "
+            "together): those made without it, or with another, are not used",
+            spec.name,
+            model_folder(spec, engine),
+        )
     try:
         prompter = prompter_for(
             engine, spec.settings.template, read_context(spec.settings.context_path), spec.settings.layout
