@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 import warnings
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
@@ -276,3 +277,10 @@ def test_no_test_module_imports_another() -> None:
     for path in sorted(TESTS.rglob("*.py")):
         found = sorted(module for module in imported_modules(path) if is_test_module(module))
         assert not found, f"tests/{path.relative_to(TESTS)} imports {found}: move what it shares into tests/support/"
+
+
+def test_every_room_is_installed() -> None:
+    """A room missing from pyproject's packages is there in a checkout and gone from an installed onepass."""
+    declared = set(tomllib.loads((APP.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    rooms = {".".join(("app", *p.parent.relative_to(APP).parts)) for p in APP.rglob("__init__.py")}
+    assert rooms - declared == set(), f"pyproject.toml's packages leave out {sorted(rooms - declared)}"
