@@ -90,7 +90,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?=
 PORT ?=
 
-.PHONY: api-examples setup vulkan-deps bench-native bench-throughput test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-images bench-exactness bench-impatient bench-fleet bench-calibration bench-labelling eval load check-gpu clean clean-build
+.PHONY: api-examples setup vulkan-deps bench-native bench-throughput test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-images bench-exactness bench-shared-decode bench-impatient bench-fleet bench-calibration bench-labelling eval load check-gpu clean clean-build
 
 # `make setup` records the choice even when that build is installed already (choosing it again).
 setup: $(INSTALL_STAMP)
@@ -286,6 +286,12 @@ bench-impatient: model $(BENCH_STAMP)
 # make bench-exactness BENCH_ARGS=--quick: short states, one placement each.
 bench-exactness: model $(BENCH_STAMP)
 	$(BIN)/python -m bench.cross_request_exactness $(BENCH_ARGS)
+
+# What one llama_decode of 16 waiting requests (batch_requests) is worth against one after another, through the
+# engine's own path, per kernel setting, and the largest probability gap it makes (docs/exactness.md):
+# bench/results/<date>-<sha>-shared-decode-cost.{json,md}. BENCH_ARGS="--requests N --runs N".
+bench-shared-decode: model $(BENCH_STAMP)
+	$(BIN)/python -m bench.shared_decode_cost $(BENCH_ARGS)
 
 # Simulated, no model, seconds: cache hit rate and prefill saved against fleet size (1 to 64 replicas) for
 # round robin, least connections and HAProxy's bounded-load hashing; bench/results/fleet-sim.{json,md,png}

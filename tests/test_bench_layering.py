@@ -27,6 +27,7 @@ LAYERS: list[set[str]] = [
         "image_states",
         "priority_facts",
         "cross_request_exactness",
+        "shared_decode_cost",
         "impatient",
     },
     # what builds on a scenario's pieces: the labelling loop on calibration_study's evidence
