@@ -20,18 +20,19 @@ from app.http.batch import parse_items, schedule
 from app.http.runtime import Runtime
 from app.http.server import create_app
 from app.platform.tiny_images import png
-from app.serving.registry import ModelRegistry
+from app.serving.registry import Intercept, ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
 from tests.support.batches import URGENT, WAIT, alone, batch, runtime_of, settled, ticket
-from tests.support.interceptors import Doorman, FaultyService
+from tests.support.interceptors import Doorman, Faulty
 from tests.support.llama_calls import LlamaCalls
 from tests.support.settings import isolated_settings, tiny_settings
 
 PHOTO = {"type": "image", "format": "png", "data_base64": base64.b64encode(png()).decode()}
 
 
-def app_with(service: ModelService, path: Path, **settings: Any) -> Any:
-    return create_app(tiny_settings(path, **settings), registry=ModelRegistry.serving(service))
+def app_with(service: ModelService, path: Path, intercept: Intercept | None = None, **settings: Any) -> Any:
+    registry = ModelRegistry.serving(service, intercept=intercept)
+    return create_app(tiny_settings(path, **settings), registry=registry)
 
 
 def until(runtime: Runtime, condition: Callable[[], bool]) -> None:
@@ -100,7 +101,7 @@ def test_each_bad_request_fails_alone_with_the_error_it_gets_alone(
 
 def test_a_fault_inside_llama_cpp_fails_that_request_only(tiny_service: ModelService, tiny_chat_path: Path) -> None:
     requests = [ticket(i, f"fault {i}") for i in range(3)]
-    with TestClient(app_with(FaultyService(tiny_service), tiny_chat_path)) as client:
+    with TestClient(app_with(tiny_service, tiny_chat_path, Faulty())) as client:
         results = batch(client, requests).json()["results"]
         internal = {"error_type": "internal_error", "message": "internal error; see the server log"}
         assert results[0] == {"error": {"status": 500, "detail": internal}}
@@ -110,10 +111,10 @@ def test_a_fault_inside_llama_cpp_fails_that_request_only(tiny_service: ModelSer
 def test_repeated_states_are_answered_together_and_results_come_in_the_request_order(
     tiny_service: ModelService, tiny_chat_path: Path
 ) -> None:
-    doorman = Doorman(tiny_service)
+    doorman = Doorman()
     order = ["schedule a", "schedule b", "schedule a", "schedule c", "schedule b", "schedule a"]
     requests = [ticket(1, subject) for subject in order]
-    with TestClient(app_with(doorman, tiny_chat_path)) as client:
+    with TestClient(app_with(tiny_service, tiny_chat_path, doorman)) as client:
         results = batch(client, requests).json()["results"]
         entered = doorman.wait_entered(6)
         assert entered == [f"Ticket about {s}: please help." for s in sorted(order)]
@@ -131,11 +132,11 @@ def test_one_text_with_other_images_is_another_state_in_the_order(tiny_chat_path
 def test_a_batch_may_name_several_models_and_each_model_answers_its_own_together(
     tiny_service: ModelService, tiny_chat_path: Path
 ) -> None:
-    doorman = Doorman(tiny_service)
+    doorman = Doorman()
     specs = tuple(
         ModelSpec(name, tiny_chat_path, settings=isolated_settings(session_cache_disk_bytes=0)) for name in "xy"
     )
-    registry = ModelRegistry(ModelsConfig(specs, "x", 2), loader=lambda spec: doorman)
+    registry = ModelRegistry(ModelsConfig(specs, "x", 2), loader=lambda spec: tiny_service, intercept=doorman)
     requests = [ticket(1, f"{model} {i}", model=model) for i, model in enumerate("xyxyx")]
     with TestClient(create_app(tiny_settings(tiny_chat_path), registry=registry)) as client:
         results = batch(client, requests).json()["results"]
@@ -162,11 +163,13 @@ def test_the_batch_itself_is_checked_first(tiny_service: ModelService, tiny_chat
 def test_a_large_batch_runs_as_a_job_with_progress_then_results_in_order(
     tiny_service: ModelService, tiny_chat_path: Path
 ) -> None:
-    doorman = Doorman(tiny_service)
+    doorman = Doorman()
     requests = [ticket(i, f"job {i}") for i in range(6)]
     requests[1] = ticket(1, "job 1", model="gpt-5")
     doorman.held.add("Ticket about job 3: please help.")
-    with TestClient(app_with(doorman, tiny_chat_path, max_sync_batch_items=4, max_batch_jobs=1)) as client:
+    with TestClient(
+        app_with(tiny_service, tiny_chat_path, doorman, max_sync_batch_items=4, max_batch_jobs=1)
+    ) as client:
         started = batch(client, requests)
         assert started.status_code == 202
         location = started.headers["location"]
@@ -193,10 +196,13 @@ def test_a_large_batch_runs_as_a_job_with_progress_then_results_in_order(
 def test_cancelling_a_job_stops_it_and_keeps_what_was_answered(
     tiny_service: ModelService, tiny_chat_path: Path, llama_calls: LlamaCalls
 ) -> None:
-    doorman = Doorman(tiny_service)
+    doorman = Doorman()
     requests = [ticket(i, f"cancel {i}") for i in range(5)]
     doorman.until_cancelled.add("Ticket about cancel 1: please help.")
-    with TestClient(app_with(doorman, tiny_chat_path, max_sync_batch_items=2)) as client, ThreadPoolExecutor(1) as pool:
+    with (
+        TestClient(app_with(tiny_service, tiny_chat_path, doorman, max_sync_batch_items=2)) as client,
+        ThreadPoolExecutor(1) as pool,
+    ):
         started = batch(client, requests).json()
         doorman.wait_entered(2)
         decodes = llama_calls.decodes
@@ -211,10 +217,13 @@ def test_cancelling_a_job_stops_it_and_keeps_what_was_answered(
 
 
 def test_a_batch_counts_as_its_size_against_admission(tiny_service: ModelService, tiny_chat_path: Path) -> None:
-    doorman = Doorman(tiny_service)
+    doorman = Doorman()
     first = "Ticket about admission 0: please help."
     doorman.held.add(first)
-    with TestClient(app_with(doorman, tiny_chat_path, max_queue=3)) as client, ThreadPoolExecutor(2) as pool:
+    with (
+        TestClient(app_with(tiny_service, tiny_chat_path, doorman, max_queue=3)) as client,
+        ThreadPoolExecutor(2) as pool,
+    ):
         runtime = runtime_of(client)  # contexts 1 + max_queue 3: four places
         single = pool.submit(client.post, "/v1/systemone", json=ticket(0, "admission 0"))
         doorman.wait_entered(1)
@@ -240,11 +249,11 @@ def test_a_batch_counts_as_its_size_against_admission(tiny_service: ModelService
 def test_a_single_request_waits_for_the_batch_request_running_not_for_the_batch(
     tiny_service: ModelService, tiny_chat_path: Path
 ) -> None:
-    doorman = Doorman(tiny_service)
+    doorman = Doorman()
     states = [f"Ticket about starve {i}: please help." for i in range(3)]
     single = "Ticket about starve single: please help."
     doorman.held |= {states[0], single}
-    with TestClient(app_with(doorman, tiny_chat_path)) as client, ThreadPoolExecutor(2) as pool:
+    with TestClient(app_with(tiny_service, tiny_chat_path, doorman)) as client, ThreadPoolExecutor(2) as pool:
         runtime = runtime_of(client)
         answered = pool.submit(batch, client, [ticket(i, f"starve {i}") for i in range(3)])
         assert doorman.wait_entered(1) == states[:1]
@@ -263,10 +272,10 @@ def test_a_single_request_waits_for_the_batch_request_running_not_for_the_batch(
 def test_a_batch_out_of_time_answers_what_it_could_and_times_out_the_rest(
     tiny_service: ModelService, tiny_chat_path: Path
 ) -> None:
-    doorman = Doorman(tiny_service)
+    doorman = Doorman()
     requests = [ticket(i, f"budget {i}") for i in range(3)]
     doorman.until_cancelled.add("Ticket about budget 1: please help.")
-    with TestClient(app_with(doorman, tiny_chat_path, batch_timeout=2.0)) as client:
+    with TestClient(app_with(tiny_service, tiny_chat_path, doorman, batch_timeout=2.0)) as client:
         first = alone(client, requests[0])  # answered again from the cache, well within the budget
         results = batch(client, requests).json()["results"]
         assert settled(results[0]) == first

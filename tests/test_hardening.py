@@ -20,10 +20,10 @@ from app.answering.service import ModelService
 from app.engine.caller import current
 from app.fleet.processes import READY, ServerProcess
 from app.http.server import create_app
-from app.serving.registry import ModelRegistry
+from app.serving.registry import Intercept, ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
-from app.wire.contract import SystemOneRequest, SystemOneResponse
-from tests.support.interceptors import FaultyService
+from app.wire.contract import SystemOneRequest
+from tests.support.interceptors import Faulty
 from tests.support.live import RunningServer
 from tests.support.llama_calls import LlamaCalls
 from tests.support.settings import isolated_settings, tiny_settings
@@ -35,47 +35,49 @@ BODY: dict[str, Any] = {
 }
 
 
-class HeldService(ModelService):
-    """The real service, held at the door until the test lets each request through."""
+class Held:
+    """An intercept (app/serving/registry.py): each request answered waits at the door until the test lets it
+    through, and what it saw of its cancellation is kept."""
 
-    def __init__(self, inner: ModelService) -> None:
-        self.__dict__.update(inner.__dict__)
+    def __init__(self) -> None:
         self.entered = threading.Event()
         self.release = threading.Event()
         self.passed = threading.Event()
         self.saw_cancel: list[bool] = []
 
-    def answer(self, request: SystemOneRequest) -> SystemOneResponse:
+    def __call__(self, service: ModelService, request: SystemOneRequest | None) -> None:
+        if request is None:
+            return  # a lease for no one request: the model's load at startup
         self.entered.set()
         self.release.wait(30)
         self.saw_cancel.append(current().stopped)
         self.passed.set()
-        return super().answer(request)
 
 
-class CancelWatchingService(ModelService):
-    """The real service, which first waits (bounded) to be told nobody needs its answer any more."""
+class CancelWatching:
+    """An intercept: each request first waits (bounded) to be told nobody needs its answer any more."""
 
-    def __init__(self, inner: ModelService) -> None:
-        self.__dict__.update(inner.__dict__)
+    def __init__(self) -> None:
         self.entered = threading.Event()
         self.passed = threading.Event()
         self.saw_cancel: list[bool] = []
 
-    def answer(self, request: SystemOneRequest) -> SystemOneResponse:
+    def __call__(self, service: ModelService, request: SystemOneRequest | None) -> None:
+        if request is None:
+            return  # a lease for no one request: the model's load at startup
         self.entered.set()
         self.saw_cancel.append(current().stop.wait(30))
         self.passed.set()
-        return super().answer(request)
 
 
 @pytest.fixture
-def held(tiny_service: ModelService) -> HeldService:
-    return HeldService(tiny_service)
+def held() -> Held:
+    return Held()
 
 
-def app_with(service: ModelService, path: Path, **settings: Any) -> Any:
-    return create_app(tiny_settings(path, **settings), registry=ModelRegistry.serving(service))
+def app_with(service: ModelService, path: Path, intercept: Intercept | None = None, **settings: Any) -> Any:
+    registry = ModelRegistry.serving(service, intercept=intercept)
+    return create_app(tiny_settings(path, **settings), registry=registry)
 
 
 def test_too_many_questions_and_too_long_texts_are_422_before_inference(
@@ -120,8 +122,11 @@ def test_several_keys_from_a_file_guard_every_route_but_the_probes_and_none_is_l
     assert not any(key in caplog.text for key in ("alpha-key", "beta-key", "gamma-key"))
 
 
-def test_a_full_queue_answers_503_with_retry_after(held: HeldService, tiny_chat_path: Path) -> None:
-    with TestClient(app_with(held, tiny_chat_path, max_queue=0)) as client, ThreadPoolExecutor(1) as pool:
+def test_a_full_queue_answers_503_with_retry_after(
+    held: Held, tiny_service: ModelService, tiny_chat_path: Path
+) -> None:
+    app = app_with(tiny_service, tiny_chat_path, held, max_queue=0)
+    with TestClient(app) as client, ThreadPoolExecutor(1) as pool:
         first = pool.submit(client.post, "/v1/systemone", json=BODY)
         assert held.entered.wait(30)
         busy = client.post("/v1/systemone", json=BODY)
@@ -133,9 +138,12 @@ def test_a_full_queue_answers_503_with_retry_after(held: HeldService, tiny_chat_
         assert client.post("/v1/systemone", json=BODY).status_code == 200
 
 
-def test_a_prompt_too_long_is_422_while_its_model_is_full(held: HeldService, tiny_chat_path: Path) -> None:
+def test_a_prompt_too_long_is_422_while_its_model_is_full(
+    held: Held, tiny_service: ModelService, tiny_chat_path: Path
+) -> None:
     too_long = BODY | {"state": "word " * 9000}  # more tokens than the tiny model's 8192-token context
-    with TestClient(app_with(held, tiny_chat_path, max_queue=0)) as client, ThreadPoolExecutor(1) as pool:
+    app = app_with(tiny_service, tiny_chat_path, held, max_queue=0)
+    with TestClient(app) as client, ThreadPoolExecutor(1) as pool:
         first = pool.submit(client.post, "/v1/systemone", json=BODY)
         assert held.entered.wait(30)  # the model's one place is taken
         assert client.post("/v1/systemone", json=BODY).status_code == 503
@@ -152,14 +160,16 @@ def test_a_prompt_too_long_is_422_while_its_model_is_full(held: HeldService, tin
 
 
 def test_admission_is_per_model_a_busy_model_does_not_turn_away_another(
-    held: HeldService, tiny_service: ModelService, tiny_chat_path: Path
+    held: Held, tiny_service: ModelService, tiny_chat_path: Path
 ) -> None:
     specs = (
         ModelSpec("busy", tiny_chat_path, settings=isolated_settings(contexts=1, session_cache_disk_bytes=0)),
         ModelSpec("idle", tiny_chat_path, settings=isolated_settings(contexts=1, session_cache_disk_bytes=0)),
     )
     registry = ModelRegistry(
-        ModelsConfig(specs, "busy", 2), loader=lambda spec: held if spec.name == "busy" else tiny_service
+        ModelsConfig(specs, "busy", 2),
+        loader=lambda spec: tiny_service,
+        intercept=lambda service, request: held(service, request) if request and request.model == "busy" else None,
     )
     app = create_app(tiny_settings(tiny_chat_path, max_queue=0), registry=registry)
     with TestClient(app) as client, ThreadPoolExecutor(1) as pool:
@@ -174,9 +184,9 @@ def test_admission_is_per_model_a_busy_model_does_not_turn_away_another(
 
 
 def test_a_request_past_its_timeout_is_504_and_its_work_is_dropped(
-    held: HeldService, tiny_chat_path: Path, llama_calls: LlamaCalls
+    held: Held, tiny_service: ModelService, tiny_chat_path: Path, llama_calls: LlamaCalls
 ) -> None:
-    with TestClient(app_with(held, tiny_chat_path, request_timeout=0.2)) as client:
+    with TestClient(app_with(tiny_service, tiny_chat_path, held, request_timeout=0.2)) as client:
         before = llama_calls.decodes
         response = client.post("/v1/systemone", json=BODY | {"state": "a state for the timeout test"})
         assert response.status_code == 504
@@ -190,8 +200,8 @@ def test_a_request_past_its_timeout_is_504_and_its_work_is_dropped(
 def test_a_client_that_disconnects_leaves_no_work_running(
     tiny_service: ModelService, tiny_chat_path: Path, llama_calls: LlamaCalls
 ) -> None:
-    watching = CancelWatchingService(tiny_service)
-    running = RunningServer(tiny_settings(tiny_chat_path), ModelRegistry.serving(watching))
+    watching = CancelWatching()
+    running = RunningServer(tiny_settings(tiny_chat_path), ModelRegistry.serving(tiny_service, intercept=watching))
     try:
         body = json.dumps(BODY | {"state": "a state for the disconnect test"}).encode()
         port = int(running.base_url.rsplit(":", 1)[1])
@@ -213,8 +223,7 @@ def test_a_client_that_disconnects_leaves_no_work_running(
 def test_a_fault_inside_llama_cpp_fails_that_request_only(tiny_service: ModelService, tiny_chat_path: Path) -> None:
     with TestClient(app_with(tiny_service, tiny_chat_path)) as client:
         expected = client.post("/v1/systemone", json=BODY).json()["answers"]
-    faulty = FaultyService(tiny_service)
-    with TestClient(app_with(faulty, tiny_chat_path), raise_server_exceptions=False) as client:
+    with TestClient(app_with(tiny_service, tiny_chat_path, Faulty()), raise_server_exceptions=False) as client:
         failed = client.post("/v1/systemone", json=BODY)
         assert failed.status_code == 500
         assert failed.json() == {
@@ -224,7 +233,7 @@ def test_a_fault_inside_llama_cpp_fails_that_request_only(tiny_service: ModelSer
 
 
 def test_an_internal_error_keeps_the_keep_alive_connection(tiny_service: ModelService, tiny_chat_path: Path) -> None:
-    running = RunningServer(tiny_settings(tiny_chat_path), ModelRegistry.serving(FaultyService(tiny_service)))
+    running = RunningServer(tiny_settings(tiny_chat_path), ModelRegistry.serving(tiny_service, intercept=Faulty()))
     host, port = running.base_url.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=60)
     try:

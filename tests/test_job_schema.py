@@ -5,9 +5,7 @@ checked against that document as schemathesis reads it (tiny model, real llama.c
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ from app.answering.service import ModelService
 from app.calibration import question_key
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
-from app.wire.contract import NoulQuestion
+from app.wire.contract import NoulQuestion, SystemOneRequest
 from tests.support.batches import WAIT, alone, batch, runtime_of, settled, ticket
 from tests.support.fit_examples import URGENT, examples, served
 from tests.support.fit_faults import fail_fitting
@@ -56,8 +54,8 @@ class Breakable(ModelRegistry):
 def test_a_batch_job_matches_the_schema_running_done_failed_and_cancelled(
     tiny_service: ModelService, tiny_chat_path: Path
 ) -> None:
-    doorman = Doorman(tiny_service)
-    registry = Breakable.serving(doorman)
+    doorman = Doorman()
+    registry = Breakable.serving(tiny_service, intercept=doorman)
     settings = tiny_settings(tiny_chat_path, max_sync_batch_items=1)
     job_path, post_path = "/v1/systemone/jobs/{id}", "/v1/systemone"
     with TestClient(create_app(settings, registry=registry)) as client, ThreadPoolExecutor(1) as pool:
@@ -101,24 +99,25 @@ def test_a_batch_job_matches_the_schema_running_done_failed_and_cancelled(
         assert (cancelled["status"], cancelled["results"]) == ("cancelled", [None, None])
 
 
-class Gated(ModelRegistry):
-    """The registry, whose leases wait while a gate is shut: a fitting job stays running there."""
+class Gate:
+    """An intercept (app/serving/registry.py): every lease waits while the gate is shut, so that a
+    fitting job stays running there."""
 
-    gate: threading.Event | None = None
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.open.set()  # shut once the registry has loaded its model
 
-    @contextmanager
-    def lease(self, name: str) -> Iterator[ModelService]:
-        assert self.gate is None or self.gate.wait(WAIT)
-        with super().lease(name) as service:
-            yield service
+    def __call__(self, service: ModelService, request: SystemOneRequest | None) -> None:
+        assert self.open.wait(WAIT)
 
 
 def test_a_fitting_job_matches_the_schema_running_done_failed_and_cancelled(
     tiny_chat_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     service = served(tiny_chat_path, tmp_path)
-    registry = Gated.serving(service)
-    registry.gate = gate = threading.Event()
+    gate = Gate()
+    registry = ModelRegistry.serving(service, intercept=gate)
+    gate.open.clear()
     settings = tiny_settings(tiny_chat_path, calibration_dir=tmp_path)
     job_path, post_path = "/v1/calibrations/jobs/{id}", "/v1/calibrations"
     fitting = {"model": "jev-latest", "examples": examples(40)}
@@ -137,7 +136,7 @@ def test_a_fitting_job_matches_the_schema_running_done_failed_and_cancelled(
         job = runtime.fit_jobs.get(started["id"])
         assert job is not None
         cancelling = pool.submit(runtime.fit_jobs.cancel, job, WAIT)  # as the server does at shutdown
-        gate.set()
+        gate.open.set()
         cancelling.result(WAIT)
         assert ended(started)["status"] == "cancelled"
 

@@ -35,7 +35,6 @@ from typing import Any
 from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
-from app.calibration import Evidence
 from app.config import Settings
 from app.config_sources import SettingsSource
 from app.engine.caller import current
@@ -44,10 +43,9 @@ from app.labelling.labels import LabelsFile, labels_path
 from app.labelling.session import LabellingFiles, read_states
 from app.paths import REPO_ROOT
 from app.platform.tiny_gguf import write_tiny_gguf
-from app.serving.loading import load_spec
 from app.serving.registry import ModelRegistry
 from app.serving.specs import read_models_config
-from app.wire.contract import SystemOneRequest, SystemOneResponse
+from app.wire.contract import SystemOneRequest
 
 PAGE = REPO_ROOT / "docs" / "api.md"
 SHOWN_FOLDER = "/tmp/apidoc"
@@ -213,34 +211,26 @@ def shortened(job: dict[str, Any], keep: list[int]) -> dict[str, Any]:
 # The servers
 
 
-class Gate(ModelService):
-    """The loaded model, which stops before chosen answers (counted from `arm`): a job is caught with a
-    known number of requests answered, whatever the speed of the machine."""
+class Gate:
+    """An intercept on the registry (app/serving/registry.py) that stops before chosen leases, counted
+    from `arm`: a job is caught with a known number of requests answered, whatever the speed of the
+    machine. A batch job leases its model once for each request; a fitting job once for its run."""
 
-    def __init__(self, inner: ModelService) -> None:
-        self.__dict__.update(inner.__dict__)
+    def __init__(self) -> None:
         self.arm({})
 
     def arm(self, holds: dict[int, threading.Event | None]) -> None:
-        """Stop before the n-th answer until its event is set (None: until that request is cancelled)."""
-        self.answered, self.holds = 0, holds
+        """Stop before the n-th lease until its event is set (None: until that request is cancelled)."""
+        self.leased, self.holds = 0, holds
         self.reached = {n: threading.Event() for n in holds}
 
-    def _hold(self, cancelled: threading.Event | None) -> None:
-        self.answered += 1
-        if self.answered in self.holds:
-            self.reached[self.answered].set()
-            until = self.holds[self.answered] or cancelled
+    def __call__(self, service: ModelService, request: SystemOneRequest | None) -> None:
+        self.leased += 1
+        if self.leased in self.holds:
+            self.reached[self.leased].set()
+            until = self.holds[self.leased] or (current().stop if request is not None else None)
             assert until is not None, "a hold until cancelled, for work that cannot be cancelled"
             until.wait(WAIT_S)
-
-    def answer(self, request: SystemOneRequest) -> SystemOneResponse:
-        self._hold(current().stop)
-        return super().answer(request)
-
-    def evidence(self, request: SystemOneRequest, *, hidden: bool = False) -> dict[str, Evidence]:
-        self._hold(None)
-        return super().evidence(request, hidden=hidden)
 
 
 @dataclass
@@ -250,16 +240,11 @@ class Server:
     folder: Path
     settings: dict[str, Any] = field(default_factory=dict)  # on top of the config file
     labelling: LabellingFiles | None = None  # `onepass label`'s session
-    gates: list[Gate] = field(default_factory=list)
+    gate: Gate = field(default_factory=Gate)
     logged: list[dict[str, Any]] = field(default_factory=list)
 
     def loader(self, settings: Settings) -> ModelRegistry:
-        def gated(spec: Any) -> ModelService:
-            gate = Gate(load_spec(spec))
-            self.gates.append(gate)
-            return gate
-
-        return ModelRegistry(read_models_config(settings), loader=gated)
+        return ModelRegistry(read_models_config(settings), intercept=self.gate)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[TestClient]:
@@ -280,9 +265,6 @@ class Server:
             requests.removeHandler(handler)
             requests.setLevel(level)
             requests.propagate = True
-
-    def gate(self) -> Gate:
-        return self.gates[-1]
 
 
 class _Lines(logging.Handler):
@@ -324,7 +306,7 @@ def examples(folder: Path) -> dict[str, str]:
         _images(client, shown)
         _batches(client, server, shown)
         _calibrations(client, server, shown)
-        _models(client, shown)  # after the gated ones: it unloads the model, which loads again as a new gate
+        _models(client, shown)  # after the gated ones: it unloads the model, which loads again
         _reload(client, folder, shown)
     write_config(folder)
     own_disk = {"session_cache_dir": folder / "snap-restart"}  # a disk tier holding this request's snapshots only
@@ -388,7 +370,7 @@ def _batches(client: TestClient, server: Server, shown: dict[str, str]) -> None:
     headers = {"X-Request-Id": "batch-docs"}
     answered = client.post("/v1/systemone", json=BATCH, headers=headers)
     shown["batch"] = blocks(block(curl("POST", "/v1/systemone", BATCH, headers)), json_block(answered.json()))
-    gate, resume = server.gate(), threading.Event()
+    gate, resume = server.gate, threading.Event()
     gate.arm({1: resume, 124: None})  # nothing answered when the 202 is sent; caught at 123, until cancelled
     headers = {"X-Request-Id": "job-docs"}
     started = client.post("/v1/systemone", json={"requests": [ticket(n) for n in range(300)]}, headers=headers)
@@ -432,7 +414,7 @@ def _models(client: TestClient, shown: dict[str, str]) -> None:
 def _calibrations(client: TestClient, server: Server, shown: dict[str, str]) -> None:
     body = {"model": "jev-latest", "examples": [example(n) for n in range(1, 13)]}
     headers = {"Content-Type": "application/json", "X-Request-Id": "fit-docs"}
-    gate, resume = server.gate(), threading.Event()
+    gate, resume = server.gate, threading.Event()
     gate.arm({1: resume})  # nothing answered when the 202 is sent
     started = client.post("/v1/calibrations", json=body, headers=headers)
     assert gate.reached[1].wait(WAIT_S), "the fitting job never reached its first example"

@@ -26,6 +26,12 @@ from app.wire.contract import SystemOneRequest, SystemOneResponse, validation_er
 
 log = logging.getLogger("onepass.models")
 
+# Runs as a lease begins, in the thread that takes it, with the model lent and the request it is lent to
+# answer (None: a lease for more than one answer, a fitting run's). It may wait or raise. The one way in
+# for whoever must hold work at a known point or plant a fault (the tests, docs/api.md's examples),
+# without copying a ModelService or reaching into it.
+Intercept = Callable[[ModelService, SystemOneRequest | None], None]
+
 
 @dataclass
 class _Resident:
@@ -45,8 +51,14 @@ class _Offered:
 
 
 class ModelRegistry:
-    def __init__(self, config: ModelsConfig, loader: Callable[[ModelSpec], ModelService] = load_spec) -> None:
+    def __init__(
+        self,
+        config: ModelsConfig,
+        loader: Callable[[ModelSpec], ModelService] = load_spec,
+        intercept: Intercept | None = None,
+    ) -> None:
         self._loader = loader
+        self._intercept = intercept
         self._cond = threading.Condition()
         self._resident: OrderedDict[str, _Resident] = OrderedDict()  # least recently used first
         self._loading: set[str] = set()
@@ -56,10 +68,10 @@ class ModelRegistry:
         self._closed = False  # once closed, no model loads again (a thread outliving shutdown gets a 503)
 
     @classmethod
-    def serving(cls, service: ModelService, spec: ModelSpec | None = None) -> Self:
+    def serving(cls, service: ModelService, spec: ModelSpec | None = None, intercept: Intercept | None = None) -> Self:
         """A registry around one already loaded model (tests, embedding)."""
         spec = spec or ModelSpec(service.name, service.engine.path)
-        registry = cls(ModelsConfig((spec,), spec.name, 1), loader=lambda _: service)
+        registry = cls(ModelsConfig((spec,), spec.name, 1), loader=lambda _: service, intercept=intercept)
         registry.load(spec.name)
         return registry
 
@@ -86,12 +98,14 @@ class ModelRegistry:
         return self._offered.specs[self.canonical(name)]
 
     @contextmanager
-    def lease(self, name: str) -> Iterator[ModelService]:
-        """The model, loaded and kept resident for as long as the caller holds it. ModelUnavailable (503)
-        once the registry is closed."""
+    def lease(self, name: str, request: SystemOneRequest | None = None) -> Iterator[ModelService]:
+        """The model, loaded and kept resident for as long as the caller holds it (to answer `request`, if
+        given). ModelUnavailable (503) once the registry is closed."""
         resident = self._acquire(self.canonical(name))
         assert resident is not None  # _acquire loads
         try:
+            if self._intercept is not None:
+                self._intercept(resident.service, request)
             yield resident.service
         finally:
             self._release(resident)
@@ -138,7 +152,7 @@ class ModelRegistry:
         caller = current() if cancelled is None else Caller(current().lane, cancelled)
         with working_for(caller):
             caller.check("the model was leased")
-            with self.lease(name) as service:
+            with self.lease(name, request) as service:
                 return service.answer(request)
 
     def vision_models(self) -> list[str]:
