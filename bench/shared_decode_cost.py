@@ -93,7 +93,7 @@ def together(engine: Engine, requests: list[Request]) -> tuple[float, list[Suffi
 
     def ask(i: int) -> None:
         with working_for(Caller("interactive", threading.Event())):
-            found[i] = engine.decode_suffixes(*requests[i])
+            found[i] = engine.decode_suffixes(*requests[i], beside_others=True)
 
     threads = [threading.Thread(target=ask, args=(i,), daemon=True) for i in range(len(requests))]
     with context_lent(engine):

@@ -50,17 +50,20 @@ def requests(engine: Engine) -> list[tuple[Snapshot, list[SuffixTokens]]]:
 class Asker:
     """A thread that decodes one request's questions for its own caller."""
 
-    def __init__(self, engine: Engine, prefix: Snapshot, suffixes: list[SuffixTokens]) -> None:
+    def __init__(
+        self, engine: Engine, prefix: Snapshot, suffixes: list[SuffixTokens], *, beside_others: bool = True
+    ) -> None:
         self.caller = Caller("interactive", threading.Event())
         self.found: SuffixReadouts | None = None
         self.error: Exception | None = None
-        self.thread = threading.Thread(target=self._run, args=(engine, prefix, suffixes), daemon=True)
+        args = (engine, prefix, suffixes, beside_others)
+        self.thread = threading.Thread(target=self._run, args=args, daemon=True)
         self.thread.start()
 
-    def _run(self, engine: Engine, prefix: Snapshot, suffixes: list[SuffixTokens]) -> None:
+    def _run(self, engine: Engine, prefix: Snapshot, suffixes: list[SuffixTokens], beside_others: bool) -> None:
         try:
             with working_for(self.caller):
-                self.found = engine.decode_suffixes(prefix, suffixes)
+                self.found = engine.decode_suffixes(prefix, suffixes, beside_others=beside_others)
         except Exception as error:  # the test reads it
             self.error = error
 
@@ -113,10 +116,28 @@ def test_a_request_alone_is_bit_identical_to_the_setting_off(engines: tuple[Engi
     alone, shared = engines
     for (prefix, suffixes), (own_prefix, _) in zip(requests(alone), requests(shared), strict=True):
         want = alone.decode_suffixes(prefix, suffixes)
-        got = shared.decode_suffixes(own_prefix, suffixes)
+        got = shared.decode_suffixes(own_prefix, suffixes, beside_others=True)
         assert got.beside == 0
         assert np.array_equal(logits(got), logits(want))  # bit for bit
         assert [r.label_mass for r in got.readouts] == [r.label_mass for r in want.readouts]
+
+
+def test_a_measurement_that_is_kept_is_never_decoded_beside_others(engines: tuple[Engine, Engine]) -> None:
+    """A prior or a fit's evidence is stored and read again later, by servers with the setting off too:
+    it must be the same number whatever else was asked at the time."""
+    alone, shared = engines
+    asked = requests(shared)
+    with context_lent(shared, WAIT_S):
+        askers = []
+        for prefix, suffixes in asked:
+            askers.append(Asker(shared, prefix, suffixes, beside_others=False))
+            until(lambda: shared._pool.waiting("interactive") == len(askers), WAIT_S)
+        assert queued(shared) == 0
+    for asker in askers:
+        asker.join()
+    for asker, (prefix, suffixes) in zip(askers, requests(alone), strict=True):
+        assert asker.found is not None and asker.found.beside == 0
+        assert np.array_equal(logits(asker.found), logits(alone.decode_suffixes(prefix, suffixes)))
 
 
 def test_a_request_whose_client_left_is_not_decoded_and_the_others_are(engines: tuple[Engine, Engine]) -> None:

@@ -110,7 +110,11 @@ class ModelService:
         plan = self.plan(request)
         fits = self.calibration.fits_for(request.questions, same_set=plan.question_set is not None)
         decoded = self.decode(
-            plan, hidden=fits.reads_hidden, state_mean=fits.reads_state_mean, state_only=fits.state_only
+            plan,
+            hidden=fits.reads_hidden,
+            state_mean=fits.reads_state_mean,
+            state_only=fits.state_only,
+            beside_others=True,
         )
         decoded_at = time.perf_counter()
         # a question seen for the first time has its content-free prior measured here
@@ -170,6 +174,7 @@ class ModelService:
         hidden: bool = False,
         state_mean: bool = False,
         state_only: frozenset[str] = frozenset(),
+        beside_others: bool = False,
     ) -> RequestReadouts:
         """Resolve the prefix through the caches and decode every question's suffixes in one batch (with
         `hidden`, reading each one's hidden vector too; with `state_mean`, a prefix snapshot that has
@@ -186,12 +191,12 @@ class ModelService:
         prefix = self.states.resolve(key, plan.prefix, start, built, state_mean, plan.spans, plan.images)
         suffixes = distinct_suffixes(v for qid, _, r in plan.questions if qid not in state_only for v in r.variants)
         try:
-            answered = self._decode_suffixes(prefix.snapshot, suffixes, hidden)
+            answered = self._decode_suffixes(prefix.snapshot, suffixes, hidden, beside_others)
         except RestoreError as error:
             log.warning("%s: dropping a snapshot that failed to restore (%s); prefilling again", self.name, error)
             self.states.drop(key)
             prefix = self.states.resolve(key, plan.prefix, start, built, state_mean, plan.spans, plan.images)
-            answered = self._decode_suffixes(prefix.snapshot, suffixes, hidden)
+            answered = self._decode_suffixes(prefix.snapshot, suffixes, hidden, beside_others)
         asked = question_readouts(plan, suffixes, answered.readouts, state_only)
         timing = Timing(
             prefill_ms=built.prefill_ms,
@@ -239,12 +244,14 @@ class ModelService:
             ),
         )
 
-    def _decode_suffixes(self, prefix: Snapshot, suffixes: list[SuffixTokens], hidden: bool) -> SuffixReadouts:
+    def _decode_suffixes(
+        self, prefix: Snapshot, suffixes: list[SuffixTokens], hidden: bool, beside_others: bool
+    ) -> SuffixReadouts:
         """The engine's readouts of `suffixes` after `prefix`; none to read (every answer reads the state
         alone) restores nothing."""
         if not suffixes:
             return SuffixReadouts([], 0, Timing())
-        return self.engine.decode_suffixes(prefix, suffixes, hidden=hidden)
+        return self.engine.decode_suffixes(prefix, suffixes, hidden=hidden, beside_others=beside_others)
 
     def _encode(self, plan: Plan) -> RequestReadouts:
         """Each distinct whole prompt through a model without memory, once, read at every row a

@@ -38,11 +38,9 @@ from app.engine.caller import Lane, current
 from app.engine.fingerprint import model_digest
 from app.engine.kv_settings import KvSettings
 from app.engine.pool import Context, ContextPool, keeps_memory
-from app.engine.pool import RestoreError as RestoreError  # raised through the engine; the pool is its own
 from app.engine.prefill import Partial, Prefill
 from app.engine.shared_decode import SharedDecodes, SharedJob
-from app.engine.snapshot import ImageSpan, spans_fit
-from app.engine.snapshot import Snapshot as Snapshot  # the engine takes and gives snapshots: its callers' type too
+from app.engine.snapshot import ImageSpan, Snapshot, spans_fit
 from app.engine.suffix_tree import plan_groups, suffix_rows
 from app.engine.vision import Vision
 from app.engine.vocab import Vocabulary
@@ -254,16 +252,19 @@ class Engine:
         return snapshot, Timing(prefill_ms=prefilled.prefill_ms, restore_ms=prefilled.restore_ms)
 
     def decode_suffixes(
-        self, prefix: Snapshot, suffixes: Sequence[SuffixTokens], *, hidden: bool = False
+        self, prefix: Snapshot, suffixes: Sequence[SuffixTokens], *, hidden: bool = False, beside_others: bool = False
     ) -> SuffixReadouts:
         """Restore `prefix`, decode every suffix after it, read each suffix's label logits (and with
         `hidden`, its last hidden vector).
 
         All suffixes go into one llama_decode when they fit; otherwise into the fewest decodes
-        that respect the sequence limit and the context's free cells.
+        that respect the sequence limit and the context's free cells. With `beside_others` (a request's
+        answer, not a measurement that is kept, such as a prior or a fit's evidence) and the setting
+        batch_requests, that decode may hold other waiting requests' suffixes too (shared_decode.py).
         """
         groups = plan_groups(self.n_ctx - prefix.n_tokens, [len(suffix.tokens) for suffix in suffixes])
-        if self._shared is None or hidden or len(groups) > 1 or any(suffix.marks for suffix in suffixes):
+        plain = not hidden and len(groups) == 1 and not any(suffix.marks for suffix in suffixes)
+        if self._shared is None or not beside_others or not plain:
             with self._pool.borrow(prefix) as ctx:
                 return self._decode_alone(ctx, prefix, suffixes, groups, hidden)
         rows, paths = suffix_rows([suffix.tokens for suffix in suffixes], prefix.next_pos, share=True)
