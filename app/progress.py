@@ -4,11 +4,15 @@ line on stderr rewritten in place (the CLI, the bench) or read by a client (a fi
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 
 class Progress:
+    """Counted by any thread: a batch's requests may be answered side by side."""
+
     def __init__(self, total: int, label: str = "", *, show: bool = True) -> None:
+        self._lock = threading.Lock()
         self.total, self.label, self.done = total, label, 0
         self._skipped = 0  # done without work (reused): not part of the pace
         self.began = time.monotonic()
@@ -25,18 +29,20 @@ class Progress:
     def skip(self, count: int, note: str = "") -> None:
         """Mark `count` items done that took no work (found from an earlier run)."""
         if count:
-            self.done += count
-            self._skipped += count
-            self.began = time.monotonic()
+            with self._lock:
+                self.done += count
+                self._skipped += count
+                self.began = time.monotonic()
+                self._show(note)
+                if self.visible and self.done == self.total:
+                    sys.stderr.write("\n")
+
+    def step(self, note: str = "") -> None:
+        with self._lock:
+            self.done += 1
             self._show(note)
             if self.visible and self.done == self.total:
                 sys.stderr.write("\n")
-
-    def step(self, note: str = "") -> None:
-        self.done += 1
-        self._show(note)
-        if self.visible and self.done == self.total:
-            sys.stderr.write("\n")
 
     def _show(self, note: str = "") -> None:
         if not self.visible:

@@ -12,12 +12,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
 from app.engine.caller import Caller, working_for
 from app.engine.llama import Engine, SuffixReadouts, SuffixTokens
 from app.engine.snapshot import Snapshot
 from app.errors import Cancelled
+from app.http.server import create_app
+from app.serving.registry import ModelRegistry
+from app.serving.specs import ModelSpec
 from app.wire.contract import SystemOneRequest
 from tests.support.loading import load_model
 from tests.support.settings import tiny_settings
@@ -204,5 +208,32 @@ def test_a_response_decoded_beside_others_says_so_and_one_alone_does_not(tiny_ch
         for answerer in answerers:
             answerer.thread.join(WAIT_S)
         assert all(a.found is not None and a.found["x_depends_on"][-1] == "other_requests" for a in answerers)
+    finally:
+        service.close()
+
+
+def test_a_batchs_requests_run_side_by_side_and_share_decodes(tiny_chat_path: Path) -> None:
+    settings = tiny_settings(tiny_chat_path, batch_requests=True, calibration="none")
+    service = load_model(settings)
+    spec = ModelSpec.from_settings(settings)
+    bodies = [
+        {"model": spec.name, "state": f"Ticket {i}: the parcel came late.", "questions": {"q": {"type": "noul"}}}
+        for i in range(6)
+    ]
+    try:
+        with TestClient(create_app(settings, registry=ModelRegistry.serving(service, spec))) as client:
+            for body in bodies:  # cached first: the batch's requests then only decode their questions
+                assert client.post("/v1/systemone", json=body).status_code == 200
+            found: list[Any] = []
+            with context_lent(service.engine, WAIT_S):
+                poster = threading.Thread(
+                    target=lambda: found.append(client.post("/v1/systemone", json={"requests": bodies})),
+                    daemon=True,
+                )
+                poster.start()
+                until(lambda: queued(service.engine) == len(bodies), WAIT_S)  # every one at once
+            poster.join(WAIT_S)
+        results = found[0].json()["results"]
+        assert [r["x_depends_on"][-1] for r in results] == ["other_requests"] * len(bodies)
     finally:
         service.close()

@@ -5,7 +5,8 @@ A single request takes one place when it comes (503 when there is none) and runs
 gives the place back when the work has really stopped, not when the client stopped waiting. A batch
 answered in its response takes one place per request at the door, all or none; a batch job takes its
 place as each of its requests runs. Either way a batch's next request starts only when one of the
-model's contexts has nothing running: a single request waits for at most the batch requests already
+model's contexts has nothing running (for a model that batches requests: fewer than a few per context,
+which then share its decodes): a single request waits for at most the batch requests already
 running when it came, never for a whole batch. Fitting and labelling take no places: the engine lends
 its contexts to them only when no request waits (app/engine/caller.py), so a request waits for at most
 the step of theirs already running, never for a whole fit.

@@ -3,7 +3,9 @@ the prefix cache, its result kept at its place in the request's order.
 
 Each item goes through ModelRegistry.answer alone, exactly as a single request does, so its answer
 does not depend on the rest of the batch; the order only decides which prefixes the cache already
-holds. A result is what the item would have been answered alone: the response object, or
+holds. A model that batches requests (batch_requests) answers a batch's items side by side, so that
+their questions share its decodes: an answer decoded beside others then says so, as a single
+request's would. A result is what the item would have been answered alone: the response object, or
 {"error": {"status", "detail"}} with the error response's status and detail.
 """
 
@@ -36,6 +38,11 @@ from app.wire.contract import (
 from app.wire.limits import limit_errors
 
 log = logging.getLogger("onepass.batch")
+
+# Where a model batches requests (batch_requests), a batch runs this many of its requests at once per
+# context, so that their question decodes can share one llama_decode (app/engine/shared_decode.py).
+SIDE_BY_SIDE = 16
+JOIN_GRACE_S = 30.0  # past the budget, for a worker to see the stop and leave the step it is in
 
 
 def is_batch(payload: Any) -> bool:
@@ -171,9 +178,7 @@ def answer_items(
     timer.start()
     pending = schedule(run.items)
     try:
-        for item in pending:
-            if not _answer_one(item, run, registry, admission, deadline):
-                break
+        _answer_in_order(pending, run, registry, admission, deadline)
     finally:
         timer.cancel()
         late = 0
@@ -185,6 +190,44 @@ def answer_items(
                 item.result, late = error_result(timeout), late + 1
             item.request = None  # settled or stopped: nothing reads it again
         run.progress.skip(late)
+
+
+def _answer_in_order(
+    pending: list[Item], run: Run, registry: ModelRegistry, admission: Admission, deadline: float
+) -> None:
+    """Each item in turn, by one worker; by SIDE_BY_SIDE workers where a model batches requests, so that
+    its items wait at once and share its decodes. Until all are answered or the run stops."""
+    next_item = iter(pending)
+    taking = threading.Lock()
+    halted = threading.Event()
+
+    def work() -> None:
+        while not halted.is_set():
+            with taking:
+                item = next(next_item, None)
+            if item is None or not _answer_one(item, run, registry, admission, deadline):
+                halted.set()
+
+    helpers = [
+        threading.Thread(target=work, name=f"batch-worker-{i}", daemon=True)
+        for i in range(_workers(pending, registry) - 1)
+    ]
+    for helper in helpers:
+        helper.start()
+    work()
+    for helper in helpers:  # each ends with its item: the budget's expiry stops the work under way
+        helper.join(max(0.0, deadline - time.monotonic()) + JOIN_GRACE_S)
+        if helper.is_alive():
+            log.warning("a batch worker still runs past the batch's budget")
+
+
+def _workers(pending: list[Item], registry: ModelRegistry) -> int:
+    models = {item.model for item in pending}
+    try:
+        batching = any(registry.batches_requests(model) for model in models)
+    except ModelNotFound:  # a reload took a model away: its items get their 404 one by one
+        batching = False
+    return SIDE_BY_SIDE if batching else 1
 
 
 def _check(run: Run, registry: ModelRegistry) -> None:
@@ -205,12 +248,13 @@ def _answer_one(item: Item, run: Run, registry: ModelRegistry, admission: Admiss
     assert item.request is not None
     try:
         contexts = registry.contexts_of(item.model)
+        at_once = contexts * SIDE_BY_SIDE if registry.batches_requests(item.model) else contexts
     except ModelNotFound as error:  # a reload took the model away
         item.result = error_result(error)
         run.progress.step()
         return True
     capacity = None if run.max_queue is None else contexts + run.max_queue
-    if not admission.turn(item.model, contexts, capacity, run.stop, deadline):
+    if not admission.turn(item.model, at_once, capacity, run.stop, deadline):
         return False
     item.ran = True
     try:

@@ -93,6 +93,10 @@ class ModelRegistry:
         """How many requests the model decodes at once (its pool of llama.cpp contexts)."""
         return self._offered.specs[self.canonical(name)].settings.contexts
 
+    def batches_requests(self, name: str) -> bool:
+        """Whether the model decodes the questions of requests that wait at once together (batch_requests)."""
+        return self._offered.specs[self.canonical(name)].settings.batch_requests
+
     def spec_of(self, name: str) -> ModelSpec:
         """The model's configuration (what is known of it without loading it)."""
         return self._offered.specs[self.canonical(name)]
