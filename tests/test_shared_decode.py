@@ -233,7 +233,15 @@ def test_a_batchs_requests_run_side_by_side_and_share_decodes(tiny_chat_path: Pa
                 poster.start()
                 until(lambda: queued(service.engine) == len(bodies), WAIT_S)  # every one at once
             poster.join(WAIT_S)
+            metrics = client.get("/metrics").text
         results = found[0].json()["results"]
         assert [r["x_depends_on"][-1] for r in results] == ["other_requests"] * len(bodies)
+        counted = {
+            line.split("{")[0]: float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith("onepass_shared_decode")
+        }
+        # the six cached one by one (each alone), then the batch's six in one decode
+        assert counted == {"onepass_shared_decodes_total": 7.0, "onepass_shared_decode_requests_total": 12.0}
     finally:
         service.close()

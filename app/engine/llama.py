@@ -215,6 +215,10 @@ class Engine:
             llama.llama_model_n_layer(self.model) * llama.llama_model_n_head_kv(self.model) * (head_k + head_v) * 2
         )
 
+    def shared_decodes(self) -> tuple[int, int]:
+        """With batch_requests: the question decodes led so far, and the requests answered in them."""
+        return (self._shared.decodes, self._shared.requests) if self._shared is not None else (0, 0)
+
     def busy_seconds(self) -> dict[Lane, float]:
         """The seconds its contexts have been lent so far, per lane of work."""
         return self._pool.busy_seconds()

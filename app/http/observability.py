@@ -84,7 +84,18 @@ class _Sources(Collector):
             "time the model's contexts were lent to work, answered or abandoned, by lane",
             labels=["model", "lane"],
         )
+        # batch_requests: requests over decodes is how many shared a decode, on average
+        shared = {
+            "decodes": CounterMetricFamily(
+                "onepass_shared_decodes", "question decodes of waiting requests, led together", labels=["model"]
+            ),
+            "requests": CounterMetricFamily(
+                "onepass_shared_decode_requests", "requests answered in those decodes", labels=["model"]
+            ),
+        }
         for model, stats in found.get("models", {}).items():
+            for counter_of, count in zip(shared.values(), stats["shared_decodes"], strict=True):
+                counter_of.add_metric([model], count)
             for name, family in requests.items():
                 family.add_metric([model], stats[name])
             for tier, tier_stats in stats["tiers"].items():
@@ -107,6 +118,7 @@ class _Sources(Collector):
         yield rejected
         yield prefilled
         yield busy
+        yield from shared.values()
 
 
 class RequestObserver:

@@ -121,6 +121,7 @@ class Runtime:
                     "tiers": service.cache_stats(),
                     "prefilled_tokens": service.prefilled_tokens,
                     "busy_seconds": service.engine.busy_seconds(),
+                    "shared_decodes": service.engine.shared_decodes(),
                     "in_flight": in_flight,
                     "queue_depth": max(0, in_flight - self.registry.contexts_of(name)),
                 }
