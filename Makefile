@@ -90,7 +90,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?=
 PORT ?=
 
-.PHONY: api-examples setup vulkan-deps bench-native bench-throughput test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-images bench-exactness bench-shared-decode bench-impatient bench-fleet bench-calibration bench-labelling eval load check-gpu clean clean-build
+.PHONY: api-examples setup vulkan-deps bench-native bench-throughput test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-images bench-exactness bench-shared-decode print-peer bench-impatient bench-fleet bench-calibration bench-labelling eval load check-gpu clean clean-build
 
 # `make setup` records the choice even when that build is installed already (choosing it again).
 setup: $(INSTALL_STAMP)
@@ -239,6 +239,10 @@ $(PEER): | $(BIN)/python $(ENGINE_SOURCE)/ONEPASS-ENGINE
 
 peer: $(PEER)
 
+# Where `make peer` puts llama-server for this build choice (bench/gpu_throughput.sh copies it to carry it).
+print-peer:
+	@echo $(PEER)
+
 native-server: $(NATIVE_SERVER)
 
 test-native: model model-decision $(DEV_STAMP) $(NATIVE_SERVER)
@@ -366,7 +370,7 @@ GPU_CHECK_MODEL ?= $(SMALL_MODEL)
 check-gpu: $(INSTALL_STAMP) $(if $(filter $(SMALL_MODEL),$(GPU_CHECK_MODEL)),model-small)
 	$(BIN)/python -m tools.check_gpu $(GPU_CHECK_MODEL)
 
-# docs/api.md's examples, made again by the real server on a tiny model (tools/api_examples.py; a test
+# docs/api.md's examples, made again by the real server on a tiny model (tools/api_examples/; a test
 # fails when the page differs from them).
 api-examples: $(DEV_STAMP)
 	$(BIN)/python -m tools.api_examples --write

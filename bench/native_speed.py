@@ -251,17 +251,23 @@ def on_off(flag: bool) -> str:
 
 @contextmanager
 def native_server(
-    binary: Path, model: Path, slots: int, kv_unified: bool, speed: SpeedSettings, mmproj: Path | None = None
+    binary: Path,
+    model: Path,
+    slots: int,
+    kv_unified: bool,
+    speed: SpeedSettings,
+    mmproj: Path | None = None,
+    gpu_layers: int = 0,
 ) -> Iterator[dict[str, Any]]:
     """llama-server with `slots` slots of N_CTX tokens each, onepass's speed settings and the prompt
-    cache on (and the vision projector `mmproj`); yields its /props (url added). Its default log level:
-    a verbose log would slow it."""
+    cache on (and the vision projector `mmproj`, `gpu_layers` on a GPU); yields its /props (url added).
+    Its default log level: a verbose log would slow it."""
     with socket.socket() as probe:  # llama-server cannot report a port it picked itself
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
     command += ["-c", str(slots * N_CTX), "-np", str(slots), "--kv-unified" if kv_unified else "--no-kv-unified"]
-    command += ["-b", "512", "-ub", "512", "-ngl", "0", "-t", str(speed.threads)]
+    command += ["-b", "512", "-ub", "512", "-ngl", str(gpu_layers), "-t", str(speed.threads)]
     command += ["-fa", on_off(speed.flash_attn), "--repack" if speed.repack else "--no-repack"]
     command += ["--swa-full", "--no-warmup", "--cache-prompt"]
     command += ["--mmproj", str(mmproj)] if mmproj is not None else []

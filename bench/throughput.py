@@ -502,6 +502,13 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=0, help="threads for both (0: onepass's own choice)")
     parser.add_argument("--slots", type=int, default=4, help="llama-server's slots (-np), each with onepass's context")
+    parser.add_argument(
+        "--repack", choices=["auto", "on", "off"], default="auto", help="repacked weights for both (auto: onepass's)"
+    )
+    parser.add_argument(
+        "--batch-requests", action="store_true", help="onepass decodes waiting requests' questions together"
+    )
+    parser.add_argument("--gpu-layers", type=int, default=0, help="layers on the GPU for both (-1: all; a GPU build)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results", help="folder of the results")
     args = parser.parse_args()
     cfg = QUICK if args.quick else FULL
@@ -540,14 +547,17 @@ def main() -> None:
         },
     }
     with tempfile.TemporaryDirectory(prefix="onepass-throughput-") as snapshots:
-        own_flags = ["--threads", str(args.threads), "--calibration", "none"]
+        own_flags = ["--threads", str(args.threads), "--repack", args.repack, "--calibration", "none"]
+        own_flags += ["--batch-requests", "on" if args.batch_requests else "off"]
+        own_flags += ["--n-gpu-layers", str(args.gpu_layers)]
         own_flags += ["--session-cache-disk-bytes", "4G", "--session-cache-dir", snapshots]
         own_flags += ["--max-queue", str(most_clients), "--request-timeout", str(int(CLIENT_TIMEOUT_S))]
-        spec = ModelSpec.from_settings(Settings(model=args.model, threads=args.threads))
+        settings = Settings(model=args.model, threads=args.threads, repack=args.repack, n_gpu_layers=args.gpu_layers)
+        spec = ModelSpec.from_settings(settings)
         shown = " ".join(["--n-ctx", str(N_CTX), *own_flags]).replace(snapshots, "TMP")
         with onepass_server(args.model, *own_flags) as (url, _):
             speed = speed_settings_for(spec)  # what the server chose at its start: the same tuning cache
-            with llama_server(args.server, args.model, args.slots, True, speed) as props:
+            with llama_server(args.server, args.model, args.slots, True, speed, gpu_layers=args.gpu_layers) as props:
                 report["settings"] = {
                     "threads": speed.threads,
                     "repack": speed.repack,
@@ -565,7 +575,8 @@ def main() -> None:
                 report |= measure_all(servers, cfg, warm_up, cached, long_state, cells)
     report["seconds"] = round(time.perf_counter() - began, 1)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"{report['date']}-{report['git']}-throughput" + ("-quick" if args.quick else "")
+    stem = f"{report['date']}-{report['git']}-throughput" + ("-batched" if args.batch_requests else "")
+    stem += "-quick" if args.quick else ""
     write_atomically(args.out / f"{stem}.json", json.dumps(report, indent=2) + "\n")
     write_atomically(args.out / f"{stem}.md", markdown(report))
     print(markdown(report))
