@@ -28,8 +28,25 @@ def scanlines(width: int, height: int, depth: int = 8, colour: int = 2, seed: in
     return b"".join(rows)
 
 
-def png(width: int = 4, height: int = 3, depth: int = 8, colour: int = 2, seed: int = 1) -> bytes:
-    """A valid non-interlaced PNG (palette ones with a 4-entry PLTE)."""
+def stored(data: bytes) -> bytes:
+    """`data` as a zlib stream of stored (uncompressed) deflate blocks: the same bytes whatever zlib
+    runs, where zlib.compress's choices may differ between implementations (a page that shows an image's
+    base64 must not change with the machine that made it)."""
+    most = 0xFFFF  # the length field of a stored block is 16 bits
+    pieces = [data[i : i + most] for i in range(0, len(data), most)] or [b""]
+    blocks = b"".join(
+        bytes([i == len(pieces) - 1]) + struct.pack("<HH", len(piece), 0xFFFF ^ len(piece)) + piece
+        for i, piece in enumerate(pieces)
+    )
+    return b"\x78\x01" + blocks + struct.pack(">I", zlib.adler32(data))
+
+
+def png(
+    width: int = 4, height: int = 3, depth: int = 8, colour: int = 2, seed: int = 1, *, compressed: bool = True
+) -> bytes:
+    """A valid non-interlaced PNG (palette ones with a 4-entry PLTE). `compressed`: its pixel data
+    deflated by this zlib, else `stored`, byte for byte the same on every machine."""
     palette = chunk(b"PLTE", bytes(range(12))) if colour == 3 else b""
-    pixels = chunk(b"IDAT", zlib.compress(scanlines(width, height, depth, colour, seed)))
+    raw = scanlines(width, height, depth, colour, seed)
+    pixels = chunk(b"IDAT", zlib.compress(raw) if compressed else stored(raw))
     return PNG_SIGNATURE + ihdr(width, height, depth, colour) + palette + pixels + chunk(b"IEND", b"")
