@@ -142,7 +142,9 @@ def test_nothing_outside_the_engine_reaches_its_context_pool() -> None:
     the pool raises (a restore that failed) is caught outside, so its errors are the one thing taken
     from it."""
     outside = {f"app/{m}": path for m, path in modules().items() if room(m) != "engine"}
-    outside |= {f"{folder.name}/{path.name}": path for folder in (TOOLS, BENCH) for path in folder.glob("*.py")}
+    outside |= {
+        f"{folder.name}/{path.relative_to(folder)}": path for folder in (TOOLS, BENCH) for path in folder.rglob("*.py")
+    }
     for name, path in outside.items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module == "app.engine":
@@ -245,10 +247,11 @@ def test_app_never_imports_the_tools_the_bench_or_the_tests() -> None:
 
 
 def test_the_tools_stand_on_app_alone() -> None:
-    """A tool may import app/ and the standard library's or a dependency's packages, never the bench or tests."""
-    for path in TOOLS.glob("*.py"):
+    """A tool may import app/ and the standard library's or a dependency's packages, never the bench or tests.
+    A tool of several modules is a package in a folder of its own (tools/api_examples/): its modules too."""
+    for path in TOOLS.rglob("*.py"):
         outside = imports(path)[1] & {"bench", "tests"}
-        assert not outside, f"tools/{path.name} imports {sorted(outside)}"
+        assert not outside, f"tools/{path.relative_to(TOOLS)} imports {sorted(outside)}"
 
 
 def test_tests_build_settings_that_keep_out_of_the_users_fits() -> None:
