@@ -1,6 +1,7 @@
 """onepass against llama.cpp's own /v1/systemone under 1, 4, 16 and 64 clients: requests/s and p50/p99 latency.
 
     python -m bench.throughput --server PATH/llama-server [--model GGUF] [--quick] [--threads N] [--slots N]
+        [--only long-state]
 
 The yardstick for issue 59's scheduler (requests of different clients sharing a decode). Both
 servers run at once on one decision GGUF, each in its own process on a loopback port, with the
@@ -509,6 +510,9 @@ def main() -> None:
         "--batch-requests", action="store_true", help="onepass decodes waiting requests' questions together"
     )
     parser.add_argument("--gpu-layers", type=int, default=0, help="layers on the GPU for both (-1: all; a GPU build)")
+    parser.add_argument(
+        "--only", choices=["long-state"], help="only this case: the hits beside a long state, no priming, no curve"
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results", help="folder of the results")
     args = parser.parse_args()
     cfg = QUICK if args.quick else FULL
@@ -522,6 +526,8 @@ def main() -> None:
     cells = [
         (kind, c, cell_requests(kind, n, states, cfg, cached)) for kind in kinds for c, n in cfg.requests[kind].items()
     ]
+    if args.only == "long-state":
+        cells = []
     engine.close()
     most_clients = max(cfg.clients)
     report: dict[str, Any] = {
@@ -577,6 +583,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"{report['date']}-{report['git']}-throughput" + ("-batched" if args.batch_requests else "")
     stem += "-quick" if args.quick else ""
+    stem += f"-only-{args.only}" if args.only else ""
     write_atomically(args.out / f"{stem}.json", json.dumps(report, indent=2) + "\n")
     write_atomically(args.out / f"{stem}.md", markdown(report))
     print(markdown(report))
@@ -610,7 +617,7 @@ def measure_all(
     # each server's first request pays for one-off work (buffers, onepass's system snapshot); then the
     # cached states are asked once, 5 questions, by one client
     primed = Progress(2 * (1 + len(cached)), "warm-up and the cached states")
-    for server in servers:
+    for server in servers if cells else []:  # the long-state case alone warms its own states
         with httpx.Client(timeout=CLIENT_TIMEOUT_S) as client:
             for state in [warm_up, *cached]:
                 server.ask(client, state, FIVE_QUESTIONS)
@@ -647,10 +654,14 @@ def measure_all(
         row = next(r for r in rows if r["workload"] == HIT1 and r["clients"] == clients)
         return float(row["onepass" if server == "onepass" else "llama_server"]["requests_per_s"])
 
-    concurrent = {
-        key: round(rps(key, 16) / rps(key, 1), 3) if 16 in cfg.requests[HIT1] else None
-        for key in ("onepass", "llama_server")
-    }
+    concurrent = (
+        {
+            key: round(rps(key, 16) / rps(key, 1), 3) if 16 in cfg.requests[HIT1] else None
+            for key in ("onepass", "llama_server")
+        }
+        if rows
+        else dict.fromkeys(("onepass", "llama_server"))
+    )
 
     busy_cached = cached[: cfg.busy_states]
     beside: dict[str, Any] = {}

@@ -256,3 +256,93 @@ def test_a_long_prefill_hands_its_context_to_a_waiting_request_between_pieces_an
         assert again.state_mean is not None and again.state_mean.tobytes() == alone.state_mean.tobytes()
     finally:
         engine.close()
+
+
+def test_a_request_that_comes_during_a_piece_takes_the_context_from_it_and_the_prefill_ends_alike(
+    tiny_chat_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One context: a request that comes while a piece of a long state is decoded does not wait for that
+    piece: llama.cpp gives the piece up, the request goes first, and the prefill decodes the piece
+    again, into the snapshot and state mean of a prefill nobody interrupted, bit for bit."""
+    engine = Engine(tiny_chat_path, n_ctx=2048, threads=1, probe_layer="middle")
+    try:
+        tokens = engine.vocab.tokenize("the parcel came late again. " * 60, add_bos=True)
+        assert len(tokens) > 2 * engine.n_ubatch
+        alone, _ = engine.prefill(tokens)
+        assert alone.state_mean is not None
+        bindings.init()
+        import llama_cpp
+
+        decode, statuses = llama_cpp.llama_decode, list[int]()
+        lent: list[str] = []
+        request: list[Borrower] = []
+
+        def a_request_comes_as_the_first_piece_starts(ctx: Any, batch: Any) -> Any:
+            if not request:
+                request.append(Borrower(engine, Caller(), lent, "request"))
+                until(waiting(engine, "interactive", 1))
+            statuses.append(decode(ctx, batch))
+            return statuses[-1]
+
+        monkeypatch.setattr(llama_cpp, "llama_decode", a_request_comes_as_the_first_piece_starts)
+        handed: list[int] = []
+        prefilling = threading.Thread(target=lambda: handed.append(len(engine.prefill(tokens)[0].tokens)), daemon=True)
+        prefilling.start()
+        until(lambda: bool(request))
+        assert request[0].got.wait(WAIT_S)
+        assert statuses == [2]  # the piece under way was given up, not finished, before the request went
+        request[0].let_go()
+        prefilling.join(WAIT_S)
+        assert not prefilling.is_alive() and handed == [len(tokens)]
+        assert set(statuses[1:]) == {0}  # then every piece done, the given-up one again among them
+        monkeypatch.setattr(llama_cpp, "llama_decode", decode)
+        again, _ = engine.prefill(tokens)
+        assert again.data == alone.data
+        assert again.state_mean is not None and again.state_mean.tobytes() == alone.state_mean.tobytes()
+    finally:
+        engine.close()
+
+
+def test_requests_that_keep_coming_take_turns_with_a_prefill_which_still_ends_alike(
+    tiny_chat_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request comes at every piece the prefill starts: each one takes the context, yet the prefill goes
+    on by a short piece each time it gets the context back, so it ends, with the bytes of a prefill
+    nobody interrupted."""
+    engine = Engine(tiny_chat_path, n_ctx=2048, threads=1, probe_layer="middle")
+    try:
+        tokens = engine.vocab.tokenize("the parcel came late again. " * 60, add_bos=True)
+        alone, _ = engine.prefill(tokens)
+        bindings.init()
+        import llama_cpp
+
+        decode, statuses = llama_cpp.llama_decode, list[int]()
+        lent: list[str] = []
+        requests_at_most = 100  # then they stop coming: a prefill they starved would end only then
+        prefill_thread: list[threading.Thread] = []
+        requests: list[Borrower] = []
+
+        def a_request_comes_at_every_piece(ctx: Any, batch: Any) -> Any:
+            if threading.current_thread() in prefill_thread and len(statuses) < requests_at_most:
+                requests.append(Borrower(engine, Caller(), lent, "request"))
+                until(waiting(engine, "interactive", 1))
+                requests[-1].go.set()  # it goes as soon as it has the context
+            statuses.append(decode(ctx, batch))
+            return statuses[-1]
+
+        monkeypatch.setattr(llama_cpp, "llama_decode", a_request_comes_at_every_piece)
+        handed: list[Any] = []
+        prefilling = threading.Thread(target=lambda: handed.append(engine.prefill(tokens)[0]), daemon=True)
+        prefill_thread.append(prefilling)
+        prefilling.start()
+        prefilling.join(WAIT_S)
+        assert not prefilling.is_alive() and len(handed) == 1
+        for request in requests:
+            request.let_go()
+        # every piece it started let a request go first, yet it ended long before requests stopped coming
+        assert len(lent) == len(statuses) < requests_at_most
+        assert handed[0].data == alone.data
+        assert alone.state_mean is not None and handed[0].state_mean is not None
+        assert handed[0].state_mean.tobytes() == alone.state_mean.tobytes()
+    finally:
+        engine.close()

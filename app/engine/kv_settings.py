@@ -1,5 +1,5 @@
-"""The settings of a context that shape a snapshot's bytes (`KvSettings`), and the micro-batch size
-a prefill's pieces follow."""
+"""The settings of a context that shape a snapshot's bytes (`KvSettings`), the micro-batch size a
+prefill's pieces follow, and the short piece a prefill owes after it let a request go first."""
 
 from __future__ import annotations
 
@@ -8,6 +8,13 @@ from dataclasses import dataclass
 from app.engine.bindings import llama
 
 N_UBATCH = 512
+# A prefill that let a request go first decodes this many tokens before another request can take the
+# context from it (app/engine/prefill.py), so that it ends however many come: short, for the request
+# that comes meanwhile waits for it. Cut anywhere at or above it, a prefill's pieces give the cells the
+# same bytes as llama.cpp's own micro-batches (measured on the default model, repacked weights on and
+# off, flash attention on and off: docs/notes/2026-12-06-hits-during-prefill.md); below it ggml's CPU
+# flash attention takes another kernel, which rounds otherwise.
+HANDOVER_PIECE = 64
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ already hold the snapshot's exact bytes.
 
 Each borrow is made for the current caller (app/engine/caller.py): interactive work is lent an idle
 context before background work, background work holds at most `background_cap` contexts, and a
-borrower whose work is stopped gives up its wait instead of taking a context for nobody.
+borrower whose work is stopped gives up its wait instead of taking a context for nobody. An
+interactive borrower that finds no idle context interrupts the decode under way where it may be given
+up (a prefill's piece: prefill.py).
 """
 
 from __future__ import annotations
@@ -16,12 +18,16 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import functools
+import logging
+import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-from app.engine.bindings import EngineError, llama
+from app.engine.bindings import EngineError, llama, llama_log
 from app.engine.caller import LANES, Lane, current
 from app.engine.kv_settings import KvSettings
 from app.engine.layer_tap import LayerTap
@@ -31,6 +37,40 @@ from app.engine.suffix_tree import MAX_SEQUENCES, Row
 # How often a borrower waiting for a context looks whether its work was stopped meanwhile: the
 # stop event belongs to the request, not to the pool, so it cannot wake the pool's waiters itself.
 STOP_POLL_S = 0.05
+
+DECODE_GIVEN_UP = 2  # what llama_decode returns when its abort callback gave it up
+
+
+# What llama.cpp asks whether to give up a decode under way: strlen over a context's two bytes [flag,
+# NUL], 1 once the flag is raised, else 0. ggml's CPU backend asks after every node of the graph; a
+# Python callback would take the GIL each time and wait behind any thread holding it, where a C
+# function reads a byte. strlen is that function in every C library, with no compiler needed.
+@functools.cache
+def _give_up_when_flagged() -> Any:
+    """The abort callback, made once llama.cpp is loaded (its type comes from the bindings)."""
+    c_library = ctypes.cdll.msvcrt if sys.platform == "win32" else ctypes.CDLL(None)
+    address = ctypes.cast(c_library.strlen, ctypes.c_void_p).value
+    assert address is not None  # a function the C library exports
+    return llama.ggml_abort_callback(address)
+
+
+class _GivingUp(threading.local):
+    """The context whose interruptible decode this thread runs, if any."""
+
+    ctx: Context | None = None
+
+
+_giving_up = _GivingUp()
+
+
+def _not_given_up_on_purpose(record: logging.LogRecord) -> bool:
+    """llama.cpp logs a given-up decode as a failed one (errors, a warning): one `interrupt`ed asked for
+    it, and is no error. Its log lines come on the decoding thread, within the call."""
+    ctx = _giving_up.ctx
+    return ctx is None or ctx._give_up[0] != b"\1"
+
+
+llama_log.addFilter(_not_given_up_on_purpose)
 
 
 class RestoreError(EngineError):
@@ -52,6 +92,12 @@ class Context:
         if self.tap is not None:
             params.cb_eval = self.tap.callback
         kv.apply(params)
+        # Raised by `interrupt` while an interruptible decode runs: llama.cpp then gives the decode up.
+        self._give_up = ctypes.create_string_buffer(2)
+        self._interruptible = False
+        self._give_up_lock = threading.Lock()  # `interrupt` comes from other threads
+        params.abort_callback = _give_up_when_flagged()
+        params.abort_callback_data = ctypes.cast(self._give_up, ctypes.c_void_p)
         params.n_seq_max = MAX_SEQUENCES
         params.n_threads = params.n_threads_batch = threads
         params.no_perf = True
@@ -147,6 +193,37 @@ class Context:
         status = llama.llama_decode(self.ctx, self.batch)
         if status != 0:  # borrow clears the context on the way out
             raise EngineError(f"llama_decode failed with status {status}")
+
+    def decode_unless_wanted(self, wanted: Callable[[], bool]) -> bool:
+        """Decode the batch `fill` loaded, one micro-batch at most, unless the context is `wanted()` before
+        it starts or `interrupt`ed while it runs: then False, and the cells are those before the call
+        (llama.cpp removes a given-up micro-batch's cells). The tap, if reading, goes on reading (a
+        given-up decode may have added rows to it)."""
+        with self._give_up_lock:
+            self._give_up[0] = b"\0"
+            self._interruptible = True
+        try:
+            if wanted():  # after arming: a waiter that came meanwhile either is seen here or interrupts
+                return False
+            _giving_up.ctx = self
+            status = llama.llama_decode(self.ctx, self.batch)
+        finally:
+            _giving_up.ctx = None
+            with self._give_up_lock:
+                self._interruptible = False
+                self._give_up[0] = b"\0"
+        if status == DECODE_GIVEN_UP:
+            return False
+        if status != 0:  # borrow clears the context on the way out
+            raise EngineError(f"llama_decode failed with status {status}")
+        return True
+
+    def interrupt(self) -> None:
+        """Give up the decode under way if it is an interruptible one (`decode_unless_wanted`): someone
+        waits for this context. From any thread."""
+        with self._give_up_lock:
+            if self._interruptible:
+                self._give_up[0] = b"\1"
 
     def close(self) -> None:
         if self.prompt is not None:
@@ -255,6 +332,9 @@ class ContextPool:
         ticket = object()
         with self._idle_changed:
             self._queues[caller.lane].append(ticket)
+            if caller.lane == "interactive" and not self._idle:
+                for lent in self._contexts:  # a prefill's piece under way gives its context up (prefill.py)
+                    lent.interrupt()
             try:
                 while not self._may_take(caller.lane, ticket):
                     if served is not None and served.is_set():

@@ -2,19 +2,25 @@
 split one call into anyway (so the cells hold the same bytes as one call), each image whole through
 the vision projector.
 
-Between two pieces the prefill stops (Cancelled) once nobody waits for it any more, and hands its
-context over when an interactive caller waits for one and none is idle: it saves what it has done as
-a snapshot, lets the other go first, and goes on from that snapshot when it has a context again.
-Restoring a snapshot gives the cells its very bytes, and the tapped layer's rows of the pieces done
-are carried over, so the snapshot and its state mean are those of an uninterrupted prefill, bit for
-bit, and a short request waits for one piece of a long state, not for all of it. A prefill stopped
-between two pieces says what it had done (`Stopped.partial`), and a later prefill of the same tokens
-from the same base may go on from there (`resume`): a client that gives up and retries, as the SDK
-does, finds the pieces its first attempt paid for.
+Between two pieces the prefill stops (Cancelled) once nobody waits for it any more. It hands its
+context over when an interactive caller waits for one and none is idle, between two pieces or in the
+middle of one: llama.cpp gives the text piece under way up (its cells are dropped; it is decoded again
+later). It saves what it has done as a snapshot, lets the other go first, and goes on from that
+snapshot when it has a context again. Restoring a snapshot gives the cells its very bytes, and the
+tapped layer's rows of the pieces done are carried over, so the snapshot and its state mean are those
+of an uninterrupted prefill, bit for bit, and a short request waits for no piece of a long state.
+So that requests that keep coming cannot starve it, a prefill that let one go first owes a short
+piece (kv_settings.HANDOVER_PIECE) each time it has the context again, which nobody takes from it:
+cut at or above that size, pieces give the cells the bytes of llama.cpp's own micro-batches.
+
+A prefill stopped between two pieces says what it had done (`Stopped.partial`), and a later prefill
+of the same tokens from the same base may go on from there (`resume`): a client that gives up and
+retries, as the SDK does, finds the pieces its first attempt paid for.
 """
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +30,7 @@ from numpy.typing import NDArray
 
 from app.engine.bindings import EngineError
 from app.engine.caller import current
+from app.engine.kv_settings import HANDOVER_PIECE
 from app.engine.pool import Context, ContextPool
 from app.engine.snapshot import ImageSpan, Snapshot
 from app.engine.vision import Vision
@@ -84,6 +91,7 @@ class Prefill:
             partial = None if done is None or done.n_tokens <= start else Partial(done, tuple(rows), start)
             return Stopped(partial)
 
+        handed_over = False  # whether it has let a request go first: its next turn then owes a piece
         while True:
             try:
                 with self._pool.borrow(done) as ctx:
@@ -94,11 +102,9 @@ class Prefill:
                         ctx.clear()
                     self.restore_ms += _ms_since(began)
                     began = time.perf_counter()
-                    ctx.read_rows(True)
                     first = done.n_tokens if done is not None else 0
-                    cell = self._decode(ctx, pieces, first, done.next_pos if done is not None else 0)
-                    if ctx.tap is not None and cell > first:
-                        rows.append(ctx.tap.rows(cell - first))
+                    position = done.next_pos if done is not None else 0
+                    cell = self._decode(ctx, pieces, first, position, rows, owes_a_piece=handed_over)
                     self.prefill_ms += _ms_since(began)
                     if cell > first or cell == len(tokens):
                         done = Snapshot(
@@ -106,9 +112,10 @@ class Prefill:
                         )
                     if cell < len(tokens) and current().stopped:
                         raise stopped()
-                    if cell < len(tokens):
-                        assert done is not None  # a request waits: handed over after a piece, saved above
-                        ctx.holding(done)  # should this context come back first, it goes on without a restore
+                    if cell < len(tokens):  # a request waits: handed over between two pieces or in one
+                        if done is not None and cell > first:
+                            ctx.holding(done)  # should this context come back first, it goes on without a restore
+                        handed_over = True
                         continue  # borrow again, from the prefix prefilled so far
                     state_mean = None
                     if rows and len(tokens) > (base.n_tokens if base is not None else 0):
@@ -133,20 +140,55 @@ class Prefill:
             and held.holds(self.tokens[: held.n_tokens], spans)
         )
 
-    def _decode(self, ctx: Context, pieces: list[Piece], first: int, position: int) -> int:
-        """Decode the pieces from cell `first` (at `position`) into sequence 0; the cell it stopped at:
-        the end, or the start of a piece it left for later, because nobody waits for the prefill any
-        more or a request waits for the context."""
-        for at, end, span in (piece for piece in pieces if piece[0] >= first):
-            if current().stopped or (at > first and self._pool.someone_waits()):
-                return at  # stopped, or a request waits for this context: hand it over between two pieces
-            if span is None:
-                ctx.fill([(token, position + i, (0,), False) for i, token in enumerate(self.tokens[at:end])])
-                ctx.decode(more_rows=True)
-                position += end - at
-            else:
+    def _decode(
+        self,
+        ctx: Context,
+        pieces: list[Piece],
+        first: int,
+        position: int,
+        rows: list[NDArray[np.float32]],
+        *,
+        owes_a_piece: bool,
+    ) -> int:
+        """Decode the pieces from cell `first` (at `position`) into sequence 0, adding the tapped layer's
+        rows of each piece done to `rows`; the cell it stopped at: the end, or the start of a piece it
+        left for later, because nobody waits for the prefill any more or a request waits for the
+        context. A text piece is given up mid-way when a request comes (its cells are dropped, the same
+        piece is decoded again later), except the first one a prefill that `owes_a_piece` decodes:
+        one that has let requests go first goes on by at least that piece each time it gets the
+        context back, however many come. That piece is a short one (HANDOVER_PIECE), so the
+        request that comes during it waits little."""
+        todo = collections.deque(self._from(pieces, first))
+        while todo:
+            at, end, span = todo.popleft()
+            if current().stopped:
+                return at
+            owed, owes_a_piece = owes_a_piece, False  # only the first piece is owed
+            if span is not None:
+                if not owed and self._pool.someone_waits():
+                    return at  # an image is encoded whole: handed over before it, not during it
+                ctx.read_rows(True)
                 position = self._decode_image(ctx, span, position)
+            else:
+                if owed and end - at >= 2 * HANDOVER_PIECE:  # the rest goes next, given up if need be
+                    todo.appendleft((at + HANDOVER_PIECE, end, None))
+                    end = at + HANDOVER_PIECE
+                ctx.read_rows(True)  # each piece's rows on their own: a given-up piece's are dropped
+                ctx.fill([(token, position + i, (0,), False) for i, token in enumerate(self.tokens[at:end])])
+                if owed:
+                    ctx.decode(more_rows=True)
+                elif not ctx.decode_unless_wanted(self._pool.someone_waits):
+                    return at  # a request waits for this context: the piece is given up, its cells dropped
+                position += end - at
+            if ctx.tap is not None:
+                rows.append(ctx.tap.rows(end - at))
         return len(self.tokens)
+
+    @staticmethod
+    def _from(pieces: list[Piece], first: int) -> list[Piece]:
+        """The pieces still to decode from cell `first`, which a short owed piece may have left inside a
+        text piece: the rest of that piece comes first."""
+        return [(max(at, first), end, span) for at, end, span in pieces if end > first]
 
     def pieces(self, base: Snapshot | None) -> list[Piece]:
         """What the prefill decodes after `base`, one llama_decode each, in order."""
