@@ -41,7 +41,7 @@ from app.answering.service import distinct_suffixes
 from app.engine.bindings import EngineError, llama
 from app.engine.kv_settings import KvSettings
 from app.engine.llama import Engine, SuffixTokens
-from app.engine.snapshot import Snapshot
+from app.engine.snapshot import Prefix, Snapshot
 from app.engine.suffix_tree import MAX_SEQUENCES, Row, suffix_rows
 from app.serving.known_models import default_model_path
 from app.serving.loading import prompter_for
@@ -319,7 +319,7 @@ def make_requests(engine: Engine, states: Sequence[int], progress: Progress) -> 
             {"model": "m", "state": state, "questions": {f"q{j}": q for j, q in enumerate(asked)}}
         )
         suffixes = distinct_suffixes(prompter.question(q) for q in body.questions.values())
-        snapshot, _ = engine.prefill([*prompter.head_tokens, *prompter.state_tokens(state)])
+        snapshot, _ = engine.prefill(Prefix((*prompter.head_tokens, *prompter.state_tokens(state))))
         requests.append(Request(f"r{i}: {snapshot.n_tokens} tokens, {n_questions} q", snapshot, suffixes))
         progress.step(f"prefilled {snapshot.n_tokens} tokens")
     return requests
@@ -472,7 +472,7 @@ def run(
             try:
                 if not requests:
                     requests = make_requests(engine, states, progress)
-                    pad, _ = engine.prefill([PAD_TOKEN] * ((align or align_for(flash_attn)) - 1))
+                    pad, _ = engine.prefill(Prefix((PAD_TOKEN,) * ((align or align_for(flash_attn)) - 1)))
                 # today's path itself, for the harness: SeqContext alone on a unified cache must read the same
                 today = {
                     r.name: [o.label_logits for o in engine.decode_suffixes(r.snapshot, r.suffixes).readouts]

@@ -34,7 +34,7 @@ from typing import Any
 
 from app.config import Settings
 from app.engine.ram_tier import CacheKey, RamTier
-from app.engine.snapshot import Snapshot
+from app.engine.snapshot import Prefix, Snapshot
 from app.fleet.routing import affinity_key
 from bench.figure import figure
 from bench.output import Progress, write_atomically
@@ -172,7 +172,7 @@ class States:
     def ask(self, cache: RamTier, state: int) -> bool:
         """Whether the cache held the state's snapshot; if not, it holds it now (what a miss does)."""
         snapshot = Snapshot(b"", self._tokens[self.lengths[state]])
-        _, hit = cache.get_or_build(CacheKey(self.keys[state].encode()), snapshot.tokens, lambda: snapshot)
+        _, hit = cache.get_or_build(CacheKey(self.keys[state].encode()), Prefix(snapshot.tokens), lambda: snapshot)
         return hit
 
 

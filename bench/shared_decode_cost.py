@@ -35,7 +35,7 @@ from app.answering.prompting import OwnPrompter
 from app.answering.service import distinct_suffixes
 from app.engine.caller import Caller, working_for
 from app.engine.llama import Engine, SuffixReadouts, SuffixTokens
-from app.engine.snapshot import Snapshot
+from app.engine.snapshot import Prefix, Snapshot
 from app.serving.known_models import default_model_path
 from app.serving.loading import prompter_for
 from app.wire.contract import SystemOneRequest
@@ -59,7 +59,7 @@ def make_requests(engine: Engine, count: int) -> list[Request]:
             {"model": "m", "state": state, "questions": {"q": QUESTIONS[i % len(QUESTIONS)]}}
         )
         suffixes = distinct_suffixes(prompter.question(q) for q in body.questions.values())
-        snapshot, _ = engine.prefill([*prompter.head_tokens, *prompter.state_tokens(state)])
+        snapshot, _ = engine.prefill(Prefix((*prompter.head_tokens, *prompter.state_tokens(state))))
         made.append((snapshot, suffixes))
     return made
 

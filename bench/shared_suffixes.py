@@ -21,6 +21,7 @@ from app.answering.prompting import OwnPrompter
 from app.answering.service import distinct_suffixes
 from app.config import Settings
 from app.engine.llama import Engine
+from app.engine.snapshot import Prefix
 from app.engine.suffix_tree import suffix_rows
 from app.serving.known_models import default_model_path
 from app.serving.loading import prompter_for, speed_settings_for
@@ -49,7 +50,7 @@ def shared_suffixes(
         prompter = prompter_for(engine)
         assert isinstance(prompter, OwnPrompter)  # the default model, onepass's own prompt
         state = sized_text(engine, sentences, STATE_TOKENS, 1)
-        prefix, _ = engine.prefill([*prompter.head_tokens, *prompter.state_tokens(state)])
+        prefix, _ = engine.prefill(Prefix((*prompter.head_tokens, *prompter.state_tokens(state))))
         rows = []
         progress = Progress(len(sets) * runs, "shared suffix tokens")
         for name, questions in sets.items():

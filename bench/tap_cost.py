@@ -20,6 +20,7 @@ from pathlib import Path
 from app.answering.service import distinct_suffixes
 from app.config_sources import load_settings
 from app.engine.llama import Engine
+from app.engine.snapshot import Prefix
 from app.serving.loading import load_spec, speed_settings_for
 from app.serving.specs import ModelSpec
 from app.wire.contract import SystemOneRequest
@@ -71,7 +72,7 @@ def main() -> None:
                 order = (("on", tapped), ("off", plain)) if pair % 2 == 0 else (("off", plain), ("on", tapped))
                 answers = {}
                 for side, engine in order:
-                    head = plan.prefix[: served.base.n_tokens]
+                    head = Prefix(plan.prefix.tokens[: served.base.n_tokens])
                     base, _ = engine.prefill(head)
                     began = time.perf_counter()
                     snapshot, _ = engine.prefill(plan.prefix, base)

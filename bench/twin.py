@@ -25,6 +25,7 @@ import gguf
 import numpy as np
 
 from app.engine.llama import Engine, SuffixTokens
+from app.engine.snapshot import Prefix
 
 # Byte offsets of each block's float16 scales, by quantization type (ggml-common.h's block layouts).
 SCALE_OFFSETS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q4_0": (0,), "Q5_0": (0,)}
@@ -96,7 +97,7 @@ def speed(model: Path, tokens: int, rounds: int) -> dict[str, float]:
         prefill, decode = [], []
         for _ in range(rounds):
             began = time.perf_counter()
-            prefix, _ = engine.prefill(ids)
+            prefix, _ = engine.prefill(Prefix(tuple(ids)))
             prefill.append((time.perf_counter() - began) * 1000)
             decode.append(engine.decode_suffixes(prefix, suffixes).timing.decode_ms)
         return {"prefill_ms": min(prefill), "decode_ms": min(decode), "prefill_median": statistics.median(prefill)}

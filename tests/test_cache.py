@@ -3,11 +3,12 @@
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 
 import pytest
 
 from app.engine.ram_tier import CacheKey, RamTier, cache_key
-from app.engine.snapshot import Snapshot
+from app.engine.snapshot import IMAGE_CELL, ImageSpan, Prefix, Snapshot
 
 
 def snap(n_tokens: int, first: int = 0) -> Snapshot:
@@ -29,7 +30,7 @@ def lookup(cache: RamTier, k: CacheKey, tokens: tuple[int, ...]) -> Snapshot | N
         raise Absent
 
     try:
-        return cache.get_or_build(k, tokens, absent)[0]
+        return cache.get_or_build(k, Prefix(tokens), absent)[0]
     except Absent:
         return None
 
@@ -95,8 +96,8 @@ def test_either_limit_zero_disables_the_cache(entries: int, tokens: int) -> None
         built.append(1)
         return snap(1)
 
-    first = cache.get_or_build(key("a"), (0,), build)
-    second = cache.get_or_build(key("a"), (0,), build)
+    first = cache.get_or_build(key("a"), Prefix((0,)), build)
+    second = cache.get_or_build(key("a"), Prefix((0,)), build)
     assert (first[1], second[1], len(built), cache.stats()["entries"]) == (False, False, 2, 0)
 
 
@@ -113,9 +114,29 @@ def test_a_hash_collision_is_a_miss_not_a_wrong_snapshot() -> None:
     assert lookup(cache, key("same"), (7, 8, 9)) is None
     assert cache.stats()["collisions"] == 1
     other = snap(3, first=7)
-    result, hit = cache.get_or_build(key("same"), other.tokens, lambda: other)
+    result, hit = cache.get_or_build(key("same"), Prefix(other.tokens), lambda: other)
     assert (result, hit) == (other, False)
     assert lookup(cache, key("same"), other.tokens) is other
+
+
+def test_a_prefix_is_known_by_its_cells_and_spans_and_its_files_are_its_own() -> None:
+    """The files a prefix carries take no part in a hit (its spans name them by SHA-256), another span
+    over the same cells is a collision, and a prefix's files are a copy no caller can change."""
+    span, other_span = ImageSpan(1, "ab" * 32, 2, 2), ImageSpan(1, "cd" * 32, 2, 2)
+    tokens = (7, IMAGE_CELL, IMAGE_CELL, 8)
+    kept = Snapshot(bytes(40), tokens, spans=(span,))
+    cache = RamTier(4, 100)
+    cache.put(key("image"), kept)
+    files = {span.sha256: b"the image file"}
+    with_files = Prefix(tokens, (span,), files)
+    assert with_files == Prefix(tokens, (span,)) and hash(with_files) == hash(Prefix(tokens, (span,)))
+    assert cache.get_or_build(key("image"), with_files, lambda: snap(4)) == (kept, True)
+    assert cache.get_or_build(key("image"), Prefix(tokens, (other_span,)), lambda: snap(4))[1] is False
+    assert cache.stats()["collisions"] == 1
+    files[span.sha256] = b"another file"
+    assert with_files.images == {span.sha256: b"the image file"}
+    with pytest.raises(TypeError):
+        cast(dict[str, bytes], with_files.images)[span.sha256] = b"another file"
 
 
 def test_evict_drops_an_entry() -> None:
@@ -148,9 +169,9 @@ def test_concurrent_misses_on_one_key_build_once() -> None:
         return snap(3)
 
     with ThreadPoolExecutor(n) as pool:
-        futures = [pool.submit(cache.get_or_build, key("k"), (0, 1, 2), build)]
+        futures = [pool.submit(cache.get_or_build, key("k"), Prefix((0, 1, 2)), build)]
         assert building.wait(30)  # one leader is prefilling ...
-        futures += [pool.submit(cache.get_or_build, key("k"), (0, 1, 2), build) for _ in range(n - 1)]
+        futures += [pool.submit(cache.get_or_build, key("k"), Prefix((0, 1, 2)), build) for _ in range(n - 1)]
         wait_for_waiting(cache, n - 1)  # ... and every other request waits on it, none has its own
         release.set()
         results = [f.result(timeout=30) for f in futures]
@@ -169,9 +190,9 @@ def test_followers_build_themselves_when_the_leader_fails() -> None:
         raise RuntimeError("prefill failed")
 
     with ThreadPoolExecutor(2) as pool:
-        leader = pool.submit(cache.get_or_build, key("k"), (0,), failing)
+        leader = pool.submit(cache.get_or_build, key("k"), Prefix((0,)), failing)
         assert leader_started.wait(30)
-        follower = pool.submit(cache.get_or_build, key("k"), (0,), lambda: snap(1))
+        follower = pool.submit(cache.get_or_build, key("k"), Prefix((0,)), lambda: snap(1))
         wait_for_waiting(cache, 1)  # the follower waits on the leader's prefill ...
         release.set()  # ... which fails
         with pytest.raises(RuntimeError):

@@ -108,9 +108,9 @@ def test_where_both_paths_render_the_same_tokens_the_raw_answer_is_the_same_bit_
     services = [serve(path, repack="off", flash_attn="off") for path in (decision_path, real_model_path)]
     try:
         ours, theirs = (s.plan(request) for s in services)
-        assert len(ours.prefix) != len(theirs.prefix)
-        assert [*ours.prefix, *ours.suffixes()[0].tokens] == [
-            *theirs.prefix,
+        assert len(ours.prefix.tokens) != len(theirs.prefix.tokens)
+        assert [*ours.prefix.tokens, *ours.suffixes()[0].tokens] == [
+            *theirs.prefix.tokens,
             *theirs.suffixes()[0].tokens,
         ]
         raw = [s.answer(request).wire()["answers"]["issue"]["x_raw"] for s in services]

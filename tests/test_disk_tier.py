@@ -17,7 +17,7 @@ import pytest
 
 from app.engine.disk_tier import SUFFIX, DiskTier
 from app.engine.ram_tier import CacheKey, cache_key
-from app.engine.snapshot import Snapshot
+from app.engine.snapshot import Prefix, Snapshot
 from app.engine.snapshot_file import MAGIC, SnapshotIdentity, read_snapshot
 from tests.support.skip_groups import skip
 
@@ -40,12 +40,12 @@ def written(folder: Path, snap: Snapshot, identity: SnapshotIdentity = IDENTITY)
 def test_a_snapshot_comes_back_whole_after_a_restart(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     snap = snapshot(10)
     first, key = written(tmp_path, snap)
-    assert first.load(key, snap.tokens) == snap
+    assert first.load(key, Prefix(snap.tokens)) == snap
     first.close()
     with caplog.at_level(logging.INFO, logger="onepass.disk"):
         second = DiskTier(tmp_path, 1 << 30, IDENTITY)  # a new process's tier on the same folder
     assert ": 1 files" in caplog.text
-    loaded = second.load(key, snap.tokens)
+    loaded = second.load(key, Prefix(snap.tokens))
     assert loaded == snap and loaded is not snap
     stats = second.stats()
     assert (stats["entries"], stats["hits"], stats["misses"]) == (1, 1, 0)
@@ -55,16 +55,16 @@ def test_a_snapshot_comes_back_whole_after_a_restart(tmp_path: Path, caplog: pyt
 
 def test_an_absent_snapshot_is_a_miss(tmp_path: Path) -> None:
     tier = DiskTier(tmp_path, 1 << 30, IDENTITY)
-    assert tier.load(cache_key("nothing"), (1, 2)) is None
+    assert tier.load(cache_key("nothing"), Prefix((1, 2))) is None
     assert tier.stats()["misses"] == 1
 
 
 def test_other_tokens_under_the_same_key_are_a_collision_not_a_rejection(tmp_path: Path) -> None:
     snap = snapshot(10)
     tier, key = written(tmp_path, snap)
-    assert tier.load(key, (*snap.tokens[:-1], 999)) is None
+    assert tier.load(key, Prefix((*snap.tokens[:-1], 999))) is None
     assert tier.stats()["collisions"] == 1 and tier.stats()["rejected"] == {}
-    assert tier.load(key, snap.tokens) == snap  # the file is sound and stays
+    assert tier.load(key, Prefix(snap.tokens)) == snap  # the file is sound and stays
 
 
 def file_of(folder: Path, key: CacheKey) -> Path:
@@ -114,7 +114,7 @@ def test_a_damaged_file_is_deleted_counted_and_a_miss(tmp_path: Path, how: str, 
     path = file_of(tmp_path, key)
     path.write_bytes(damaged(path.read_bytes(), how))
     restarted = DiskTier(tmp_path, 1 << 30, IDENTITY)
-    assert restarted.load(key, snap.tokens) is None
+    assert restarted.load(key, Prefix(snap.tokens)) is None
     assert restarted.stats()["rejected"] == {reason: 1}
     assert restarted.stats()["misses"] == 1
     assert not path.exists()
@@ -134,7 +134,7 @@ def test_a_file_written_by_another_model_build_or_kv_setting_is_rejected(
     snap = snapshot(10)
     _, key = written(tmp_path, snap, identity=other)
     tier = DiskTier(tmp_path, 1 << 30, IDENTITY)
-    assert tier.load(key, snap.tokens) is None
+    assert tier.load(key, Prefix(snap.tokens)) is None
     assert tier.stats()["rejected"] == {field: 1}
     assert not file_of(tmp_path, key).exists()
 
@@ -147,12 +147,12 @@ def test_a_file_of_another_format_version_or_under_another_key_is_rejected(
     _, key = written(tmp_path, snap)
     monkeypatch.undo()
     tier = DiskTier(tmp_path, 1 << 30, IDENTITY)
-    assert tier.load(key, snap.tokens) is None
+    assert tier.load(key, Prefix(snap.tokens)) is None
     assert tier.stats()["rejected"] == {"format": 1}
     _, key = written(tmp_path, snap)
     moved = cache_key("elsewhere")
     file_of(tmp_path, key).rename(file_of(tmp_path, moved))
-    assert tier.load(moved, snap.tokens) is None
+    assert tier.load(moved, Prefix(snap.tokens)) is None
     assert tier.stats()["rejected"] == {"format": 1, "key": 1}
 
 
@@ -162,7 +162,7 @@ def test_an_unreadable_file_is_rejected(tmp_path: Path) -> None:
     path = file_of(tmp_path, key)
     path.unlink()
     path.mkdir()  # opening a folder as a file fails with an OSError other than "not found"
-    assert tier.load(key, snap.tokens) is None
+    assert tier.load(key, Prefix(snap.tokens)) is None
     assert tier.stats()["rejected"] == {"unreadable": 1}
 
 
@@ -179,7 +179,7 @@ def test_the_budget_evicts_the_least_recently_used_files_across_restarts(tmp_pat
     os.utime(file_of(tmp_path, keys[1]), (past, past))
     tier.close()
     restarted = DiskTier(tmp_path, 25_000, IDENTITY)
-    assert restarted.load(keys[0], snaps[0].tokens) == snaps[0]  # touches s0 now
+    assert restarted.load(keys[0], Prefix(snaps[0].tokens)) == snaps[0]  # touches s0 now
     restarted.save(keys[2], snaps[2])
     assert restarted.flush(FLUSH_S)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(file_of(tmp_path, k).name for k in (keys[0], keys[2]))
@@ -196,7 +196,7 @@ def test_a_snapshot_larger_than_the_budget_is_not_written_and_evicts_nothing(tmp
     assert [p.name for p in tmp_path.iterdir()] == [file_of(tmp_path, cache_key("small")).name]
     stats = tier.stats()
     assert stats["oversized"] == 1 and stats["evictions"] == 0 and stats["writes"] == 1 and stats["entries"] == 1
-    assert tier.load(cache_key("small"), small.tokens) == small
+    assert tier.load(cache_key("small"), Prefix(small.tokens)) == small
 
 
 def test_a_full_write_queue_skips_writes_instead_of_blocking(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -248,7 +248,7 @@ def test_a_full_disk_turns_the_tier_off_with_one_warning(tmp_path: Path, caplog:
         assert tier.stats()["writes"] == 0  # the second save was not even queued
         assert len([r for r in caplog.records if "disk tier off" in r.getMessage()]) == 1
         assert list(folder.iterdir()) == []  # the partial temporary file is gone
-        assert tier.load(cache_key("big"), (0,)) is None  # off: nothing read
+        assert tier.load(cache_key("big"), Prefix((0,))) is None  # off: nothing read
 
 
 def test_a_read_only_folder_turns_the_tier_off(tmp_path: Path) -> None:
@@ -257,7 +257,7 @@ def test_a_read_only_folder_turns_the_tier_off(tmp_path: Path) -> None:
         tier = DiskTier(folder, 1 << 30, IDENTITY)
         assert not tier.enabled
         tier.save(cache_key("a"), snapshot(3))  # a no-op, never an error
-        assert tier.load(cache_key("a"), (0, 1, 2)) is None
+        assert tier.load(cache_key("a"), Prefix((0, 1, 2))) is None
 
 
 def test_a_folder_made_read_only_while_serving_turns_the_tier_off(tmp_path: Path) -> None:
@@ -290,7 +290,7 @@ def test_two_tiers_on_one_folder_write_one_key_at_once_and_read_each_others_file
             assert tier.flush(FLUSH_S)
     fresh = DiskTier(tmp_path, 1 << 30, IDENTITY)
     for key, snap in zip(keys, snaps, strict=True):
-        assert fresh.load(key, snap.tokens) == snap
+        assert fresh.load(key, Prefix(snap.tokens)) == snap
     assert fresh.stats()["rejected"] == {}
     assert sum(t.stats()["writes_skipped"] for t in tiers) == 0
 
@@ -307,7 +307,7 @@ def test_eviction_by_one_tier_does_not_break_a_read_in_another(tmp_path: Path) -
         assert evicter.flush(FLUSH_S)
         assert not file_of(tmp_path, key).exists()
         assert read_snapshot(opened, key, IDENTITY) == snap  # the open file reads whole
-    assert reader.load(key, snap.tokens) is None  # and later it is simply a miss
+    assert reader.load(key, Prefix(snap.tokens)) is None  # and later it is simply a miss
     assert reader.stats()["rejected"] == {}
 
 
@@ -315,7 +315,7 @@ def test_a_state_mean_comes_back_bit_for_bit_read_only_and_a_damaged_one_is_reje
     mean = (np.arange(16, dtype=np.float32) / 3).astype(np.float32)
     snap = Snapshot(snapshot(10).data, snapshot(10).tokens, mean)
     _, key = written(tmp_path, snap)
-    loaded = DiskTier(tmp_path, 1 << 30, IDENTITY).load(key, snap.tokens)
+    loaded = DiskTier(tmp_path, 1 << 30, IDENTITY).load(key, Prefix(snap.tokens))
     assert loaded is not None and loaded.state_mean is not None
     assert loaded.state_mean.dtype == np.float32 and loaded.state_mean.tobytes() == mean.tobytes()
     assert not loaded.state_mean.flags.writeable
@@ -323,7 +323,7 @@ def test_a_state_mean_comes_back_bit_for_bit_read_only_and_a_damaged_one_is_reje
     data = path.read_bytes()
     path.write_bytes(data[:-5] + bytes([data[-5] ^ 0x01]) + data[-4:])  # inside the mean
     restarted = DiskTier(tmp_path, 1 << 30, IDENTITY)
-    assert restarted.load(key, snap.tokens) is None
+    assert restarted.load(key, Prefix(snap.tokens)) is None
     assert restarted.stats()["rejected"] == {"checksum": 1}
 
 
@@ -333,9 +333,9 @@ def test_a_kept_file_is_replaced_only_when_asked(tmp_path: Path) -> None:
     with_mean = Snapshot(plain.data, plain.tokens, np.ones(8, dtype=np.float32))
     tier.save(key, with_mean)
     assert tier.flush(FLUSH_S)
-    loaded = tier.load(key, plain.tokens)
+    loaded = tier.load(key, Prefix(plain.tokens))
     assert loaded is not None and loaded.state_mean is None  # written before: kept
     tier.save(key, with_mean, replace=True)
     assert tier.flush(FLUSH_S)
-    loaded = tier.load(key, plain.tokens)
+    loaded = tier.load(key, Prefix(plain.tokens))
     assert loaded is not None and loaded.state_mean is not None and loaded.state_mean.tolist() == [1.0] * 8

@@ -16,7 +16,7 @@ from app.engine.kv_settings import N_UBATCH, KvSettings
 from app.engine.llama import Engine, Readout, SuffixTokens
 from app.engine.pool import Context, RestoreError
 from app.engine.ram_tier import RamTier, cache_key
-from app.engine.snapshot import Snapshot
+from app.engine.snapshot import Prefix, Snapshot
 from app.engine.suffix_tree import MAX_SEQUENCES
 from app.serving.loading import assemble
 from app.wire.contract import SystemOneRequest
@@ -60,11 +60,11 @@ def fresh_service(path: Path, **overrides: object) -> ModelService:
 )
 def test_restore_then_decode_equals_prefill_then_decode(tiny_service: ModelService) -> None:
     engine = tiny_service.engine
-    prefix = engine.vocab.tokenize("Text:\n" + "a long state with many words " * 60, add_bos=True)
+    prefix = Prefix(tuple(engine.vocab.tokenize("Text:\n" + "a long state with many words " * 60, add_bos=True)))
     tokens = [engine.vocab.tokenize("Question one\n"), engine.vocab.tokenize("Question two, longer\n")]
     labels = [[300, 301, 302]] * 2
     one_shot, _ = engine.prefill(prefix)
-    split, _ = engine.prefill(prefix, base=engine.prefill(prefix[:40])[0])
+    split, _ = engine.prefill(prefix, base=engine.prefill(Prefix(prefix.tokens[:40]))[0])
     suffixes = [SuffixTokens(t, label_ids) for t, label_ids in zip(tokens, labels, strict=True)]
     cold = engine.decode_suffixes(one_shot, suffixes).readouts
     assert engine.decode_suffixes(split, suffixes).readouts == cold
@@ -77,15 +77,15 @@ def test_a_context_still_holding_the_prefix_skips_the_restore_and_answers_identi
     engine = Engine(tiny_plain_path, n_ctx=1024, threads=1, contexts=1)
     try:
         head = engine.vocab.tokenize("System prompt. Text:\n", add_bos=True)
-        base, _ = engine.prefill(head)
-        a, _ = engine.prefill([*head, *engine.vocab.tokenize("the first state " * 20)], base=base)
+        base, _ = engine.prefill(Prefix(tuple(head)))
+        a, _ = engine.prefill(Prefix((*head, *engine.vocab.tokenize("the first state " * 20))), base=base)
         suffixes = [
             SuffixTokens(engine.vocab.tokenize("Question one\n"), [300, 301]),
             SuffixTokens(engine.vocab.tokenize("Two\n"), [302, 303]),
         ]
         restores = llama_calls.restores
         kept = engine.decode_suffixes(a, suffixes)  # the prefill left `a` in the context
-        b_prefix = [*head, *engine.vocab.tokenize("another state " * 30)]
+        b_prefix = Prefix((*head, *engine.vocab.tokenize("another state " * 30)))
         b, _ = engine.prefill(b_prefix, base=base)  # cut back to the base that `a` grew from
         assert llama_calls.restores == restores
         restored = engine.decode_suffixes(a, suffixes)  # the context holds `b` now: `a` is copied back in
@@ -199,7 +199,7 @@ def test_answers_are_valid_probabilities(tiny_service: ModelService) -> None:
 
 def test_a_truncated_snapshot_is_refused_and_the_context_left_clean(tiny_service: ModelService) -> None:
     engine = tiny_service.engine
-    good, _ = engine.prefill(engine.vocab.tokenize("Text:\nsome state", add_bos=True))
+    good, _ = engine.prefill(Prefix(tuple(engine.vocab.tokenize("Text:\nsome state", add_bos=True))))
     suffixes = [SuffixTokens(engine.vocab.tokenize("Q\n"), [300, 301])]
     expected = engine.decode_suffixes(good, suffixes).readouts
     broken = Snapshot(good.data[: len(good.data) // 2], good.tokens)
@@ -317,7 +317,9 @@ def test_suffixes_that_begin_alike_share_rows_and_answer_exactly_as_decoded_whol
     # every sequence exactly what its own copy would (a wrong mask would not).
     engine = Engine(tiny_plain_path, n_ctx=1024, threads=1, contexts=1, flash_attn=True)
     try:
-        prefix, _ = engine.prefill(engine.vocab.tokenize("Text:\n" + "the parcel came late " * 12, add_bos=True))
+        prefix, _ = engine.prefill(
+            Prefix(tuple(engine.vocab.tokenize("Text:\n" + "the parcel came late " * 12, add_bos=True)))
+        )
         common = engine.vocab.tokenize("Is it late")
         tails = ("? now", "! or", ". lost")  # their first tokens differ
         suffixes = [SuffixTokens([*common, *engine.vocab.tokenize(tail)], [300, 301]) for tail in tails]
@@ -376,7 +378,9 @@ def test_a_hidden_state_is_what_the_output_layer_reads_and_asking_for_it_moves_n
     # make test-gpu runs this with every layer offloaded
     engine = Engine(tiny_chat_path, n_ctx=1024, n_gpu_layers=GPU_LAYERS, threads=1, contexts=1)
     try:
-        prefix, _ = engine.prefill(engine.vocab.tokenize("Text:\n" + "a state of some length " * 20, add_bos=True))
+        prefix, _ = engine.prefill(
+            Prefix(tuple(engine.vocab.tokenize("Text:\n" + "a state of some length " * 20, add_bos=True)))
+        )
         suffixes = [
             SuffixTokens(engine.vocab.tokenize("Question one\n"), [300, 301, 302]),
             SuffixTokens(engine.vocab.tokenize("Question two, longer\n"), [303, 304]),
@@ -430,23 +434,25 @@ def test_a_prefill_from_a_base_keeps_its_states_mean_and_leaves_the_kv_alone(tin
     plain = Engine(tiny_plain_path, n_ctx=1024, threads=1)
     try:
         assert tapped.probe_layer == (tapped.n_layer - 1) // 2
-        tokens = tapped.vocab.tokenize("The order arrived broken and I want my money back today.")
-        other = tapped.vocab.tokenize("Hello. Something else entirely comes first here.")
-        base = tapped.prefill(tokens[:3])[0]
-        state = tapped.prefill(tokens, base)[0]
+        tokens = tuple(tapped.vocab.tokenize("The order arrived broken and I want my money back today."))
+        other = tuple(tapped.vocab.tokenize("Hello. Something else entirely comes first here."))
+        base = tapped.prefill(Prefix(tokens[:3]))[0]
+        state = tapped.prefill(Prefix(tokens), base)[0]
         mean = state.state_mean
         assert mean is not None and mean.shape == (tapped.n_embd,) and np.isfinite(mean).all()
-        assert state.data == plain.prefill(tokens, plain.prefill(tokens[:3])[0])[0].data  # reading a layer moves no KV
-        assert plain.prefill(tokens)[0].state_mean is None  # an engine without a probe layer reads none
-        again = tapped.prefill(tokens, base)[0].state_mean
+        assert (
+            state.data == plain.prefill(Prefix(tokens), plain.prefill(Prefix(tokens[:3]))[0])[0].data
+        )  # reading a layer moves no KV
+        assert plain.prefill(Prefix(tokens))[0].state_mean is None  # an engine without a probe layer reads none
+        again = tapped.prefill(Prefix(tokens), base)[0].state_mean
         assert again is not None and again.tobytes() == mean.tobytes()
         # the mean is over the rows after the base, which saw the base: another base, another mean
-        moved = tapped.prefill([*other, *tokens[3:]], tapped.prefill(other)[0])[0].state_mean
+        moved = tapped.prefill(Prefix((*other, *tokens[3:])), tapped.prefill(Prefix(other))[0])[0].state_mean
         assert moved is not None and not np.array_equal(moved, mean)
         # a state longer than a micro-batch is read whole, every micro-batch's rows
         long = (tokens * (N_UBATCH // len(tokens) + 2))[: N_UBATCH + 50]
         assert len(long) - 3 > N_UBATCH
-        assert tapped.prefill(long, tapped.prefill(long[:3])[0])[0].state_mean is not None
+        assert tapped.prefill(Prefix(long), tapped.prefill(Prefix(long[:3]))[0])[0].state_mean is not None
     finally:
         tapped.close()
         plain.close()

@@ -448,7 +448,7 @@ def test_a_state_probe_answers_bit_for_bit_hit_miss_off_and_after_a_restart_from
             answer = miss.wire()["answers"]["queue"]
             assert answer["x_calibration"]["method"] == "state_probe/0.001"
             assert "x_raw" not in answer and "x_label_mass" not in answer
-            assert miss.usage.input_tokens == len(service.plan(request).prefix)  # no suffix decoded
+            assert miss.usage.input_tokens == len(service.plan(request).prefix.tokens)  # no suffix decoded
             assert len({json.dumps(r.wire()["answers"], sort_keys=True) for r in (miss, hit, off)}) == 1
             first.append(json.dumps(miss.wire()["answers"], sort_keys=True))
         state = coloured(6, seed=1)[0]["state"]
@@ -548,7 +548,7 @@ def test_a_new_state_s_served_cost_is_measured_on_new_states_with_the_fits_on(
         seconds = served_seconds(service, parsed, 5)
         assert len(seconds) == 3 and all(s > 0 for s in seconds)  # each distinct state once
         # each prefilled again from the base, as a new state is
-        states = [len(service.plan(e.request).prefix) - service.base.n_tokens for e in parsed[:3]]
+        states = [len(service.plan(e.request).prefix.tokens) - service.base.n_tokens for e in parsed[:3]]
         assert service.prefilled_tokens - before == sum(states)
         # each was answered as new (a miss), and is in the cache again after
         assert all(service.answer(e.request).x_cache == "hit" for e in parsed)

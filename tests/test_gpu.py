@@ -15,6 +15,7 @@ from pathlib import Path
 
 from app.engine.bindings import gpu_offload_supported, llama_log, shipped_backends
 from app.engine.llama import Engine, SuffixTokens
+from app.engine.snapshot import Prefix
 from app.wire.contract import SystemOneRequest
 from tests.support.llama_calls import LlamaCalls
 from tests.support.loading import load_model
@@ -69,15 +70,17 @@ def test_a_snapshot_saved_from_device_kv_restores_exactly_into_a_pooled_context(
 ) -> None:
     engine, _ = placed(tiny_chat_path, -1)
     try:
-        prefix, _ = engine.prefill(engine.vocab.tokenize("A state whose KV lives on the device.", add_bos=True))
+        prefix, _ = engine.prefill(
+            Prefix(tuple(engine.vocab.tokenize("A state whose KV lives on the device.", add_bos=True)))
+        )
         labels = [engine.vocab.tokenize(word)[0] for word in ("Yes", "No")]
         suffixes = [
             SuffixTokens(tuple(engine.vocab.tokenize(text)), labels) for text in (" Refund?", " Angry?", " Billing?")
         ]
         held = engine.decode_suffixes(prefix, suffixes)  # in the context that prefilled it
         restores = llama_calls.restores
-        engine.prefill(engine.vocab.tokenize("Another state in between.", add_bos=True))
-        engine.prefill(engine.vocab.tokenize("And a third, so both contexts hold others.", add_bos=True))
+        engine.prefill(Prefix(tuple(engine.vocab.tokenize("Another state in between.", add_bos=True))))
+        engine.prefill(Prefix(tuple(engine.vocab.tokenize("And a third, so both contexts hold others.", add_bos=True))))
         restored = engine.decode_suffixes(prefix, suffixes)
         assert llama_calls.restores > restores  # copied back from the saved bytes
         assert [r.label_logits for r in restored.readouts] == [r.label_logits for r in held.readouts]

@@ -27,7 +27,7 @@ from app.engine.bindings import EngineError
 from app.engine.disk_tier import SUFFIX
 from app.engine.kv_settings import N_UBATCH
 from app.engine.llama import SuffixTokens
-from app.engine.snapshot import IMAGE_CELL, ImageSpan, Snapshot
+from app.engine.snapshot import IMAGE_CELL, ImageSpan, Prefix, Snapshot
 from app.engine.snapshot_file import MAGIC
 from app.engine.vision import ImageUnreadable, Vision
 from app.platform.tiny_gguf import write_tiny_gguf
@@ -207,7 +207,7 @@ def test_an_image_prefix_holds_the_cells_libmtmds_own_helper_leaves(files: Files
         image = vision.tokens(PHOTO, _sha256(PHOTO))
         span = ImageSpan(len(image.before), image.sha256, image.n_tokens, image.n_pos)
         tokens = (*image.before, *[IMAGE_CELL] * image.n_tokens, *image.after)
-        snapshot, _ = engine.prefill(tokens, spans=(span,), images={image.sha256: PHOTO})
+        snapshot, _ = engine.prefill(Prefix(tokens, (span,), {image.sha256: PHOTO}))
         assert (vision.mrope, vision.non_causal) == (files.projector == "qwen2vl_merger", files.projector == "gemma3")
         with engine._pool.borrow(None) as ctx, vision._tokenized(PHOTO, image.sha256) as chunks:
             ctx.clear()
@@ -232,9 +232,9 @@ def test_suffix_positions_start_at_the_prefixs_next_position(files: Files, monke
         question = tuple(engine.vocab.tokenize(" paper on the table"))
         labels = tuple(engine.vocab.tokenize("Yes")[:1] + engine.vocab.tokenize("No")[:1])
         files_by_sha = {image.sha256: PHOTO}
-        snapshot, _ = engine.prefill(prefix, service.base, spans=(span,), images=files_by_sha)
+        snapshot, _ = engine.prefill(Prefix(prefix, (span,), files_by_sha), service.base)
         # the reference: the question but its last token prefilled as part of the prefix
-        whole, _ = engine.prefill((*prefix, *question[:-1]), service.base, spans=(span,), images=files_by_sha)
+        whole, _ = engine.prefill(Prefix((*prefix, *question[:-1]), (span,), files_by_sha), service.base)
         expected = engine.decode_suffixes(whole, [SuffixTokens(question[-1:], labels)]).readouts[0].label_logits
 
         def read(snapshot: Snapshot) -> list[float]:

@@ -58,8 +58,8 @@ def test_the_prompt_is_system_then_every_question_then_the_state_then_a_readout(
         "Answer with the label of one option"
     )
     # the prefix is base + question set + state; each suffix is its readout and the tail
-    assert plan.prefix[: pipeline.base.n_tokens] == pipeline.base.tokens
-    assert plan.prefix[pipeline.base.n_tokens :][: len(plan.question_set.tokens)] == plan.question_set.tokens
+    assert plan.prefix.tokens[: pipeline.base.n_tokens] == pipeline.base.tokens
+    assert plan.prefix.tokens[pipeline.base.n_tokens :][: len(plan.question_set.tokens)] == plan.question_set.tokens
     # options and levels stay in the shared block: those readouts are shorter than state-first suffixes
     for qid, question, reading in plan.questions:
         if qid != "angry":
@@ -107,7 +107,7 @@ def test_a_new_state_with_the_same_questions_prefills_only_the_state(
     response = pipeline.answer(second).wire()
     plan = pipeline.plan(second)
     assert plan.question_set is not None
-    state_tokens = len(plan.prefix) - pipeline.base.n_tokens - len(plan.question_set.tokens)
+    state_tokens = len(plan.prefix.tokens) - pipeline.base.n_tokens - len(plan.question_set.tokens)
     assert llama_calls.decodes - before_calls == 2  # the state's prefill, one batched readout decode
     assert pipeline.prefilled_tokens - before_tokens == state_tokens  # not the question block again
     assert pipeline.question_sets.ram.stats()["hits"] == 1

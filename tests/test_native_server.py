@@ -197,8 +197,8 @@ def image_gaps(
                 request = request_of({"model": "m", **body})
                 ours = service.answer(request).wire()
                 plan = service.plan(request)
-                n_prompts = len(plan.suffixes()) if plan.prefix else 1  # clef: one joint prompt
-                counted = ours["usage"]["input_tokens"] + (n_prompts - 1) * len(plan.prefix)
+                n_prompts = len(plan.suffixes()) if plan.prefix.tokens else 1  # clef: one joint prompt
+                counted = ours["usage"]["input_tokens"] + (n_prompts - 1) * len(plan.prefix.tokens)
                 counts.append((counted, theirs["usage"]["input_tokens"]))
                 for qid, question in questions.items():
                     gap = agreement(question["type"], ours["answers"][qid], theirs["answers"][qid]).largest_gap

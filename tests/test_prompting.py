@@ -73,7 +73,7 @@ def test_the_prefix_is_a_literal_token_prefix_of_every_full_prompt(service: Mode
     plan = service.plan(request)
     for rendered in plan.suffixes():
         whole = fmt.head + render_state(state) + fmt.between + rendered.text + fmt.tail
-        assert list(plan.prefix) + list(rendered.tokens) == tokenizer.tokenize(whole, add_bos=True)
+        assert list(plan.prefix.tokens) + list(rendered.tokens) == tokenizer.tokenize(whole, add_bos=True)
 
 
 def test_labels_are_distinct_single_tokens_in_the_variant_the_prompt_ends_with(service: ModelService) -> None:
@@ -130,7 +130,7 @@ def test_control_tokens_in_user_text_are_not_parsed(tiny_service: ModelService) 
         }
     )
     plan = tiny_service.plan(request)
-    state_part = plan.prefix[len(tiny_service.base.tokens) :]
+    state_part = plan.prefix.tokens[len(tiny_service.base.tokens) :]
     (rendered,) = plan.suffixes()
     assert im_end[0] not in state_part
     assert rendered.tokens.count(im_end[0]) == 1  # only the template's own end of turn

@@ -145,7 +145,7 @@ def test_prefix_tokens_are_a_literal_prefix_with_the_real_tokenizer(real_service
         plan = real_service.plan(request)
         for rendered in plan.suffixes():
             whole = fmt.head + render_state(state) + fmt.between + rendered.text + fmt.tail
-            assert list(plan.prefix) + list(rendered.tokens) == real_service.engine.vocab.tokenize(whole)
+            assert list(plan.prefix.tokens) + list(rendered.tokens) == real_service.engine.vocab.tokenize(whole)
 
 
 LONG_STATE = " ".join(f"Line {i}: the customer reports that parcel {i} arrived late and damaged." for i in range(75))
@@ -191,7 +191,7 @@ def test_a_restored_long_prefix_equals_a_one_shot_prefill(real_model_path: Path)
         ask(service, LONG_STATE, LONG_QUESTIONS)
         request = SystemOneRequest.model_validate({"model": "m", "state": LONG_STATE, "questions": LONG_QUESTIONS})
         plan = service.plan(request)
-        assert len(plan.prefix) > 1200
+        assert len(plan.prefix.tokens) > 1200
         # Restore (system snapshot + state prefill, then the saved snapshot) == prefill of the whole prefix at once.
         one_shot, _ = engine.prefill(plan.prefix)
         suffixes = distinct_suffixes(plan.suffixes())  # as served

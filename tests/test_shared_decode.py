@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 from app.answering.service import ModelService
 from app.engine.caller import Caller, working_for
 from app.engine.llama import Engine, SuffixReadouts, SuffixTokens
-from app.engine.snapshot import Snapshot
+from app.engine.snapshot import Prefix, Snapshot
 from app.errors import Cancelled
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
@@ -45,7 +45,7 @@ def requests(engine: Engine) -> list[tuple[Snapshot, list[SuffixTokens]]]:
     """Prefixes of different lengths, with one to three questions that share their first tokens."""
     made = []
     for i in range(N_REQUESTS):
-        prefix, _ = engine.prefill([1 + (7 * i + j) % 200 for j in range(20 + 13 * i)])
+        prefix, _ = engine.prefill(Prefix(tuple(1 + (7 * i + j) % 200 for j in range(20 + 13 * i))))
         suffixes = [SuffixTokens([5, 6, 7 + q, 8 + i], labels=[10, 11, 12]) for q in range(1 + i % 3)]
         made.append((prefix, suffixes))
     return made

@@ -8,6 +8,7 @@ from pathlib import Path
 import gguf
 
 from app.engine.llama import Engine
+from app.engine.snapshot import Prefix
 from app.platform.tiny_gguf import write_tiny_gguf
 from bench.twin import record, write
 
@@ -25,7 +26,7 @@ def test_a_twin_has_the_models_shapes_types_and_tokenizer_and_other_weights(tmp_
     assert twin.stat().st_size == model.stat().st_size
     engine = Engine(twin, n_ctx=256, threads=1)
     try:
-        prefix, _ = engine.prefill(engine.vocab.tokenize("a twin decodes", add_bos=True))
+        prefix, _ = engine.prefill(Prefix(tuple(engine.vocab.tokenize("a twin decodes", add_bos=True))))
         assert prefix.n_tokens > 1
     finally:
         engine.close()

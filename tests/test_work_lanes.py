@@ -18,6 +18,7 @@ from app.engine import bindings
 from app.engine.caller import Caller, Lane, working_for
 from app.engine.llama import Engine
 from app.engine.prefill import Stopped
+from app.engine.snapshot import Prefix
 from app.errors import Cancelled
 from tests.support.llama_calls import count_llama_calls
 
@@ -125,7 +126,7 @@ def test_a_prefill_stops_between_its_pieces_and_leaves_nothing_that_changes_an_a
     tokens = engine.vocab.tokenize("the parcel came late again. " * 60, add_bos=True)
     pieces = -(-len(tokens) // engine.n_ubatch)
     assert pieces >= 3
-    whole, _ = engine.prefill(tokens)  # nobody stops it
+    whole, _ = engine.prefill(Prefix(tuple(tokens)))  # nobody stops it
     calls = count_llama_calls(monkeypatch)
     bindings.init()
     import llama_cpp
@@ -139,10 +140,10 @@ def test_a_prefill_stops_between_its_pieces_and_leaves_nothing_that_changes_an_a
 
     monkeypatch.setattr(llama_cpp, "llama_decode", client_leaves_during_the_first_piece)
     with working_for(stopped), pytest.raises(Cancelled):
-        engine.prefill(tokens)
+        engine.prefill(Prefix(tuple(tokens)))
     assert calls.decodes == 1 and calls.rows == engine.n_ubatch  # one piece, not the other pieces
     monkeypatch.setattr(llama_cpp, "llama_decode", decode)
-    again, _ = engine.prefill(tokens)  # on the context the stopped prefill used
+    again, _ = engine.prefill(Prefix(tuple(tokens)))  # on the context the stopped prefill used
     assert again.data == whole.data
 
 
@@ -153,9 +154,9 @@ def test_a_retry_goes_on_from_the_pieces_a_stopped_prefill_paid_for_and_ends_ali
     the retry decodes only the rest, into the snapshot and state mean of an uninterrupted prefill."""
     engine = Engine(tiny_chat_path, n_ctx=2048, threads=1, probe_layer="middle")
     try:
-        base, _ = engine.prefill(engine.vocab.tokenize("System part. ", add_bos=True))
+        base, _ = engine.prefill(Prefix(tuple(engine.vocab.tokenize("System part. ", add_bos=True))))
         tokens = (*base.tokens, *engine.vocab.tokenize(" the parcel came late again." * 60))
-        whole, _ = engine.prefill(tokens, base)
+        whole, _ = engine.prefill(Prefix(tokens), base)
         assert whole.state_mean is not None
         calls = count_llama_calls(monkeypatch)
         bindings.init()
@@ -170,18 +171,18 @@ def test_a_retry_goes_on_from_the_pieces_a_stopped_prefill_paid_for_and_ends_ali
 
         monkeypatch.setattr(llama_cpp, "llama_decode", client_leaves_during_the_second_piece)
         with working_for(stopped), pytest.raises(Stopped) as raised:
-            engine.prefill(tokens, base)
+            engine.prefill(Prefix(tokens), base)
         partial = raised.value.partial
         assert partial is not None and partial.snapshot.n_tokens == base.n_tokens + 2 * engine.n_ubatch
         monkeypatch.setattr(llama_cpp, "llama_decode", decode)
         rows_before = calls.rows
-        again, _ = engine.prefill(tokens, base, resume=partial)
+        again, _ = engine.prefill(Prefix(tokens), base, resume=partial)
         assert calls.rows - rows_before == len(tokens) - partial.snapshot.n_tokens  # only the rest
         assert again.data == whole.data
         assert again.state_mean is not None and again.state_mean.tobytes() == whole.state_mean.tobytes()
-        other_base, _ = engine.prefill(base.tokens[:-1])
+        other_base, _ = engine.prefill(Prefix(base.tokens[:-1]))
         rows_before = calls.rows
-        engine.prefill(tokens, other_base, resume=partial)  # begun after another base: not gone on from
+        engine.prefill(Prefix(tokens), other_base, resume=partial)  # begun after another base: not gone on from
         assert calls.rows - rows_before == len(tokens) - other_base.n_tokens
     finally:
         engine.close()
@@ -190,7 +191,7 @@ def test_a_retry_goes_on_from_the_pieces_a_stopped_prefill_paid_for_and_ends_ali
 def test_a_prefill_in_pieces_is_the_one_call_llama_cpp_would_split_alike(engine: Engine) -> None:
     tokens = engine.vocab.tokenize("where is my order? " * 80, add_bos=True)
     assert len(tokens) > 2 * engine.n_ubatch
-    pieces, _ = engine.prefill(tokens)
+    pieces, _ = engine.prefill(Prefix(tuple(tokens)))
     with engine._pool.borrow(None) as ctx:
         ctx.clear()
         ctx.fill([(token, i, (0,), False) for i, token in enumerate(tokens)])
@@ -203,7 +204,7 @@ def test_a_prefill_in_pieces_is_the_one_call_llama_cpp_would_split_alike(engine:
 def test_a_context_keeps_no_snapshot_alive_that_the_cache_let_go(engine: Engine) -> None:
     """A pooled context remembers which snapshot its cells hold, but a snapshot the RAM tier evicted is
     freed all the same: its bytes are counted in no budget any more."""
-    first, _ = engine.prefill(engine.vocab.tokenize("the first state", add_bos=True))
+    first, _ = engine.prefill(Prefix(tuple(engine.vocab.tokenize("the first state", add_bos=True))))
     kept = weakref.ref(first)
     with engine._pool.borrow(first) as ctx:
         assert ctx.position_of(first) == 0  # the context holds it: a request for it skips the restore
@@ -222,7 +223,7 @@ def test_a_long_prefill_hands_its_context_to_a_waiting_request_between_pieces_an
     try:
         tokens = engine.vocab.tokenize("the parcel came late again. " * 60, add_bos=True)
         assert len(tokens) > 2 * engine.n_ubatch
-        alone, _ = engine.prefill(tokens)
+        alone, _ = engine.prefill(Prefix(tuple(tokens)))
         assert alone.state_mean is not None
         bindings.init()
         import llama_cpp
@@ -242,7 +243,9 @@ def test_a_long_prefill_hands_its_context_to_a_waiting_request_between_pieces_an
 
         monkeypatch.setattr(llama_cpp, "llama_decode", a_request_comes_during_the_first_piece)
         handed: list[int] = []
-        prefilling = threading.Thread(target=lambda: handed.append(len(engine.prefill(tokens)[0].tokens)), daemon=True)
+        prefilling = threading.Thread(
+            target=lambda: handed.append(len(engine.prefill(Prefix(tuple(tokens)))[0].tokens)), daemon=True
+        )
         prefilling.start()
         assert came.wait(WAIT_S) and request[0].got.wait(WAIT_S)
         pieces_before = events.count("piece")
@@ -251,7 +254,7 @@ def test_a_long_prefill_hands_its_context_to_a_waiting_request_between_pieces_an
         assert not prefilling.is_alive() and handed == [len(tokens)]
         assert pieces_before == 1  # the request waited for one piece, not for the state
         monkeypatch.setattr(llama_cpp, "llama_decode", decode)
-        again, _ = engine.prefill(tokens)
+        again, _ = engine.prefill(Prefix(tuple(tokens)))
         assert again.data == alone.data
         assert again.state_mean is not None and again.state_mean.tobytes() == alone.state_mean.tobytes()
     finally:
@@ -268,7 +271,7 @@ def test_a_request_that_comes_during_a_piece_takes_the_context_from_it_and_the_p
     try:
         tokens = engine.vocab.tokenize("the parcel came late again. " * 60, add_bos=True)
         assert len(tokens) > 2 * engine.n_ubatch
-        alone, _ = engine.prefill(tokens)
+        alone, _ = engine.prefill(Prefix(tuple(tokens)))
         assert alone.state_mean is not None
         bindings.init()
         import llama_cpp
@@ -286,7 +289,9 @@ def test_a_request_that_comes_during_a_piece_takes_the_context_from_it_and_the_p
 
         monkeypatch.setattr(llama_cpp, "llama_decode", a_request_comes_as_the_first_piece_starts)
         handed: list[int] = []
-        prefilling = threading.Thread(target=lambda: handed.append(len(engine.prefill(tokens)[0].tokens)), daemon=True)
+        prefilling = threading.Thread(
+            target=lambda: handed.append(len(engine.prefill(Prefix(tuple(tokens)))[0].tokens)), daemon=True
+        )
         prefilling.start()
         until(lambda: bool(request))
         assert request[0].got.wait(WAIT_S)
@@ -296,7 +301,7 @@ def test_a_request_that_comes_during_a_piece_takes_the_context_from_it_and_the_p
         assert not prefilling.is_alive() and handed == [len(tokens)]
         assert set(statuses[1:]) == {0}  # then every piece done, the given-up one again among them
         monkeypatch.setattr(llama_cpp, "llama_decode", decode)
-        again, _ = engine.prefill(tokens)
+        again, _ = engine.prefill(Prefix(tuple(tokens)))
         assert again.data == alone.data
         assert again.state_mean is not None and again.state_mean.tobytes() == alone.state_mean.tobytes()
     finally:
@@ -312,7 +317,7 @@ def test_requests_that_keep_coming_take_turns_with_a_prefill_which_still_ends_al
     engine = Engine(tiny_chat_path, n_ctx=2048, threads=1, probe_layer="middle")
     try:
         tokens = engine.vocab.tokenize("the parcel came late again. " * 60, add_bos=True)
-        alone, _ = engine.prefill(tokens)
+        alone, _ = engine.prefill(Prefix(tuple(tokens)))
         bindings.init()
         import llama_cpp
 
@@ -332,7 +337,9 @@ def test_requests_that_keep_coming_take_turns_with_a_prefill_which_still_ends_al
 
         monkeypatch.setattr(llama_cpp, "llama_decode", a_request_comes_at_every_piece)
         handed: list[Any] = []
-        prefilling = threading.Thread(target=lambda: handed.append(engine.prefill(tokens)[0]), daemon=True)
+        prefilling = threading.Thread(
+            target=lambda: handed.append(engine.prefill(Prefix(tuple(tokens)))[0]), daemon=True
+        )
         prefill_thread.append(prefilling)
         prefilling.start()
         prefilling.join(WAIT_S)

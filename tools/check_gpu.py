@@ -30,6 +30,7 @@ from app.engine import bindings
 from app.engine.bindings import llama_log
 from app.engine.devices import backends, devices, gpu_layers_problem, gpus
 from app.engine.llama import Engine, SuffixTokens
+from app.engine.snapshot import Prefix
 from app.serving.known_models import default_model_path
 
 # Lines of llama.cpp's load log that say which device holds what.
@@ -126,12 +127,14 @@ def check(model: Path, timeout: float, layers: int = -1) -> dict[str, Any]:
         SuffixTokens(tuple(vocab.tokenize(text)), labels) for text in (" Refund?", " Angry?", " Billing question?")
     ]
     with steps.step(f"one decode (prefill of {len(tokens)} tokens)"):
-        prefix, timing = engine.prefill(tokens)
+        prefix, timing = engine.prefill(Prefix(tuple(tokens)))
         say(f"  {timing.prefill_ms:.0f} ms")
     with steps.step("state save"):
         say(f"  snapshot of {prefix.n_tokens} tokens: {len(prefix.data)} bytes")
     with steps.step("restore into a cleared context and decode one suffix"):
-        engine.prefill(vocab.tokenize("Something else entirely.", add_bos=True))  # the context now holds another
+        engine.prefill(
+            Prefix(tuple(vocab.tokenize("Something else entirely.", add_bos=True)))
+        )  # the context now holds another
         single = engine.decode_suffixes(prefix, suffixes[:1])
         say(f"  restore {single.timing.restore_ms:.1f} ms, decode {single.timing.decode_ms:.1f} ms")
     with steps.step(f"batched decode of {len(suffixes)} suffixes"):
@@ -142,7 +145,7 @@ def check(model: Path, timeout: float, layers: int = -1) -> dict[str, Any]:
         if not all(math.isfinite(x) for x in logits):  # NaN never equals itself: say so, not "other logits"
             raise ArithmeticError("the decode's logits are not finite: the model's numbers overflow on this device")
     with steps.step("bit-identity: a restored prefix answers as before"):
-        engine.prefill(vocab.tokenize("Yet another state.", add_bos=True))
+        engine.prefill(Prefix(tuple(vocab.tokenize("Yet another state.", add_bos=True))))
         again = engine.decode_suffixes(prefix, suffixes)
         if [r.label_logits for r in again.readouts] != [r.label_logits for r in first.readouts]:
             raise AssertionError("the same prefix and suffixes gave other logits after a restore")

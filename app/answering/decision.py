@@ -48,7 +48,7 @@ from app.answering.decision_text import common_text as _common_text
 from app.answering.decision_text import pick_labels
 from app.answering.prompter import ContextBound, Plan, Reading, Suffix, TemplateRefused, Tokenizer, TooManyOptions
 from app.answering.token_memo import TokenMemo
-from app.engine.snapshot import ImageSpan
+from app.engine.snapshot import ImageSpan, Prefix
 from app.engine.vision import ImageTokens, Vision
 from app.wire.contract import (
     MAX_OPTIONS,
@@ -220,7 +220,8 @@ class DecisionPrompter(TemplatePrompter):
             )
             planned.append((qid, question, self._reading(question, variants, prompts[qid][0].groups)))
         files = {image.sha256: image.data for image in media.images}
-        return Plan(prefix, ("systemone", array("i", prefix).tobytes(), *described(spans)), planned, None, spans, files)
+        key: tuple[str | bytes, ...] = ("systemone", array("i", prefix).tobytes(), *described(spans))
+        return Plan(Prefix(prefix, spans, files), key, planned)
 
     # Rendering ---------------------------------------------------------------------------------
 

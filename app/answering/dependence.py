@@ -158,7 +158,7 @@ def _read_from(plan: Plan, qid: str) -> Hashable:
     suffix), the labels and places read in it, and how they are read."""
     (reading,) = [reading for found, _, reading in plan.questions if found == qid]
     variants = tuple(
-        ((*plan.prefix, *v.tokens), v.label_ids, tuple(len(plan.prefix) + m for m in v.marks), v.order)
+        ((*plan.prefix.tokens, *v.tokens), v.label_ids, tuple(len(plan.prefix.tokens) + m for m in v.marks), v.order)
         for v in reading.variants
     )
     return (variants, reading.combine, reading.temperature, reading.head, reading.groups, reading.column)

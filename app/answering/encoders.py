@@ -27,7 +27,7 @@ from app.answering.decision import TemplatePrompter
 from app.answering.decision_format import DecisionError, DecisionFormat, options_of
 from app.answering.decision_media import PromptImages
 from app.answering.prompter import ContextBound, Plan, Reading, Suffix, TemplateRefused, Tokenizer
-from app.engine.snapshot import ImageSpan
+from app.engine.snapshot import ImageSpan, Prefix
 from app.engine.vision import MEDIA_MARKER, ImageTokens, Vision
 from app.wire.contract import NoulQuestion, Question, SystemOneRequest, label_keys
 from app.wire.images import NO_MEDIA
@@ -80,7 +80,7 @@ class EncoderPrompter(TemplatePrompter):
         else:
             planned = [(qid, q, self._reading(q, self._one(qid, q, request, images))) for qid, q in questions.items()]
         files = {image.sha256: image.data for image in request.media.images}
-        return Plan((), ("systemone", self.format.kind), planned, images=files)
+        return Plan(Prefix(images=files), ("systemone", self.format.kind), planned)
 
     def _reading(self, question: Question, suffix: Suffix) -> Reading:
         n = 2 if isinstance(question, NoulQuestion) else len(question.criteria)

@@ -6,14 +6,14 @@ are read. onepass's own prompt (app/answering/prompting.py) and a decision GGUF'
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import numpy as np
 
 from app.engine.llama import Readout
-from app.engine.snapshot import ImageSpan
+from app.engine.snapshot import ImageSpan, Prefix
 from app.wire.contract import DEPENDS_ON, ChoiceQuestion, DependsOn, Question, SystemOneRequest
 
 
@@ -70,7 +70,8 @@ class Suffix:
     label_ids: tuple[int, ...]  # in answer order: yes/no, options in request order, levels 0..n-1
     marks: tuple[int, ...] = ()  # positions in `tokens` whose output vectors a decision head reads
     order: tuple[int, ...] = ()  # each token's decision order, for a joint decision head (clef)
-    spans: tuple[ImageSpan, ...] = ()  # a whole prompt's images among its cells (IMAGE_CELL), in order
+    # a whole prompt's images among its cells (IMAGE_CELL), in order; their files are the plan's prefix's
+    spans: tuple[ImageSpan, ...] = ()
 
 
 Head = Literal["labels", "groups", "pointer", "column", "rows"]
@@ -156,12 +157,12 @@ class QuestionSet:
 class Plan:
     """A request as its prompter renders it, checked before any inference."""
 
-    prefix: tuple[int, ...]  # everything before the suffixes: what the state's snapshot holds
+    # everything before the suffixes, what the state's snapshot holds: its tokens, its images among
+    # them, and the images' files (a model without memory: no cells, the files its whole prompts read)
+    prefix: Prefix
     key: tuple[str | bytes, ...]  # what besides the model and the KV settings shapes that snapshot
     questions: list[tuple[str, Question, Reading]]  # in the request's order
     question_set: QuestionSet | None = None  # the question-first layout's (None: state-first)
-    spans: tuple[ImageSpan, ...] = ()  # the images among the prefix's cells (IMAGE_CELL), in order
-    images: Mapping[str, bytes] = field(default_factory=dict)  # each image's file by its SHA-256
 
     def suffixes(self) -> list[Suffix]:
         return [variant for _, _, reading in self.questions for variant in reading.variants]

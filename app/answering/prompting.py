@@ -40,7 +40,7 @@ from app.answering.prompter import (
 )
 from app.answering.token_memo import TokenMemo
 from app.config import parse_layout
-from app.engine.snapshot import IMAGE_CELL, ImageSpan
+from app.engine.snapshot import IMAGE_CELL, ImageSpan, Prefix
 from app.engine.vision import ImageUnreadable, Vision
 from app.wire.contract import (
     MAX_OPTIONS,
@@ -248,12 +248,12 @@ class OwnPrompter:
             prefix = (*before, *cells, *self.state_tokens(text))
             key: tuple[str, ...] = (self.format.head_before_lead, question_set.text, *described)
             readings = [(qid, q, Reading((question_set.suffixes[qid],))) for qid, q in questions.items()]
-            return Plan(prefix, (*key, self.format.between, text), readings, question_set, spans, files)
+            return Plan(Prefix(prefix, spans, files), (*key, self.format.between, text), readings, question_set)
         cells, spans, described = self._images(request, len(self.head_tokens))
         prefix = (*self.head_tokens, *cells, *self.state_tokens(text))
         key = (self.format.head, *described, self.format.between, text)
         readings = [(qid, q, Reading((self.question(q),))) for qid, q in questions.items()]
-        return Plan(prefix, key, readings, None, spans, files)
+        return Plan(Prefix(prefix, spans, files), key, readings)
 
     def _images(self, request: SystemOneRequest, offset: int) -> tuple[list[int], tuple[ImageSpan, ...], list[str]]:
         """The request's images as the prefix holds them from cell `offset`: their cells (the projector's

@@ -17,7 +17,7 @@ from app.answering.prompter import Dependence, Plan, Prompter, Suffix, TemplateR
 from app.calibration import AnswerProbabilities, Calibration, Evidence, QuestionReadouts
 from app.engine.llama import Engine, Readout, SuffixReadouts, SuffixTokens, Timing
 from app.engine.pool import RestoreError
-from app.engine.snapshot import Snapshot
+from app.engine.snapshot import Prefix, Snapshot
 from app.engine.tiers import PrefixCache, ResolvedPrefix
 from app.errors import ApiError, InvalidRequest
 from app.wire.contract import (
@@ -80,7 +80,7 @@ class ModelService:
         self.max_prompt_tokens = max_prompt_tokens
         log.info("%s: %s", name, self.dependence.describe())
         started = time.perf_counter()
-        self.base, _ = engine.prefill(prompter.head_tokens)
+        self.base, _ = engine.prefill(Prefix(prompter.head_tokens))
         spent = (time.perf_counter() - started) * 1000
         log.info("%s: system prompt prefilled (%d tokens, %.0f ms)", name, self.base.n_tokens, spent)
 
@@ -147,16 +147,17 @@ class ModelService:
             where = error.loc or (request.media.fields[0],)
             raise InvalidRequest.at(where, str(error), error.kind, None) from error
         longest = max(len(suffix.tokens) for suffix in plan.suffixes())
-        if len(plan.prefix) + longest > self.engine.n_ctx:
-            if not plan.prefix:  # a model without memory: each prompt is read whole, in one piece
+        n_prefix = len(plan.prefix.tokens)
+        if n_prefix + longest > self.engine.n_ctx:
+            if not n_prefix:  # a model without memory: each prompt is read whole, in one piece
                 message = f"the longest prompt has {longest} tokens, but the model context holds {self.engine.n_ctx}"
             else:
                 message = (
-                    f"the prompt needs {len(plan.prefix)} prefix tokens (system {self.base.n_tokens} + state "
-                    f"{len(plan.prefix) - self.base.n_tokens}) plus {longest} for the longest question, but the "
+                    f"the prompt needs {n_prefix} prefix tokens (system {self.base.n_tokens} + state "
+                    f"{n_prefix - self.base.n_tokens}) plus {longest} for the longest question, but the "
                     f"model context holds {self.engine.n_ctx}"
                 )
-            raise InvalidRequest.at(("state",), message, "too_long", len(plan.prefix) + longest)
+            raise InvalidRequest.at(("state",), message, "too_long", n_prefix + longest)
         needed = prompt_tokens(plan)
         if self.max_prompt_tokens and needed > self.max_prompt_tokens:
             message = (
@@ -187,15 +188,15 @@ class ModelService:
         base = self._base_for(plan, built)
         key = self.states.key(*plan.key)
         # A decision template's state can merge with the end of its head: then prefill from the start.
-        start = base if plan.prefix[: base.n_tokens] == base.tokens else None
-        prefix = self.states.resolve(key, plan.prefix, start, built, state_mean, plan.spans, plan.images)
+        start = base if plan.prefix.tokens[: base.n_tokens] == base.tokens else None
+        prefix = self.states.resolve(key, plan.prefix, start, built, state_mean)
         suffixes = distinct_suffixes(v for qid, _, r in plan.questions if qid not in state_only for v in r.variants)
         try:
             answered = self._decode_suffixes(prefix.snapshot, suffixes, hidden, beside_others)
         except RestoreError as error:
             log.warning("%s: dropping a snapshot that failed to restore (%s); prefilling again", self.name, error)
             self.states.drop(key)
-            prefix = self.states.resolve(key, plan.prefix, start, built, state_mean, plan.spans, plan.images)
+            prefix = self.states.resolve(key, plan.prefix, start, built, state_mean)
             answered = self._decode_suffixes(prefix.snapshot, suffixes, hidden, beside_others)
         asked = question_readouts(plan, suffixes, answered.readouts, state_only)
         timing = Timing(
@@ -217,7 +218,7 @@ class ModelService:
             "%s: cache %s, %d prefix tokens, %d questions in %d decode(s), %.0f ms",
             self.name,
             decoded.prefix.source,
-            len(plan.prefix),
+            len(plan.prefix.tokens),
             len(plan.questions),
             decoded.n_decodes,
             (finished - started) * 1000,
@@ -226,7 +227,7 @@ class ModelService:
             model=self.name,
             answers=answers,
             usage=Usage(
-                input_tokens=len(plan.prefix) + sum(len(suffix.tokens) for suffix in decoded.suffixes),
+                input_tokens=len(plan.prefix.tokens) + sum(len(suffix.tokens) for suffix in decoded.suffixes),
                 output_tokens=len(plan.questions),
             ),
             x_cache=decoded.prefix.source,
@@ -264,7 +265,8 @@ class ModelService:
         vectors, timing = {}, Timing()
         for (tokens, order), wanted in sorted(rows.items()):
             read = sorted(wanted)
-            encoded = self.engine.encode(tokens, read, order, spans=spans[(tokens, order)], images=plan.images)
+            whole = Prefix(tokens, spans[(tokens, order)], plan.prefix.images)
+            encoded = self.engine.encode(whole, read, order)
             vectors[(tokens, order)] = dict(zip(read, encoded.vectors, strict=True))
             timing.decode_ms += encoded.decode_ms
         asked = {}
@@ -289,7 +291,7 @@ class ModelService:
             return self.base
         tokens = (*self.base.tokens, *plan.question_set.tokens)
         key = self.question_sets.key(*plan.question_set.key)
-        return self.question_sets.resolve(key, tokens, self.base, built).snapshot
+        return self.question_sets.resolve(key, Prefix(tokens), self.base, built).snapshot
 
 
 def _answer(asked: QuestionReadouts, found: AnswerProbabilities) -> Answer:
@@ -324,7 +326,7 @@ def question_readouts(
 def prompt_tokens(plan: Plan) -> int:
     """The tokens a model reads for `plan` where nothing is cached (usage.input_tokens, but for the
     suffixes of questions a fit answers from the state alone): its prefix and each distinct suffix once."""
-    return len(plan.prefix) + sum(len(suffix.tokens) for suffix in distinct_suffixes(plan.suffixes()))
+    return len(plan.prefix.tokens) + sum(len(suffix.tokens) for suffix in distinct_suffixes(plan.suffixes()))
 
 
 def distinct_suffixes(suffixes: Iterable[Suffix]) -> list[SuffixTokens]:

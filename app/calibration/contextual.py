@@ -35,7 +35,7 @@ from app.calibration.scoring import softmax
 from app.engine.disk_tier import DiskTier
 from app.engine.llama import Readout, SuffixTokens
 from app.engine.ram_tier import CacheKey, cache_key
-from app.engine.snapshot import Snapshot
+from app.engine.snapshot import Prefix, Snapshot
 
 CONTENT_FREE_STATES = ("N/A", "")
 MAX_PRIORS = 4096
@@ -140,7 +140,7 @@ class DiskPriors:
         return cache_key(*self._prefix, array("I", tokens).tobytes())
 
     def load(self, tokens: tuple[int, ...]) -> bytes | None:
-        found = self._disk.load(self._key(tokens), tokens)
+        found = self._disk.load(self._key(tokens), Prefix(tokens))
         return found.data if found is not None else None
 
     def save(self, tokens: tuple[int, ...], data: bytes) -> None:

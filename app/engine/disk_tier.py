@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.ram_tier import CacheKey
-from app.engine.snapshot import ImageSpan, Snapshot
+from app.engine.snapshot import Prefix, Snapshot
 from app.engine.snapshot_file import Rejected, SnapshotIdentity, file_parts, read_snapshot
 from app.paths import TEMP_SUFFIX, size_of, write_atomically
 
@@ -111,8 +111,8 @@ class DiskTier:
 
     # Reading
 
-    def load(self, key: CacheKey, tokens: tuple[int, ...], spans: tuple[ImageSpan, ...] = ()) -> Snapshot | None:
-        """The snapshot stored for `key` if its file is whole, verified and for these tokens and images."""
+    def load(self, key: CacheKey, prefix: Prefix) -> Snapshot | None:
+        """The snapshot stored for `key` if its file is whole, verified and of `prefix`, its tokens and images."""
         if not self.enabled:
             return None
         path = self._path(key)
@@ -128,7 +128,7 @@ class DiskTier:
             self._reject(path, rejected)
         except OSError as error:
             self._reject(path, Rejected("unreadable", str(error)))
-        if snapshot is not None and not snapshot.holds(tokens, spans):
+        if snapshot is not None and not snapshot.holds(prefix):
             self._count("collisions")  # a key collision: the file is sound, just not this prefix
             snapshot = None
         if snapshot is None:

@@ -24,7 +24,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -40,7 +40,7 @@ from app.engine.kv_settings import KvSettings
 from app.engine.pool import Context, ContextPool, keeps_memory
 from app.engine.prefill import Partial, Prefill
 from app.engine.shared_decode import SharedDecodes, SharedJob
-from app.engine.snapshot import ImageSpan, Snapshot, spans_fit
+from app.engine.snapshot import Prefix, Snapshot, spans_fit
 from app.engine.suffix_tree import plan_groups, suffix_rows
 from app.engine.vision import Vision
 from app.engine.vocab import Vocabulary
@@ -233,25 +233,19 @@ class Engine:
             self.model = None
 
     def prefill(
-        self,
-        tokens: Sequence[int],
-        base: Snapshot | None = None,
-        *,
-        spans: Sequence[ImageSpan] = (),
-        images: Mapping[str, bytes] | None = None,
-        resume: Partial | None = None,
+        self, prefix: Prefix, base: Snapshot | None = None, *, resume: Partial | None = None
     ) -> tuple[Snapshot, Timing]:
-        """Snapshot of sequence 0 after `tokens`, starting from `base` when it holds a prefix of them.
-        `spans`: the images among the tokens' cells, in order; `images`: each one's file by its SHA-256.
+        """Snapshot of sequence 0 after `prefix` (its tokens, the images among their cells and each
+        image's file), starting from `base` when it holds a prefix of them.
         In pieces, its context handed to a waiting request between two, and Stopped between two (with
         what it had done) once nobody waits for it; `resume`: such a stopped prefill's work, to go on
         from where it is one of these tokens from this base (prefill.py)."""
-        spans = tuple(spans)
+        tokens, spans = prefix.tokens, prefix.spans
         if not spans_fit(tokens, spans):
             raise ValueError("the image spans do not lie over the image cells of the tokens")
-        if base is not None and not base.holds(tokens[: base.n_tokens], spans[: len(base.spans)]):
+        if base is not None and not base.holds(Prefix(tokens[: base.n_tokens], spans[: len(base.spans)])):
             raise ValueError("base snapshot is not a prefix of the tokens to prefill")
-        prefilled = Prefill(self._pool, self.vision, self.n_ubatch, tokens, spans, images or {})
+        prefilled = Prefill(self._pool, self.vision, self.n_ubatch, prefix)
         snapshot = prefilled.run(base, resume)
         return snapshot, Timing(prefill_ms=prefilled.prefill_ms, restore_ms=prefilled.restore_ms)
 
@@ -360,19 +354,12 @@ class Engine:
         vector.flags.writeable = False
         return vector
 
-    def encode(
-        self,
-        tokens: Sequence[int],
-        rows: Sequence[int],
-        order: Sequence[int] = (),
-        *,
-        spans: Sequence[ImageSpan] = (),
-        images: Mapping[str, bytes] | None = None,
-    ) -> PromptVectors:
-        """A whole prompt through a model without memory, and its output vectors at `rows`. `order`:
-        each token's decision order, for a joint decision head (clef), which then puts the score
-        of option j in row j. `spans`, `images`: the images among the cells, as for a prefill; their
-        embeddings go in the same batch as the text (app/engine/whole_prompt.py)."""
+    def encode(self, whole: Prefix, rows: Sequence[int], order: Sequence[int] = ()) -> PromptVectors:
+        """A whole prompt through a model without memory, and its output vectors at `rows`. `whole`: its
+        cells, images and files, as a prefix's (nothing follows it); the images' embeddings go in the
+        same batch as the text (app/engine/whole_prompt.py). `order`: each token's decision order, for
+        a joint decision head (clef), which then puts the score of option j in row j."""
+        tokens, spans = whole.tokens, whole.spans
         if not self.memoryless:
             raise EngineError("encode is for models without memory; decode_suffixes answers the others")
         if not 0 < len(tokens) <= self.n_ctx:
@@ -385,7 +372,7 @@ class Engine:
             prompt = ctx.prompt
             if prompt is None:
                 raise EngineError("this context was not made for whole prompts")
-            whole_prompt.fill(prompt, tokens, order, spans, images or {}, self.vision)
+            whole_prompt.fill(prompt, whole, order, self.vision)
             began = time.perf_counter()
             status = llama.llama_process(ctx.ctx, llama.LLAMA_PROCESS_TYPE_DECODE, prompt)
             if status != 0:

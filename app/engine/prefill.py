@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +31,7 @@ from app.engine.bindings import EngineError
 from app.engine.caller import current
 from app.engine.kv_settings import HANDOVER_PIECE
 from app.engine.pool import Context, ContextPool
-from app.engine.snapshot import ImageSpan, Snapshot
+from app.engine.snapshot import ImageSpan, Prefix, Snapshot
 from app.engine.vision import Vision
 from app.errors import Cancelled
 
@@ -59,20 +58,12 @@ class Stopped(Cancelled):
 
 
 class Prefill:
-    """One prefill of `tokens` (with its image `spans` and their files `images`) on `pool`'s contexts;
-    its restore and prefill time once run."""
+    """One prefill of `prefix` (its tokens, its image spans and their files) on `pool`'s contexts; its
+    restore and prefill time once run."""
 
-    def __init__(
-        self,
-        pool: ContextPool,
-        vision: Vision | None,
-        n_ubatch: int,
-        tokens: Sequence[int],
-        spans: tuple[ImageSpan, ...],
-        images: Mapping[str, bytes],
-    ) -> None:
+    def __init__(self, pool: ContextPool, vision: Vision | None, n_ubatch: int, prefix: Prefix) -> None:
         self._pool, self._vision, self._n_ubatch = pool, vision, n_ubatch
-        self.tokens, self.spans, self.images = tokens, spans, images
+        self.tokens, self.spans, self.images = prefix.tokens, prefix.spans, prefix.images
         self.restore_ms = self.prefill_ms = 0.0
 
     def run(self, base: Snapshot | None, resume: Partial | None = None) -> Snapshot:
@@ -137,7 +128,7 @@ class Prefill:
         return (
             resume.after == start
             and start < held.n_tokens < len(self.tokens)
-            and held.holds(self.tokens[: held.n_tokens], spans)
+            and held.holds(Prefix(self.tokens[: held.n_tokens], spans))
         )
 
     def _decode(

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, NewType
 
 import blake3
 
-from app.engine.snapshot import ImageSpan, Snapshot
+from app.engine.snapshot import Prefix, Snapshot
 
 CacheKey = NewType("CacheKey", bytes)
 
@@ -63,15 +63,13 @@ class RamTier:
             if self._remove(key) is not None:
                 self._dropped += 1
 
-    def get_or_build(
-        self, key: CacheKey, tokens: Sequence[int], build: Callable[[], Snapshot], spans: Sequence[ImageSpan] = ()
-    ) -> tuple[Snapshot, bool]:
+    def get_or_build(self, key: CacheKey, prefix: Prefix, build: Callable[[], Snapshot]) -> tuple[Snapshot, bool]:
         """(snapshot, hit). Concurrent misses on one key run `build` once; the others wait for it. A
-        hit holds exactly `tokens` and the image `spans`."""
+        hit holds exactly `prefix`."""
         if not self.enabled:
             return build(), False
         with self._lock:
-            snapshot = self._lookup(key, tokens, spans)
+            snapshot = self._lookup(key, prefix)
             if snapshot is not None:
                 self._hits += 1
                 return snapshot, True
@@ -90,7 +88,7 @@ class RamTier:
             finally:
                 with self._lock:
                     self._waiting -= 1
-            if shared is not None and shared.holds(tokens, spans):
+            if shared is not None and shared.holds(prefix):
                 with self._lock:
                     self._hits += 1
                 return shared, True
@@ -128,11 +126,11 @@ class RamTier:
 
     # The methods below expect self._lock to be held.
 
-    def _lookup(self, key: CacheKey, tokens: Sequence[int], spans: Sequence[ImageSpan]) -> Snapshot | None:
+    def _lookup(self, key: CacheKey, prefix: Prefix) -> Snapshot | None:
         snapshot = self._entries.get(key)
         if snapshot is None:
             return None
-        if not snapshot.holds(tokens, spans):
+        if not snapshot.holds(prefix):
             self._collisions += 1
             return None
         self._entries.move_to_end(key)

@@ -1,9 +1,11 @@
-"""A prefix snapshot: what the engine produces and restores, and what the prefix cache keeps."""
+"""A prefix as the engine takes it, and its snapshot: what the engine produces and restores, and what
+the prefix cache keeps."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -56,6 +58,25 @@ def read_spans(entries: Any, tokens: Sequence[int], next_pos: Any) -> tuple[Imag
 
 
 @dataclass(frozen=True)
+class Prefix:
+    """A prefix as the engine takes it: its cells (a token each, an image's cells IMAGE_CELL), the spans
+    that describe its images among them, in order, and each image's file by its SHA-256, which only a
+    prefill or a whole prompt's encode reads. Known by its cells and spans: a span names its file by
+    the file's SHA-256, so the files take no part in comparing two prefixes."""
+
+    tokens: tuple[int, ...] = ()
+    spans: tuple[ImageSpan, ...] = ()
+    images: Mapping[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Tuples, so that a prefix made from lists still equals a snapshot's; the files read-only: one
+        # prefix is shared by a plan, the tiers and a prefill, across threads.
+        object.__setattr__(self, "tokens", tuple(self.tokens))
+        object.__setattr__(self, "spans", tuple(self.spans))
+        object.__setattr__(self, "images", MappingProxyType(dict(self.images)))
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """The KV state of sequence 0 after prefilling `tokens` (llama_state_seq_get_data): one cell per
     token, an image's cells marked IMAGE_CELL and described, in prompt order, by `spans`."""
@@ -78,9 +99,9 @@ class Snapshot:
         advances fewer positions than it fills cells)."""
         return next_position(len(self.tokens), self.spans)
 
-    def holds(self, tokens: Sequence[int], spans: Sequence[ImageSpan]) -> bool:
-        """Whether this is the snapshot of exactly `tokens` with `spans` (a key collision is not)."""
-        return self.tokens == tuple(tokens) and self.spans == tuple(spans)
+    def holds(self, prefix: Prefix) -> bool:
+        """Whether this is the snapshot of exactly `prefix`, its cells and spans (a key collision is not)."""
+        return self.tokens == prefix.tokens and self.spans == prefix.spans
 
     @property
     def n_bytes(self) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -15,7 +15,7 @@ from app.engine.disk_tier import DiskTier
 from app.engine.llama import Engine, Timing
 from app.engine.prefill import Partial, Stopped
 from app.engine.ram_tier import CacheKey, RamTier, cache_key
-from app.engine.snapshot import ImageSpan, Snapshot
+from app.engine.snapshot import Prefix, Snapshot
 
 Source = Literal["hit", "disk", "miss", "off"]
 # Stopped prefills whose work is kept for a retry: each may hold up to a context's worth of KV bytes,
@@ -56,20 +56,13 @@ class PrefixCache:
         return self._key_fn(self.engine.fingerprint, self.engine.kv_settings, *parts)
 
     def resolve(
-        self,
-        key: CacheKey,
-        tokens: tuple[int, ...],
-        base: Snapshot | None,
-        timing: Timing,
-        state_mean: bool = False,
-        spans: tuple[ImageSpan, ...] = (),
-        images: Mapping[str, bytes] | None = None,
+        self, key: CacheKey, prefix: Prefix, base: Snapshot | None, timing: Timing, state_mean: bool = False
     ) -> ResolvedPrefix:
-        """The snapshot after `tokens`, whose image cells `spans` describe (`images`: each one's file by
-        its SHA-256, read only by a prefill); a prefill starts from `base` (a prefix of them) or from nothing.
-        Reading a disk file counts as restoring in `timing`, a prefill as prefilling. `state_mean`: one
-        with its state mean where the engine reads one (a prefill from `base` gives it, and both tiers
-        keep it; a snapshot kept without it is prefilled again and replaces the kept one)."""
+        """The snapshot of `prefix` (its image files read only by a prefill); a prefill starts from `base`
+        (a snapshot of a prefix of it) or from nothing. Reading a disk file counts as restoring in
+        `timing`, a prefill as prefilling. `state_mean`: one with its state mean where the engine reads
+        one (a prefill from `base` gives it, and both tiers keep it; a snapshot kept without it is
+        prefilled again and replaces the kept one)."""
         from_disk = False
         state_mean = state_mean and base is not None and self.engine.probe_layer is not None
 
@@ -77,12 +70,12 @@ class PrefixCache:
             current().check("the prefill")
             resume = self._partial(key)
             try:
-                snapshot, spent = self.engine.prefill(tokens, base=base, spans=spans, images=images, resume=resume)
+                snapshot, spent = self.engine.prefill(prefix, base=base, resume=resume)
             except Stopped as stopped:
                 self._keep(key, stopped.partial or resume)
                 raise
             with self._lock:
-                self.prefilled_tokens += len(tokens) - (base.n_tokens if base is not None else 0)
+                self.prefilled_tokens += len(prefix.tokens) - (base.n_tokens if base is not None else 0)
             timing.restore_ms += spent.restore_ms
             timing.prefill_ms += spent.prefill_ms
             return snapshot
@@ -91,7 +84,7 @@ class PrefixCache:
             nonlocal from_disk
             if self.disk is not None:
                 began = time.perf_counter()
-                loaded = self.disk.load(key, tokens, spans)
+                loaded = self.disk.load(key, prefix)
                 timing.restore_ms += (time.perf_counter() - began) * 1000
                 if loaded is not None:
                     from_disk = True
@@ -101,7 +94,7 @@ class PrefixCache:
                 self.disk.save(key, snapshot)  # in the background
             return snapshot
 
-        snapshot, hit = self.ram.get_or_build(key, tokens, build, spans)
+        snapshot, hit = self.ram.get_or_build(key, prefix, build)
         # kept without it (an older onepass's file): prefilled again, and both tiers keep the new one
         if state_mean and snapshot.state_mean is None:
             snapshot, hit, from_disk = prefilled(), False, False

@@ -7,24 +7,18 @@ mtmd_helper_decode_image_chunk would give them, with no decision order."""
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from app.engine import bindings
 from app.engine.bindings import EngineError, llama
-from app.engine.snapshot import ImageSpan
+from app.engine.snapshot import Prefix
 from app.engine.vision import Vision
 
 
-def fill(
-    prompt: ctypes.c_void_p,
-    tokens: Sequence[int],
-    order: Sequence[int],
-    spans: Sequence[ImageSpan],
-    images: Mapping[str, bytes],
-    vision: Vision | None,
-) -> None:
-    """Put `tokens` (an image's cells as `spans` describe them, its file in `images`) in `prompt`, every
+def fill(prompt: ctypes.c_void_p, whole: Prefix, order: Sequence[int], vision: Vision | None) -> None:
+    """Put the cells of `whole` (an image's as its span describes them, from its file) in `prompt`, every
     row an output."""
+    tokens, spans, images = whole.tokens, whole.spans, whole.images
     llama.llama_batch_ext_clear(prompt)
     starts = {span.offset: span for span in spans}
     position = cell = 0

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from app.engine.bindings import installed_problem
 from app.engine.llama import Engine, SuffixTokens
+from app.engine.snapshot import Prefix
 from app.paths import REPO_ROOT, cache_home
 from app.platform.cpu import Cpu, detect, missing_features
 from app.platform.tiny_gguf import write_tiny_gguf
@@ -82,7 +83,7 @@ def decode_once() -> None:
         engine = Engine(write_tiny_gguf(Path(folder) / "check.gguf"), n_ctx=256, threads=1)
         try:
             vocab = engine.vocab
-            prefix, _ = engine.prefill(vocab.tokenize("a build check", add_bos=True))
+            prefix, _ = engine.prefill(Prefix(tuple(vocab.tokenize("a build check", add_bos=True))))
             yes, no = vocab.tokenize("Yes"), vocab.tokenize("No")
             answered = engine.decode_suffixes(
                 prefix, [SuffixTokens(tokens=vocab.tokenize(" Answer:"), labels=[yes[0], no[0]])]

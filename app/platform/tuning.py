@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.llama import Engine
+from app.engine.snapshot import Prefix
 from app.paths import KEEP_RECORDS, REPO_ROOT, cache_home, prune_records
 from app.platform.build_check import library_files
 from app.platform.cpu import detect, thread_counts
@@ -65,12 +66,12 @@ def prefill_times(model_path: Path, variants: list[dict[str, Any]], n_tokens: in
     cores) slows all alike instead of whichever happened to run during the burst."""
     engines = [Engine(model_path, n_ctx=512, **variant) for variant in variants]
     try:
-        tokens = engines[0].vocab.tokenize(SAMPLE, add_bos=True)[:n_tokens]
+        prefix = Prefix(tuple(engines[0].vocab.tokenize(SAMPLE, add_bos=True)[:n_tokens]))
         best = [float("inf")] * len(engines)
         for _ in range(rounds):
             for i, engine in enumerate(engines):
                 began = time.perf_counter()
-                engine.prefill(tokens)
+                engine.prefill(prefix)
                 best[i] = min(best[i], (time.perf_counter() - began) * 1000)
         return best
     finally:
