@@ -31,6 +31,10 @@ from app.errors import Cancelled
 
 T = TypeVar("T")
 
+# The longest a leader waits for the company the last decode had: a few HTTP requests' worth of parsing
+# and planning, a small part of one decode (docs/exactness.md#the-setting-batch_requests).
+GATHER_S = 0.1
+
 
 @dataclass(eq=False)
 class SharedJob(Generic[T]):
@@ -66,7 +70,9 @@ class SharedDecodes:
         self._pool = pool
         self._max_rows = max_rows  # one micro-batch: a request waits for one at most
         self._lock = threading.Lock()
+        self._queue_grew = threading.Condition(self._lock)
         self._queued: list[SharedJob[object]] = []
+        self._company = 1  # how many requests the last decode took: how many a leader may expect
         self.decodes = 0  # llama_decodes led so far
         self.requests = 0  # requests answered in them
 
@@ -74,12 +80,15 @@ class SharedDecodes:
         """`job` decoded, by this thread or by another's leading; raises what its decode raised."""
         with self._lock:
             self._queued.append(job)  # type: ignore[arg-type]  # the queue holds jobs of any readout type
+            self._queue_grew.notify_all()
         try:
             while not job.done.is_set():
                 with self._pool.borrow_unless(job.prefix, job.done) as ctx:
                     if ctx is not None:
                         with self._lock:
+                            self._gather()
                             taken = self._take(job, ctx.n_ctx)
+                            self._company = max(1, len(taken))
                         if taken:
                             self._lead(ctx, taken)
                 # Taken by a leader on another context, still at work: wait for it, as for a context.
@@ -92,6 +101,16 @@ class SharedDecodes:
         if job.error is not None:
             raise job.error
         return job
+
+    def _gather(self) -> None:
+        """Where the last decode had company, wait a moment for as many requests to queue (under the lock).
+
+        Clients answered by one decode send their next requests at once, but a request queued in the
+        meantime leads as soon as the context is free: without this, it would go alone and the others
+        after it, one decode each time where one would do. Alone (one client), nobody waits."""
+        deadline = time.monotonic() + GATHER_S
+        while len(self._queued) < self._company and (left := deadline - time.monotonic()) > 0:
+            self._queue_grew.wait(left)
 
     def _take(self, first: SharedJob[T], n_ctx: int) -> list[SharedJob[object]]:
         """The queued jobs one decode takes: `first`, then others of its lane, not stopped, in the order
