@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from app.engine.llama import Engine
+from app.engine.engine import Engine
 
 
 def sized_text(engine: Engine, sentences: Sequence[str], tokens: int, tag: object, start: int = 0) -> str:

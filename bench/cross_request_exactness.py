@@ -2,7 +2,7 @@
 with other requests' suffixes (issue 59's exactness measurement), and what that sharing is worth.
 
 Today a request is decoded alone: its snapshot restored into sequence 0 of a pooled context, copied to
-sequences 1..N, its N suffixes in one decode (app/engine/llama.py `Engine.decode_suffixes`). A scheduler
+sequences 1..N, its N suffixes in one decode (app/engine/engine.py `Engine.decode_suffixes`). A scheduler
 that batches across requests would restore each request's snapshot into a sequence of its own
 (`llama_state_seq_set_data` into that sequence, as llama-server's prompt cache does), copy it to further
 sequences, and put every request's suffix rows in one batch. Here both are run on the same snapshots, with
@@ -39,8 +39,8 @@ import numpy as np
 from app.answering.prompting import OwnPrompter
 from app.answering.service import distinct_suffixes
 from app.engine.bindings import EngineError, llama
+from app.engine.engine import Engine, SuffixTokens
 from app.engine.kv_settings import KvSettings
-from app.engine.llama import Engine, SuffixTokens
 from app.engine.snapshot import Prefix, Snapshot
 from app.engine.suffix_tree import MAX_SEQUENCES, Row, suffix_rows
 from app.serving.known_models import default_model_path

@@ -53,7 +53,7 @@ from pydantic import BaseModel, ConfigDict
 from typesafe_sdk import RetryPolicy, TypeSafeAPIError, TypeSafeClient, TypeSafeError
 from typesafe_sdk.constants import DEFAULT_TIMEOUT
 
-from app.engine.llama import Engine
+from app.engine.engine import Engine
 from app.fleet.processes import READY, ServerProcess
 from app.paths import REPO_ROOT
 from app.serving.known_models import default_model_path

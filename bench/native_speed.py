@@ -72,7 +72,7 @@ import httpx
 
 from app.config import Settings
 from app.engine import bindings
-from app.engine.llama import Engine
+from app.engine.engine import Engine
 from app.paths import REPO_ROOT
 from app.serving.loading import SpeedSettings, speed_settings_for
 from app.serving.specs import ModelSpec

@@ -30,7 +30,7 @@ from typing import Any
 import llama_cpp
 
 from app.answering.decision import DecisionPrompter
-from app.engine.llama import Engine
+from app.engine.engine import Engine
 from app.paths import REPO_ROOT, cache_home
 from app.serving.loading import prompter_for
 from app.wire.contract import SystemOneRequest

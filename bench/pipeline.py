@@ -36,7 +36,7 @@ import httpx
 
 from app.config import LAYOUTS
 from app.config_sources import load_settings
-from app.engine.llama import Engine
+from app.engine.engine import Engine
 from app.fitting.examples import parse_examples
 from app.fitting.runner import answer_all, fit_all, journal_for, store_all
 from app.serving.known_models import default_model_path

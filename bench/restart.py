@@ -26,7 +26,7 @@ import httpx
 
 from app.config import DEFAULT_SNAPSHOT_DIR
 from app.engine.disk_tier import SUFFIX
-from app.engine.llama import Engine
+from app.engine.engine import Engine
 from app.serving.known_models import default_model_path
 from bench.client import ask, sized_text
 from bench.output import Progress, median, table

@@ -28,7 +28,7 @@ import httpx
 from app.answering.prompting import OwnPrompter
 from app.config import Settings
 from app.engine import bindings
-from app.engine.llama import Engine
+from app.engine.engine import Engine
 from app.paths import REPO_ROOT
 from app.serving.known_models import default_model_path
 from app.serving.loading import prompter_for, speed_settings_for

@@ -34,7 +34,7 @@ from numpy.typing import NDArray
 from app.answering.prompting import OwnPrompter
 from app.answering.service import distinct_suffixes
 from app.engine.caller import Caller, working_for
-from app.engine.llama import Engine, SuffixReadouts, SuffixTokens
+from app.engine.engine import Engine, SuffixReadouts, SuffixTokens
 from app.engine.snapshot import Prefix, Snapshot
 from app.serving.known_models import default_model_path
 from app.serving.loading import prompter_for

@@ -20,7 +20,7 @@ from typing import Any
 from app.answering.prompting import OwnPrompter
 from app.answering.service import distinct_suffixes
 from app.config import Settings
-from app.engine.llama import Engine
+from app.engine.engine import Engine
 from app.engine.snapshot import Prefix
 from app.engine.suffix_tree import suffix_rows
 from app.serving.known_models import default_model_path

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from app.answering.service import distinct_suffixes
 from app.config_sources import load_settings
-from app.engine.llama import Engine
+from app.engine.engine import Engine
 from app.engine.snapshot import Prefix
 from app.serving.loading import load_spec, speed_settings_for
 from app.serving.specs import ModelSpec

@@ -24,7 +24,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from app.engine.llama import Engine, SuffixTokens
+from app.engine.engine import Engine, SuffixTokens
 from app.engine.snapshot import Prefix
 
 # Byte offsets of each block's float16 scales, by quantization type (ggml-common.h's block layouts).

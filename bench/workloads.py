@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.engine.llama import Engine
+from app.engine.engine import Engine
 from bench.client import sized_text
 
 QUESTIONS: list[dict[str, Any]] = [

@@ -12,7 +12,7 @@ import pytest
 
 from app.engine import bindings
 from app.engine.bindings import ENGINE_VERSION, EngineError, installed_problem, version_problem
-from app.engine.llama import Engine
+from app.engine.engine import Engine
 from app.paths import REPO_ROOT
 from tools import engine_source
 

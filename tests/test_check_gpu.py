@@ -11,7 +11,7 @@ import pytest
 
 from app.engine import bindings, devices
 from app.engine.devices import backends, gpus
-from app.engine.llama import Engine
+from app.engine.engine import Engine
 from app.paths import REPO_ROOT
 from tests.support.skip_groups import skip_if
 

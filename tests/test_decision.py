@@ -22,7 +22,7 @@ from app.answering.service import ModelService
 from app.calibration import softmax
 from app.calibration.contextual import CONTENT_FREE_STATES
 from app.confidence import choice_confidence
-from app.engine.llama import SuffixTokens
+from app.engine.engine import SuffixTokens
 from app.errors import InvalidRequest
 from app.platform.tiny_gguf import write_tiny_gguf
 from app.wire.contract import SystemOneRequest

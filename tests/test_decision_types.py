@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 from app.answering.prompter import Reading
 from app.engine import bindings
 from app.engine.bindings import EngineError
-from app.engine.llama import Readout
+from app.engine.engine import Readout
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
 from tests.support.loading import load_model

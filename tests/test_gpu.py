@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from app.engine.bindings import gpu_offload_supported, llama_log, shipped_backends
-from app.engine.llama import Engine, SuffixTokens
+from app.engine.engine import Engine, SuffixTokens
 from app.engine.snapshot import Prefix
 from app.wire.contract import SystemOneRequest
 from tests.support.llama_calls import LlamaCalls

@@ -25,8 +25,8 @@ from typesafe_sdk import Noul, RetryPolicy, TypeSafeClient
 
 from app.engine.bindings import EngineError
 from app.engine.disk_tier import SUFFIX
+from app.engine.engine import SuffixTokens
 from app.engine.kv_settings import N_UBATCH
-from app.engine.llama import SuffixTokens
 from app.engine.snapshot import IMAGE_CELL, ImageSpan, Prefix, Snapshot
 from app.engine.snapshot_file import MAGIC
 from app.engine.vision import ImageUnreadable, Vision

@@ -65,7 +65,7 @@ def imports(path: Path) -> tuple[set[str], set[str]]:
                     for alias in node.names:
                         is_module = (APP / name / f"{alias.name}.py").is_file()
                         internal.add(f"{name}.{alias.name}" if is_module else name)
-                else:  # from app.engine import llama: a module of a subpackage
+                else:  # from app.engine import engine: a module of a subpackage
                     internal |= {f"{name}.{alias.name}" for alias in node.names}
             else:
                 external.add(node.module.split(".")[0])

@@ -17,7 +17,7 @@ import pytest
 
 from app.answering.decision_media import PromptImages
 from app.answering.prompter import Reading
-from app.engine.llama import Readout
+from app.engine.engine import Readout
 from app.platform.tiny_projector import Projector
 from app.wire.assets import request_of
 from app.wire.contract import SystemOneRequest

@@ -11,7 +11,7 @@ from app.answering.service import ModelService, distinct_suffixes
 from app.calibration import softmax
 from app.config_sources import DEFAULT_CONFIG_PATH, load_settings
 from app.engine.disk_tier import DiskTier
-from app.engine.llama import SuffixTokens
+from app.engine.engine import SuffixTokens
 from app.engine.ram_tier import RamTier
 from app.engine.snapshot_file import SnapshotIdentity
 from app.serving.loading import assemble, load_spec

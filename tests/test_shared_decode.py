@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
 from app.engine.caller import Caller, working_for
-from app.engine.llama import Engine, SuffixReadouts, SuffixTokens
+from app.engine.engine import Engine, SuffixReadouts, SuffixTokens
 from app.engine.snapshot import Prefix, Snapshot
 from app.errors import Cancelled
 from app.http.server import create_app

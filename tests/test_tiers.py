@@ -11,7 +11,7 @@ import pytest
 
 from app.engine.caller import Caller, working_for
 from app.engine.disk_tier import DiskTier
-from app.engine.llama import Engine, Timing
+from app.engine.engine import Engine, Timing
 from app.engine.ram_tier import RamTier, cache_key
 from app.engine.snapshot import Prefix, Snapshot
 from app.engine.snapshot_file import SnapshotIdentity

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import gguf
 
-from app.engine.llama import Engine
+from app.engine.engine import Engine
 from app.engine.snapshot import Prefix
 from app.platform.tiny_gguf import write_tiny_gguf
 from bench.twin import record, write

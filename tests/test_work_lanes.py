@@ -16,7 +16,7 @@ import pytest
 
 from app.engine import bindings
 from app.engine.caller import Caller, Lane, working_for
-from app.engine.llama import Engine
+from app.engine.engine import Engine
 from app.engine.prefill import Stopped
 from app.engine.snapshot import Prefix
 from app.errors import Cancelled

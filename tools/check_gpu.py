@@ -29,7 +29,7 @@ from typing import Any
 from app.engine import bindings
 from app.engine.bindings import llama_log
 from app.engine.devices import backends, devices, gpu_layers_problem, gpus
-from app.engine.llama import Engine, SuffixTokens
+from app.engine.engine import Engine, SuffixTokens
 from app.engine.snapshot import Prefix
 from app.serving.known_models import default_model_path
 

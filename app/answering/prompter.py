@@ -12,7 +12,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from app.engine.llama import Readout
+from app.engine.engine import Readout
 from app.engine.snapshot import ImageSpan, Prefix
 from app.wire.contract import DEPENDS_ON, ChoiceQuestion, DependsOn, Question, SystemOneRequest
 

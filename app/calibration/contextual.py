@@ -33,7 +33,7 @@ from typing import Protocol
 
 from app.calibration.scoring import softmax
 from app.engine.disk_tier import DiskTier
-from app.engine.llama import Readout, SuffixTokens
+from app.engine.engine import Readout, SuffixTokens
 from app.engine.ram_tier import CacheKey, cache_key
 from app.engine.snapshot import Prefix, Snapshot
 

@@ -22,7 +22,7 @@ from app.calibration.evidence import Evidence, Example, ratio_of
 from app.calibration.fit import Fit, FitRecord
 from app.calibration.scoring import softmax
 from app.calibration.store import FitStore, question_key
-from app.engine.llama import Readout
+from app.engine.engine import Readout
 from app.engine.snapshot import Snapshot
 from app.wire.contract import Question, label_keys
 

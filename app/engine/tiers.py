@@ -12,7 +12,7 @@ from typing import Literal
 
 from app.engine.caller import current
 from app.engine.disk_tier import DiskTier
-from app.engine.llama import Engine, Timing
+from app.engine.engine import Engine, Timing
 from app.engine.prefill import Partial, Stopped
 from app.engine.ram_tier import CacheKey, RamTier, cache_key
 from app.engine.snapshot import Prefix, Snapshot

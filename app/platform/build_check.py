@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from app.engine.bindings import installed_problem
-from app.engine.llama import Engine, SuffixTokens
+from app.engine.engine import Engine, SuffixTokens
 from app.engine.snapshot import Prefix
 from app.paths import REPO_ROOT, cache_home
 from app.platform.cpu import Cpu, detect, missing_features

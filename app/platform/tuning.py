@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.engine.llama import Engine
+from app.engine.engine import Engine
 from app.engine.snapshot import Prefix
 from app.paths import KEEP_RECORDS, REPO_ROOT, cache_home, prune_records
 from app.platform.build_check import library_files

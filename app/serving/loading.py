@@ -20,8 +20,8 @@ from app.calibration import CONTENT_FREE_STATES, Calibration, DiskPriors, FitSto
 from app.engine.bindings import decision_order_setter, shipped_backends
 from app.engine.devices import gpu_layers_problem
 from app.engine.disk_tier import DiskTier
+from app.engine.engine import Engine
 from app.engine.fingerprint import model_digest
-from app.engine.llama import Engine
 from app.engine.ram_tier import CacheKey, RamTier, cache_key
 from app.engine.snapshot_file import SnapshotIdentity
 from app.engine.tiers import PrefixCache

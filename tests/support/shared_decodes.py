@@ -7,7 +7,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 
-from app.engine.llama import Engine
+from app.engine.engine import Engine
 
 
 def until(condition: Callable[[], bool], wait_s: float) -> None:
