@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from hypothesis import given, settings
@@ -25,7 +25,7 @@ from app.answering.dependence import TABLE, Cell
 from app.http.server import create_app
 from app.platform.tiny_gguf import write_tiny_gguf
 from app.serving.registry import ModelRegistry
-from app.wire.contract import DEPENDS_ON, DependsOn
+from app.wire.contract import DEPENDS_ON, OTHER_REQUESTS, DependsOn, ResponseDependsOn
 from tests.support.decision_cases import LABELLED, TEMPLATES, decision_gguf
 from tests.support.loading import load_model
 from tests.support.settings import GPU_LAYERS, tiny_settings
@@ -271,4 +271,5 @@ def test_what_the_table_does_not_grant_changes_answers_and_the_response_says_so(
 def test_openapi_publishes_what_an_answer_may_depend_on(client: TestClient) -> None:
     schema = client.get("/openapi.json").json()["components"]["schemas"]["SystemOneResponse"]
     listed = schema["properties"]["x_depends_on"]["anyOf"][0]
-    assert listed["type"] == "array" and listed["items"]["enum"] == list(DEPENDS_ON)
+    assert get_args(ResponseDependsOn) == (*DEPENDS_ON, OTHER_REQUESTS)
+    assert listed["type"] == "array" and listed["items"]["enum"] == [*DEPENDS_ON, OTHER_REQUESTS]

@@ -270,6 +270,8 @@ DEPENDS_ON: tuple[DependsOn, ...] = get_args(DependsOn)
 # Besides those of its prompt: the other requests decoded in the same llama_decode (the setting
 # batch_requests), which move an answer by the spread docs/exactness.md measured.
 OTHER_REQUESTS: Literal["other_requests"] = "other_requests"
+# One enum in the schema: what a prompt may depend on, then the decode's company.
+ResponseDependsOn = Literal["ids", "question_order", "option_order", "other_questions", "other_requests"]
 
 
 class SystemOneResponse(BaseModel):
@@ -283,7 +285,7 @@ class SystemOneResponse(BaseModel):
     # What this response's answers may depend on besides the state and each question (DependsOn), in
     # DEPENDS_ON's order, then OTHER_REQUESTS when other requests shared its decode; empty: nothing, to
     # rounding.
-    x_depends_on: list[DependsOn | Literal["other_requests"]] | None = None
+    x_depends_on: list[ResponseDependsOn] | None = None
 
     def to_json(self) -> bytes:
         return self.model_dump_json(exclude_none=True).encode()
