@@ -25,7 +25,8 @@ from app.serving.specs import ModelSpec
 from app.wire.contract import SystemOneRequest
 from tests.support.loading import load_model
 from tests.support.settings import tiny_settings
-from tests.support.shared_decodes import context_lent, queued, until
+from tests.support.shared_decodes import context_lent, queued
+from tests.support.waiting import until
 
 WAIT_S = 30  # every wait here is bounded; a healthy run takes milliseconds
 N_REQUESTS = 4

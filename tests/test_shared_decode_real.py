@@ -14,7 +14,8 @@ from app.engine.caller import Caller, working_for
 from app.wire.contract import SystemOneRequest
 from tests.support.loading import load_model
 from tests.support.settings import isolated_settings
-from tests.support.shared_decodes import context_lent, queued, until
+from tests.support.shared_decodes import context_lent, queued
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.real_model
 

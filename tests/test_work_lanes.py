@@ -21,6 +21,7 @@ from app.engine.prefill import Stopped
 from app.engine.snapshot import Prefix
 from app.errors import Cancelled
 from tests.support.llama_calls import count_llama_calls
+from tests.support.waiting import until
 
 WAIT_S = 30  # every wait here is bounded; a healthy run takes milliseconds
 
@@ -31,16 +32,6 @@ def engine(tiny_chat_path: Path, request: pytest.FixtureRequest) -> Iterator[Eng
     made = Engine(tiny_chat_path, n_ctx=2048, threads=1, contexts=contexts)
     yield made
     made.close()
-
-
-def until(condition: Callable[[], bool]) -> None:
-    """Wait for another thread to reach a state the pool counts, within WAIT_S."""
-    tick = threading.Event()
-    for _ in range(int(WAIT_S / 0.01)):
-        if condition():
-            return
-        tick.wait(0.01)
-    raise AssertionError("the other thread never got there")
 
 
 class Borrower:
@@ -77,7 +68,7 @@ def test_a_stopped_borrower_leaves_its_wait_without_taking_a_context(engine: Eng
     assert holder.got.wait(WAIT_S)
     stopped = Caller("interactive", threading.Event())
     waiter = Borrower(engine, stopped, lent, "waiter")
-    until(waiting(engine, "interactive", 1))
+    until(waiting(engine, "interactive", 1), WAIT_S)
     stopped.stop.set()  # its client went away
     waiter.thread.join(WAIT_S)
     assert isinstance(waiter.error, Cancelled)
@@ -91,9 +82,9 @@ def test_interactive_work_is_lent_a_free_context_before_background_work(engine: 
     holder = Borrower(engine, Caller(), lent, "holder")
     assert holder.got.wait(WAIT_S)
     fit = Borrower(engine, Caller("background"), lent, "fit")
-    until(waiting(engine, "background", 1))
+    until(waiting(engine, "background", 1), WAIT_S)
     request = Borrower(engine, Caller(), lent, "request")  # came after the fit's step
-    until(waiting(engine, "interactive", 1))
+    until(waiting(engine, "interactive", 1), WAIT_S)
     holder.let_go()
     assert request.got.wait(WAIT_S)
     assert not fit.got.is_set()
@@ -109,7 +100,7 @@ def test_background_work_holds_at_most_half_the_contexts(engine: Engine) -> None
     first = Borrower(engine, Caller("background"), lent, "fit 1")
     assert first.got.wait(WAIT_S)
     second = Borrower(engine, Caller("background"), lent, "fit 2")
-    until(waiting(engine, "background", 1))  # a context is idle, but it stays the interactive lane's
+    until(waiting(engine, "background", 1), WAIT_S)  # a context is idle, but it stays the interactive lane's
     request = Borrower(engine, Caller(), lent, "request")
     assert request.got.wait(WAIT_S)
     assert not second.got.is_set()
@@ -237,7 +228,7 @@ def test_a_long_prefill_hands_its_context_to_a_waiting_request_between_pieces_an
             events.append("piece")
             if not request:
                 request.append(Borrower(engine, Caller(), lent, "request"))
-                until(waiting(engine, "interactive", 1))
+                until(waiting(engine, "interactive", 1), WAIT_S)
                 came.set()
             return decode(ctx, batch)
 
@@ -283,7 +274,7 @@ def test_a_request_that_comes_during_a_piece_takes_the_context_from_it_and_the_p
         def a_request_comes_as_the_first_piece_starts(ctx: Any, batch: Any) -> Any:
             if not request:
                 request.append(Borrower(engine, Caller(), lent, "request"))
-                until(waiting(engine, "interactive", 1))
+                until(waiting(engine, "interactive", 1), WAIT_S)
             statuses.append(decode(ctx, batch))
             return statuses[-1]
 
@@ -293,7 +284,7 @@ def test_a_request_that_comes_during_a_piece_takes_the_context_from_it_and_the_p
             target=lambda: handed.append(len(engine.prefill(Prefix(tuple(tokens)))[0].tokens)), daemon=True
         )
         prefilling.start()
-        until(lambda: bool(request))
+        until(lambda: bool(request), WAIT_S)
         assert request[0].got.wait(WAIT_S)
         assert statuses == [2]  # the piece under way was given up, not finished, before the request went
         request[0].let_go()
@@ -330,7 +321,7 @@ def test_requests_that_keep_coming_take_turns_with_a_prefill_which_still_ends_al
         def a_request_comes_at_every_piece(ctx: Any, batch: Any) -> Any:
             if threading.current_thread() in prefill_thread and len(statuses) < requests_at_most:
                 requests.append(Borrower(engine, Caller(), lent, "request"))
-                until(waiting(engine, "interactive", 1))
+                until(waiting(engine, "interactive", 1), WAIT_S)
                 requests[-1].go.set()  # it goes as soon as it has the context
             statuses.append(decode(ctx, batch))
             return statuses[-1]

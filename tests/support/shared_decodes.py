@@ -1,23 +1,13 @@
 """Making requests queue up for one shared decode (app/engine/shared_decode.py): the engine's one
-context lent to another thread while they come, and waits on what the engine counts."""
+context lent to another thread while they come, and how many are queued."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from app.engine.engine import Engine
-
-
-def until(condition: Callable[[], bool], wait_s: float) -> None:
-    """Wait for other threads to reach a state the engine counts, within `wait_s`."""
-    tick = threading.Event()
-    for _ in range(int(wait_s / 0.01)):
-        if condition():
-            return
-        tick.wait(0.01)
-    raise AssertionError("the other threads never got there")
 
 
 def queued(engine: Engine) -> int:
