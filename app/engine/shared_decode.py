@@ -86,9 +86,7 @@ class SharedDecodes:
                 with self._pool.borrow_unless(job.prefix, job.done) as ctx:
                     if ctx is not None:
                         with self._lock:
-                            self._gather()
                             taken = self._take(job, ctx.n_ctx)
-                            self._company = max(1, len(taken))
                         if taken:
                             self._lead(ctx, taken)
                 # Taken by a leader on another context, still at work: wait for it, as for a context.
@@ -113,8 +111,11 @@ class SharedDecodes:
             self._queue_grew.wait(left)
 
     def _take(self, first: SharedJob[T], n_ctx: int) -> list[SharedJob[object]]:
-        """The queued jobs one decode takes: `first`, then others of its lane, not stopped, in the order
-        they came, as many as fit; none when `first` was taken already."""
+        """The queued jobs one decode takes (under the lock): `first`, then others of its lane, not stopped,
+        in the order they came, as many as fit; none when `first` was taken already, by a leader on another
+        context, before or while this one gathered."""
+        if first in self._queued:
+            self._gather()
         if first not in self._queued:
             return []
         taken: list[SharedJob[object]] = [first]  # type: ignore[list-item]  # of any readout type
@@ -134,6 +135,7 @@ class SharedDecodes:
             rows, cells, sequences = rows + more_rows, cells + more_cells, sequences + job.n_sequences
         for job in taken:
             self._queued.remove(job)
+        self._company = len(taken)
         return taken
 
     def _lead(self, ctx: Context, taken: list[SharedJob[object]]) -> None:
@@ -150,8 +152,10 @@ class SharedDecodes:
             elif working:
                 for job, result in zip(working, self._together(ctx, working), strict=True):
                     job.result, job.beside = result, len(working) - 1
-            self.decodes += 1
-            self.requests += len(working)
+            if working:  # counted under the lock: leaders on two contexts may finish at once
+                with self._lock:
+                    self.decodes += 1
+                    self.requests += len(working)
         except BaseException as error:
             for job in taken:
                 job.error = job.error or error
