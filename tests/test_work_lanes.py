@@ -18,7 +18,7 @@ from app.engine import bindings
 from app.engine.caller import Caller, Lane, working_for
 from app.engine.engine import Engine
 from app.engine.prefill import Stopped
-from app.engine.snapshot import Prefix
+from app.engine.snapshot import Prefix, Snapshot
 from app.errors import Cancelled
 from tests.support.llama_calls import count_llama_calls
 from tests.support.waiting import until
@@ -32,6 +32,13 @@ def engine(tiny_chat_path: Path, request: pytest.FixtureRequest) -> Iterator[Eng
     made = Engine(tiny_chat_path, n_ctx=2048, threads=1, contexts=contexts)
     yield made
     made.close()
+
+
+def assert_same_snapshot(got: Snapshot, want: Snapshot) -> None:
+    """The same bytes, and bit for bit the same state mean."""
+    assert got.data == want.data
+    assert got.state_mean is not None and want.state_mean is not None
+    assert got.state_mean.tobytes() == want.state_mean.tobytes()
 
 
 class Borrower:
@@ -169,8 +176,7 @@ def test_a_retry_goes_on_from_the_pieces_a_stopped_prefill_paid_for_and_ends_ali
         rows_before = calls.rows
         again, _ = engine.prefill(Prefix(tokens), base, resume=partial)
         assert calls.rows - rows_before == len(tokens) - partial.snapshot.n_tokens  # only the rest
-        assert again.data == whole.data
-        assert again.state_mean is not None and again.state_mean.tobytes() == whole.state_mean.tobytes()
+        assert_same_snapshot(again, whole)
         other_base, _ = engine.prefill(Prefix(base.tokens[:-1]))
         rows_before = calls.rows
         engine.prefill(Prefix(tokens), other_base, resume=partial)  # begun after another base: not gone on from
@@ -246,8 +252,7 @@ def test_a_long_prefill_hands_its_context_to_a_waiting_request_between_pieces_an
         assert pieces_before == 1  # the request waited for one piece, not for the state
         monkeypatch.setattr(llama_cpp, "llama_decode", decode)
         again, _ = engine.prefill(Prefix(tuple(tokens)))
-        assert again.data == alone.data
-        assert again.state_mean is not None and again.state_mean.tobytes() == alone.state_mean.tobytes()
+        assert_same_snapshot(again, alone)
     finally:
         engine.close()
 
@@ -293,8 +298,7 @@ def test_a_request_that_comes_during_a_piece_takes_the_context_from_it_and_the_p
         assert set(statuses[1:]) == {0}  # then every piece done, the given-up one again among them
         monkeypatch.setattr(llama_cpp, "llama_decode", decode)
         again, _ = engine.prefill(Prefix(tuple(tokens)))
-        assert again.data == alone.data
-        assert again.state_mean is not None and again.state_mean.tobytes() == alone.state_mean.tobytes()
+        assert_same_snapshot(again, alone)
     finally:
         engine.close()
 
@@ -339,8 +343,6 @@ def test_requests_that_keep_coming_take_turns_with_a_prefill_which_still_ends_al
             request.let_go()
         # every piece it started let a request go first, yet it ended long before requests stopped coming
         assert len(lent) == len(statuses) < requests_at_most
-        assert handed[0].data == alone.data
-        assert alone.state_mean is not None and handed[0].state_mean is not None
-        assert handed[0].state_mean.tobytes() == alone.state_mean.tobytes()
+        assert_same_snapshot(handed[0], alone)
     finally:
         engine.close()
