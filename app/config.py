@@ -193,6 +193,13 @@ class Settings:
         parse_bool,
         per_model=True,
     )
+    answer_during_prefill: bool = _option(
+        True,
+        "keep one more context, where a request whose prefix is cached is answered on most of the threads while "
+        "a new state is prefilled on the rest, instead of waiting for a piece of it (costs a context's memory)",
+        parse_bool,
+        per_model=True,
+    )
     repack: str = _option(
         "auto",
         "ggml's repacked CPU weights: 'auto' times a prefill both ways at first start (cached per CPU, "

@@ -117,10 +117,12 @@ class Engine:
         probe_layer: int | Literal["middle"] | None = None,
         mmproj: Path | None = None,
         batch_requests: bool = False,
+        answer_during_prefill: bool = False,
     ) -> None:
         """`mmproj`: a vision projector GGUF for the model; with it the model takes images.
         `batch_requests`: decode the questions of requests that wait at once in one llama_decode
-        (shared_decode.py)."""
+        (shared_decode.py). `answer_during_prefill`: one more context, where a request is answered with
+        some of the threads while a prefill goes on with the rest (pool.py)."""
         if not model_path.is_file():
             raise EngineError(f"model file not found: {model_path}")
         bindings.init()
@@ -176,6 +178,7 @@ class Engine:
             self.model, kv, threads, encoder=self.memoryless, tap=None if self.memoryless else layer
         )
         self.open_contexts(contexts)
+        self.side_context = answer_during_prefill and not self.memoryless and self._pool.open_side()
         # Only where every request keeps its own rows: a recurrent memory and a model without
         # memory decode each request as they always do.
         shares = batch_requests and self.shares_suffix_tokens and not self.memoryless

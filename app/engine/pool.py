@@ -11,6 +11,12 @@ context before background work, background work holds at most `background_cap` c
 borrower whose work is stopped gives up its wait instead of taking a context for nobody. An
 interactive borrower that finds no idle context interrupts the decode under way where it may be given
 up (a prefill's piece: prefill.py).
+
+The cores are the pool's. With a side context (`answer_during_prefill`), an interactive borrower that
+finds every context lent and one of them prefilling takes the side context instead of the prefill's:
+the prefill keeps its context and cells and goes on with a share of the threads (`prefill_share`),
+the borrower decodes with the rest. A prefill's piece under way with more threads than its share is
+given up, to go on with its share; the thread count does not change a snapshot's bytes.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from app.engine.bindings import EngineError, llama, llama_log
@@ -39,6 +46,12 @@ from app.engine.suffix_tree import MAX_SEQUENCES, Row
 STOP_POLL_S = 0.05
 
 DECODE_GIVEN_UP = 2  # what llama_decode returns when its abort callback gave it up
+
+
+def prefill_share(threads: int) -> int:
+    """The threads a prefill keeps while a request is answered beside it on the side context: a quarter
+    of them, at least one. The request is what a client waits for; the prefill only has to go on."""
+    return max(1, threads // 4)
 
 
 # What llama.cpp asks whether to give up a decode under way: strlen over a context's two bytes [flag,
@@ -100,6 +113,8 @@ class Context:
         params.abort_callback_data = ctypes.cast(self._give_up, ctypes.c_void_p)
         params.n_seq_max = MAX_SEQUENCES
         params.n_threads = params.n_threads_batch = threads
+        self.threads = threads
+        self._decoding_threads = 0  # the threads of the interruptible decode under way (0: none)
         params.no_perf = True
         if encoder:
             params.n_ubatch = params.n_batch = kv.n_ctx
@@ -119,6 +134,12 @@ class Context:
         # must not keep alive a snapshot the RAM tier has evicted (its bytes would then be counted
         # nowhere), and a request can only ask for a snapshot it holds itself.
         self.held: tuple[weakref.ref[Snapshot], ...] = ()
+
+    def set_threads(self, threads: int) -> None:
+        """Decode with `threads` threads from the next decode on (it does not change what a decode computes)."""
+        if threads != self.threads:
+            llama.llama_set_n_threads(self.ctx, threads, threads)
+            self.threads = threads
 
     def clear(self) -> None:
         if self.memory:
@@ -202,6 +223,7 @@ class Context:
         with self._give_up_lock:
             self._give_up[0] = b"\0"
             self._interruptible = True
+            self._decoding_threads = self.threads
         try:
             if wanted():  # after arming: a waiter that came meanwhile either is seen here or interrupts
                 return False
@@ -211,6 +233,7 @@ class Context:
             _giving_up.ctx = None
             with self._give_up_lock:
                 self._interruptible = False
+                self._decoding_threads = 0
                 self._give_up[0] = b"\0"
         if status == DECODE_GIVEN_UP:
             return False
@@ -218,11 +241,12 @@ class Context:
             raise EngineError(f"llama_decode failed with status {status}")
         return True
 
-    def interrupt(self) -> None:
-        """Give up the decode under way if it is an interruptible one (`decode_unless_wanted`): someone
-        waits for this context. From any thread."""
+    def interrupt(self, above: int = 0) -> None:
+        """Give up the decode under way if it is an interruptible one (`decode_unless_wanted`) with more
+        than `above` threads: someone waits for this context, or for some of the cores it uses. From any
+        thread."""
         with self._give_up_lock:
-            if self._interruptible:
+            if self._interruptible and self._decoding_threads > above:
                 self._give_up[0] = b"\1"
 
     def close(self) -> None:
@@ -243,8 +267,16 @@ def keeps_memory(model: ctypes.c_void_p, kv: KvSettings, threads: int) -> bool:
         probe.close()
 
 
+@dataclass(frozen=True, eq=False)
+class _Ticket:
+    """A borrower's place in its lane's queue; a prefill never takes the side context."""
+
+    prefill: bool
+
+
 class ContextPool:
-    """A model's contexts, all made alike, each lent to one piece of work at a time, interactive work first."""
+    """A model's contexts, all made alike, each lent to one piece of work at a time, interactive work first;
+    and, where opened, the side context: lent only to an interactive request while a prefill holds a context."""
 
     def __init__(self, model: ctypes.c_void_p, kv: KvSettings, threads: int, *, encoder: bool, tap: int | None) -> None:
         self._model, self._kv, self._threads, self._encoder, self._tap = model, kv, threads, encoder, tap
@@ -253,9 +285,12 @@ class ContextPool:
         self._idle_changed = threading.Condition()
         # Borrowers waiting, per lane, in the order they came: a lane's contexts go to its first waiter,
         # so a prefill that hands its context over goes behind the request it handed it to.
-        self._queues: dict[Lane, collections.deque[object]] = {lane: collections.deque() for lane in LANES}
+        self._queues: dict[Lane, collections.deque[_Ticket]] = {lane: collections.deque() for lane in LANES}
         self._lent: dict[Lane, int] = dict.fromkeys(LANES, 0)
         self._busy_s: dict[Lane, float] = dict.fromkeys(LANES, 0.0)  # how long contexts were lent, per lane
+        self._side: Context | None = None
+        self._side_lent = False
+        self._prefilling: set[Context] = set()  # contexts lent to a prefill
 
     def open(self, count: int) -> None:
         """Add `count` contexts to the pool."""
@@ -265,6 +300,22 @@ class ContextPool:
                 self._contexts.append(ctx)
                 self._idle.append(ctx)
                 self._idle_changed.notify_all()
+
+    def open_side(self) -> bool:
+        """Open the side context, where there are threads to share and prefills to share them with; whether
+        it was opened."""
+        if self._threads < 2 or self._encoder or self._side is not None:
+            return False
+        side = Context(self._model, self._kv, self._threads - prefill_share(self._threads), tap=self._tap)
+        with self._idle_changed:
+            self._side = side
+            self._idle_changed.notify_all()
+        return True
+
+    @property
+    def threads(self) -> int:
+        """The threads the pool's decodes share: all of them for a context decoding alone."""
+        return self._threads
 
     @property
     def background_cap(self) -> int:
@@ -280,10 +331,34 @@ class ContextPool:
             return len(self._queues[lane])
 
     def someone_waits(self) -> bool:
-        """Whether an interactive caller waits for a context and none is idle: a prefill then hands its
-        context over between two of its pieces."""
+        """Whether an interactive caller waits for a context that none is idle for, the side context
+        included: a prefill then hands its context over, between two of its pieces or in one."""
         with self._idle_changed:
-            return bool(self._queues["interactive"]) and not self._idle
+            return self._someone_waits()
+
+    def prefill_threads(self) -> int:
+        """The threads a prefill's next piece may use: all, or its share while the side context is lent
+        or about to be."""
+        with self._idle_changed:
+            return self._prefill_threads()
+
+    def _someone_waits(self) -> bool:
+        if self._idle:
+            return False
+        side_free = self._side_free()
+        return any(ticket.prefill or not side_free for ticket in self._queues["interactive"])
+
+    def _side_free(self) -> bool:
+        """Whether the side context may be lent now: every context is lent, and each to a prefill (which
+        gives up threads beyond its share) or to work lent with its share already."""
+        if self._side is None or self._side_lent or self._idle:
+            return False
+        share = prefill_share(self._threads)
+        return all(ctx in self._prefilling or ctx.threads <= share for ctx in self._contexts)
+
+    def _prefill_threads(self) -> int:
+        beside = self._side_lent or any(not ticket.prefill for ticket in self._queues["interactive"])
+        return prefill_share(self._threads) if self._side is not None and beside else self._threads
 
     def busy_seconds(self) -> dict[Lane, float]:
         """The seconds contexts have been lent so far, per lane (for /metrics: the work done, answered or not)."""
@@ -293,50 +368,65 @@ class ContextPool:
     def close(self) -> None:
         """Free every context once requests in flight have handed theirs back; borrow then raises EngineError."""
         with self._idle_changed:
-            self._idle_changed.wait_for(lambda: len(self._idle) == len(self._contexts))
-            for ctx in self._contexts:
+            self._idle_changed.wait_for(lambda: len(self._idle) == len(self._contexts) and not self._side_lent)
+            for ctx in [*self._contexts, *([self._side] if self._side is not None else [])]:
                 ctx.close()
             self._contexts.clear()
             self._idle.clear()
+            self._side = None
             self._idle_changed.notify_all()
 
-    def _may_take(self, lane: Lane, ticket: object) -> bool:
+    def _pick(self, lane: Lane, ticket: _Ticket) -> Context | bool | None:
+        """The context `ticket` may take now: an idle one (True: choose among them), the side context, or
+        none yet (None)."""
         if not self._contexts:
             return True  # closed: the borrower raises
-        if not self._idle or self._queues[lane][0] is not ticket:
-            return False
-        if lane == "interactive":
-            return True
-        return not self._queues["interactive"] and self._lent["background"] < self.background_cap
+        queue = self._queues[lane]
+        if self._idle and queue[0] is ticket:
+            if lane == "interactive":
+                return True
+            if not self._queues["interactive"] and self._lent["background"] < self.background_cap:
+                return True
+        if lane == "interactive" and self._side_free():
+            first = next((waiter for waiter in queue if not waiter.prefill), None)
+            if first is ticket:
+                return self._side
+        return None
 
     @contextlib.contextmanager
-    def borrow(self, wanted: Snapshot | None) -> Iterator[Context]:
+    def borrow(self, wanted: Snapshot | None, *, prefill: bool = False) -> Iterator[Context]:
         """An idle context for the current caller: one that already holds `wanted` if there is one, else
         the least recently used. Cancelled, instead, once the caller is stopped while it waits.
+        `prefill`: the borrower prefills (prefill.py): it may share its cores with a request on the side
+        context, and never takes that one itself.
 
         A context is handed back holding its sequence 0, so the next request for the same
         prefix (or a prefix of it, such as the base) skips the restore. Anything that goes
         wrong on the way clears it.
         """
-        with self.borrow_unless(wanted, None) as ctx:
+        with self.borrow_unless(wanted, None, prefill=prefill) as ctx:
             assert ctx is not None  # nothing to give up for
             yield ctx
 
     @contextlib.contextmanager
-    def borrow_unless(self, wanted: Snapshot | None, served: threading.Event | None) -> Iterator[Context | None]:
+    def borrow_unless(
+        self, wanted: Snapshot | None, served: threading.Event | None, *, prefill: bool = False
+    ) -> Iterator[Context | None]:
         """`borrow`, but None once `served` is set while the caller waits: another borrower did the
         caller's work meanwhile (shared_decode.py). Whoever sets it hands a context back afterwards,
         which wakes the waiters."""
         caller = current()
         caller.check("a context was free")
-        ticket = object()
+        ticket = _Ticket(prefill)
         with self._idle_changed:
             self._queues[caller.lane].append(ticket)
             if caller.lane == "interactive" and not self._idle:
-                for lent in self._contexts:  # a prefill's piece under way gives its context up (prefill.py)
-                    lent.interrupt()
+                # a prefill's piece under way gives its context up, or the cores beyond its share (prefill.py)
+                above = 0 if self._someone_waits() else self._prefill_threads()
+                for lent in self._contexts:
+                    lent.interrupt(above)
             try:
-                while not self._may_take(caller.lane, ticket):
+                while not (picked := self._pick(caller.lane, ticket)):
                     if served is not None and served.is_set():
                         break
                     self._idle_changed.wait(STOP_POLL_S)
@@ -344,15 +434,24 @@ class ContextPool:
             finally:
                 self._queues[caller.lane].remove(ticket)
                 self._idle_changed.notify_all()  # the next in line may take one now
+            ctx: Context | None = None
             if served is not None and served.is_set():
-                ctx = None
+                pass
+            elif not self._contexts:
+                raise EngineError("the engine is closed")
+            elif isinstance(picked, Context):
+                ctx = picked
+                self._side_lent = True
+                self._lent[caller.lane] += 1
             else:
-                if not self._contexts:
-                    raise EngineError("the engine is closed")
                 holding = [c for c in self._idle if wanted is not None and c.position_of(wanted) is not None]
                 ctx = holding[-1] if holding else self._idle[0]
                 self._idle.remove(ctx)
                 self._lent[caller.lane] += 1
+                if prefill:
+                    self._prefilling.add(ctx)
+                # beside a request on the side context, the share of the threads it leaves: for the whole loan
+                ctx.set_threads(prefill_share(self._threads) if self._side_lent else self._threads)
         if ctx is None:
             yield None
             return
@@ -365,7 +464,11 @@ class ContextPool:
             if not handed_back:
                 ctx.clear()
             with self._idle_changed:
-                self._idle.append(ctx)
+                if ctx is self._side:
+                    self._side_lent = False
+                else:
+                    self._idle.append(ctx)
+                    self._prefilling.discard(ctx)
                 self._lent[caller.lane] -= 1
                 self._busy_s[caller.lane] += time.perf_counter() - lent_at
                 self._idle_changed.notify_all()  # waiters of both lanes: each has its own rule

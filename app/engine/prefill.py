@@ -13,6 +13,12 @@ So that requests that keep coming cannot starve it, a prefill that let one go fi
 piece (kv_settings.HANDOVER_PIECE) each time it has the context again, which nobody takes from it:
 cut at or above that size, pieces give the cells the bytes of llama.cpp's own micro-batches.
 
+Where the pool has a side context, a request that comes during the prefill is answered there instead,
+and the prefill keeps its context: it goes on in short pieces with its share of the threads
+(pool.prefill_share) while the request decodes, and with all of them again after. A piece under way
+with more threads than its share is given up and decoded again with its share; the thread count does
+not change the bytes.
+
 A prefill stopped between two pieces says what it had done (`Stopped.partial`), and a later prefill
 of the same tokens from the same base may go on from there (`resume`): a client that gives up and
 retries, as the SDK does, finds the pieces its first attempt paid for.
@@ -21,6 +27,7 @@ retries, as the SDK does, finds the pieces its first attempt paid for.
 from __future__ import annotations
 
 import collections
+import functools
 import time
 from dataclasses import dataclass
 
@@ -85,7 +92,7 @@ class Prefill:
         handed_over = False  # whether it has let a request go first: its next turn then owes a piece
         while True:
             try:
-                with self._pool.borrow(done) as ctx:
+                with self._pool.borrow(done, prefill=True) as ctx:
                     began = time.perf_counter()
                     if done is not None:
                         ctx.hold(done)
@@ -158,22 +165,36 @@ class Prefill:
             if span is not None:
                 if not owed and self._pool.someone_waits():
                     return at  # an image is encoded whole: handed over before it, not during it
+                ctx.set_threads(self._pool.prefill_threads())
                 ctx.read_rows(True)
                 position = self._decode_image(ctx, span, position)
             else:
-                if owed and end - at >= 2 * HANDOVER_PIECE:  # the rest goes next, given up if need be
+                threads = self._pool.prefill_threads()
+                ctx.set_threads(threads)
+                # owed, or beside a request on the side context: a short piece, the rest next (given up if
+                # need be), so that the prefill has its whole context or all its cores again soon
+                short = owed or threads < self._pool.threads
+                if short and end - at >= 2 * HANDOVER_PIECE:
                     todo.appendleft((at + HANDOVER_PIECE, end, None))
                     end = at + HANDOVER_PIECE
                 ctx.read_rows(True)  # each piece's rows on their own: a given-up piece's are dropped
                 ctx.fill([(token, position + i, (0,), False) for i, token in enumerate(self.tokens[at:end])])
                 if owed:
                     ctx.decode(more_rows=True)
-                elif not ctx.decode_unless_wanted(self._pool.someone_waits):
-                    return at  # a request waits for this context: the piece is given up, its cells dropped
+                elif not ctx.decode_unless_wanted(functools.partial(self._wanted, threads)):
+                    if self._pool.someone_waits():
+                        return at  # a request waits for this context: the piece is given up, its cells dropped
+                    todo.appendleft((at, end, None))  # a request took the side context: again, with fewer threads
+                    continue
                 position += end - at
             if ctx.tap is not None:
                 rows.append(ctx.tap.rows(end - at))
         return len(self.tokens)
+
+    def _wanted(self, threads: int) -> bool:
+        """Whether a piece decoding with `threads` threads is to be given up: a request waits for its
+        context, or one is answered on the side context with some of those threads."""
+        return self._pool.someone_waits() or self._pool.prefill_threads() < threads
 
     @staticmethod
     def _from(pieces: list[Piece], first: int) -> list[Piece]:

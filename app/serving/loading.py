@@ -191,6 +191,7 @@ def load_spec(spec: ModelSpec) -> ModelService:
         probe_layer="middle",  # the state probe fit's vector: Snapshot.state_mean
         mmproj=spec.settings.mmproj,
         batch_requests=spec.settings.batch_requests,
+        answer_during_prefill=spec.settings.answer_during_prefill,
     )
     if spec.settings.mmproj is not None:
         # The folder's name holds the projector's fingerprint too: what was kept without this
