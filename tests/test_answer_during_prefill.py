@@ -6,7 +6,6 @@ context is the one read on the pool's. On real llama.cpp with the tiny model."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,11 +13,11 @@ from typing import Any
 import pytest
 
 from app.engine import bindings
-from app.engine.caller import Caller, working_for
 from app.engine.engine import Engine
 from app.engine.kv_settings import HANDOVER_PIECE
-from app.engine.pool import Context, prefill_share
+from app.engine.pool import prefill_share
 from app.engine.snapshot import Prefix
+from tests.support.borrowers import Borrower
 from tests.support.waiting import until
 
 WAIT_S = 30  # every wait here is bounded; a healthy run takes milliseconds
@@ -38,31 +37,6 @@ def long_prefix(engine: Engine) -> Prefix:
     return Prefix(tuple(tokens))
 
 
-class Holder:
-    """A thread that borrows a context (as a prefill, or as a request), says which, and holds it until let go."""
-
-    def __init__(self, engine: Engine, *, prefill: bool = False) -> None:
-        self.got, self.go = threading.Event(), threading.Event()
-        self.ctx: Context | None = None
-        self.error: Exception | None = None
-        self.thread = threading.Thread(target=self._run, args=(engine, prefill), daemon=True)
-        self.thread.start()
-
-    def _run(self, engine: Engine, prefill: bool) -> None:
-        try:
-            with working_for(Caller()), engine._pool.borrow(None, prefill=prefill) as ctx:
-                self.ctx = ctx
-                self.got.set()
-                assert self.go.wait(WAIT_S)
-        except Exception as error:  # the test reads it
-            self.error = error
-
-    def let_go(self) -> None:
-        self.go.set()
-        self.thread.join(WAIT_S)
-        assert not self.thread.is_alive() and self.error is None
-
-
 def test_a_request_during_a_prefill_is_answered_beside_it_and_the_prefill_ends_alike(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -77,12 +51,12 @@ def test_a_request_during_a_prefill_is_answered_beside_it_and_the_prefill_ends_a
 
     decode = llama_cpp.llama_decode
     pieces: list[tuple[int, int, int]] = []  # (threads, tokens, status) of each prefill piece
-    request: list[Holder] = []
+    request: list[Borrower] = []
     shared_pieces = 2  # the request lets go after the prefill has decoded this many pieces beside it
 
     def a_request_comes_as_the_first_piece_starts(ctx: Any, batch: Any) -> Any:
         if not request:
-            request.append(Holder(engine))
+            request.append(Borrower(engine))
             assert request[0].got.wait(WAIT_S)  # the side context: the prefill's is not handed over
         threads = llama_cpp.llama_n_threads(ctx)
         status = decode(ctx, batch)
@@ -114,7 +88,7 @@ def test_an_answer_on_the_side_context_is_the_answer_on_the_pool_s_context(engin
     snapshot, _ = engine.prefill(long_prefix(engine))
     suffixes = question_suffixes(engine)
     on_pool = engine.decode_suffixes(snapshot, suffixes)
-    prefill = Holder(engine, prefill=True)
+    prefill = Borrower(engine, prefill=True)
     assert prefill.got.wait(WAIT_S)
     try:
         on_side = engine.decode_suffixes(snapshot, suffixes)
@@ -127,10 +101,10 @@ def test_an_answer_on_the_side_context_is_the_answer_on_the_pool_s_context(engin
 def test_the_side_context_is_only_lent_to_a_request_beside_a_prefill(engine: Engine) -> None:
     """While a request (not a prefill) holds the pool's context, another request waits for it rather than
     take the side context, whose cores the first one uses; and a prefill never takes the side context."""
-    first = Holder(engine)
+    first = Borrower(engine)
     assert first.got.wait(WAIT_S)
-    second = Holder(engine)
-    prefill = Holder(engine, prefill=True)
+    second = Borrower(engine)
+    prefill = Borrower(engine, prefill=True)
     until(lambda: engine._pool.waiting("interactive") == 2, WAIT_S)
     assert not second.got.is_set() and not prefill.got.is_set()  # both queued: each looked, and waits
     first.let_go()
@@ -144,17 +118,17 @@ def test_a_context_lent_while_the_side_context_is_decodes_with_the_share_of_the_
     """A request that gets the pool's context while another is answered on the side context (the prefill
     beside which it was lent has just ended) decodes with the prefill's share, not with every thread; the
     next one, the side context handed back, with every thread again."""
-    prefill = Holder(engine, prefill=True)
+    prefill = Borrower(engine, prefill=True)
     assert prefill.got.wait(WAIT_S)
-    on_side = Holder(engine)
+    on_side = Borrower(engine)
     assert on_side.got.wait(WAIT_S) and on_side.ctx is engine._pool._side
     prefill.let_go()
-    beside = Holder(engine)
+    beside = Borrower(engine)
     assert beside.got.wait(WAIT_S) and beside.ctx is prefill.ctx
     assert beside.ctx is not None and beside.ctx.threads == prefill_share(THREADS)
     beside.let_go()
     on_side.let_go()
-    after = Holder(engine)
+    after = Borrower(engine)
     assert after.got.wait(WAIT_S) and after.ctx is prefill.ctx
     assert after.ctx is not None and after.ctx.threads == THREADS
     after.let_go()

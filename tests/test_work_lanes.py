@@ -20,6 +20,7 @@ from app.engine.engine import Engine
 from app.engine.prefill import Stopped
 from app.engine.snapshot import Prefix, Snapshot
 from app.errors import Cancelled
+from tests.support.borrowers import Borrower
 from tests.support.llama_calls import count_llama_calls
 from tests.support.waiting import until
 
@@ -39,30 +40,6 @@ def assert_same_snapshot(got: Snapshot, want: Snapshot) -> None:
     assert got.data == want.data
     assert got.state_mean is not None and want.state_mean is not None
     assert got.state_mean.tobytes() == want.state_mean.tobytes()
-
-
-class Borrower:
-    """A thread that borrows a context for `work`, says when it has one, and holds it until let go."""
-
-    def __init__(self, engine: Engine, work: Caller, lent: list[str], name: str) -> None:
-        self.got, self.go = threading.Event(), threading.Event()
-        self.error: Exception | None = None
-        self.thread = threading.Thread(target=self._run, args=(engine, work, lent, name), daemon=True)
-        self.thread.start()
-
-    def _run(self, engine: Engine, work: Caller, lent: list[str], name: str) -> None:
-        try:
-            with working_for(work), engine._pool.borrow(None):
-                lent.append(name)
-                self.got.set()
-                assert self.go.wait(WAIT_S)
-        except Exception as error:  # the test reads it
-            self.error = error
-
-    def let_go(self) -> None:
-        self.go.set()
-        self.thread.join(WAIT_S)
-        assert not self.thread.is_alive()
 
 
 def waiting(engine: Engine, lane: Lane, count: int) -> Callable[[], bool]:
