@@ -270,11 +270,16 @@ def test_pooled_contexts_reused_across_states_under_concurrency_answer_like_a_co
     try:
         expected = {state: answers(reference, request(state=state)) for state in states}
         work = [states[i % len(states)] for i in range(48)]
-        restores = llama_calls.restores
         with ThreadPoolExecutor(8) as pool:
             got = list(pool.map(lambda state: answers(service, request(state=state)), work))
         assert got == [expected[state] for state in work]
-        assert llama_calls.restores - restores < len(work)  # some requests found their prefix still in place
+        # Which request finds its prefix still in place under contention is chance; one after the other,
+        # a context that went through all of that holds what it last decoded and answers from it alike.
+        for state in states:
+            assert answers(service, request(state=state)) == expected[state]
+            restores = llama_calls.restores
+            assert answers(service, request(state=state)) == expected[state]
+            assert llama_calls.restores == restores  # found in place: no restore
     finally:
         service.close()
         reference.close()
