@@ -13,10 +13,11 @@ interactive borrower that finds no idle context interrupts the decode under way 
 up (a prefill's piece: prefill.py).
 
 The cores are the pool's. With a side context (`answer_during_prefill`), an interactive borrower that
-finds every context lent and one of them prefilling takes the side context instead of the prefill's:
-the prefill keeps its context and cells and goes on with a share of the threads (`prefill_share`),
-the borrower decodes with the rest. A prefill's piece under way with more threads than its share is
-given up, to go on with its share; the thread count does not change a snapshot's bytes.
+finds every context lent, each to a prefill or to work lent with a prefill's share of the threads
+(`prefill_share`), takes the side context instead of a prefill's: the prefill keeps its context and
+cells and goes on with its share, the borrower decodes with the rest. A prefill's piece under way with
+more threads than its share is given up, to go on with its share; the thread count does not change a
+snapshot's bytes.
 """
 
 from __future__ import annotations
