@@ -97,7 +97,7 @@ Readouts = list[list[float]]  # per suffix, its label logits
 class SeqContext:
     """One llama.cpp context whose sequences hold several requests' prefixes and question suffixes.
 
-    app/engine/pool.py `Context` has the same parts for one request (sequence 0 and its copies); a
+    app/engine/context.py `Context` has the same parts for one request (sequence 0 and its copies); a
     scheduler that batches across requests needs this one there, with `n_seq_max` chosen per context (split
     streams size each sequence's room by it)."""
 

@@ -12,9 +12,9 @@ import pytest
 from app.answering.service import ModelService
 from app.calibration import Priors
 from app.engine.bindings import EngineError, gpu_offload_supported, shipped_backends
+from app.engine.context import Context, RestoreError
 from app.engine.engine import Engine, Readout, SuffixTokens
 from app.engine.kv_settings import N_UBATCH, KvSettings
-from app.engine.pool import Context, RestoreError
 from app.engine.ram_tier import RamTier, cache_key
 from app.engine.snapshot import Prefix, Snapshot
 from app.engine.suffix_tree import MAX_SEQUENCES

@@ -15,8 +15,8 @@ from numpy.typing import NDArray
 from app.answering.answers import answer_of
 from app.answering.prompter import Dependence, Plan, Prompter, Suffix, TemplateRefused, TooManyOptions
 from app.calibration import AnswerProbabilities, Calibration, Evidence, QuestionReadouts
+from app.engine.context import RestoreError
 from app.engine.engine import Engine, Readout, SuffixReadouts, SuffixTokens, Timing
-from app.engine.pool import RestoreError
 from app.engine.snapshot import Prefix, Snapshot
 from app.engine.tiers import PrefixCache, ResolvedPrefix
 from app.errors import ApiError, InvalidRequest

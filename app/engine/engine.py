@@ -2,7 +2,7 @@
 
 It uses llama.cpp's low-level API (app/engine/bindings.py): the high-level `Llama` class saves
 whole-context state with a large scores array, which is far too slow here. Beside it: the model's
-vocabulary (vocab.py), its pool of contexts (pool.py), a prefix's prefill in pieces (prefill.py) and the
+vocabulary (vocab.py), its pool of contexts (pool.py, context.py), a prefix's prefill in pieces (prefill.py) and the
 suffix tree (suffix_tree.py).
 
 A request borrows one pooled context, restores its prefix snapshot into sequence 0, copies
@@ -35,9 +35,10 @@ from numpy.typing import NDArray
 from app.engine import bindings, whole_prompt
 from app.engine.bindings import EngineError, llama
 from app.engine.caller import Lane, current
+from app.engine.context import Context, keeps_memory
 from app.engine.fingerprint import model_digest
 from app.engine.kv_settings import KvSettings
-from app.engine.pool import Context, ContextPool, keeps_memory
+from app.engine.pool import ContextPool
 from app.engine.prefill import Partial, Prefill
 from app.engine.shared_decode import SharedDecodes, SharedJob
 from app.engine.snapshot import Prefix, Snapshot, spans_fit

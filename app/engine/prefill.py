@@ -36,8 +36,9 @@ from numpy.typing import NDArray
 
 from app.engine.bindings import EngineError
 from app.engine.caller import current
+from app.engine.context import Context
 from app.engine.kv_settings import HANDOVER_PIECE
-from app.engine.pool import Context, ContextPool
+from app.engine.pool import ContextPool
 from app.engine.snapshot import ImageSpan, Prefix, Snapshot
 from app.engine.vision import Vision
 from app.errors import Cancelled

@@ -24,7 +24,8 @@ from typing import Generic, TypeVar
 
 from app.engine.bindings import llama
 from app.engine.caller import Lane, current
-from app.engine.pool import STOP_POLL_S, Context, ContextPool
+from app.engine.context import Context
+from app.engine.pool import STOP_POLL_S, ContextPool
 from app.engine.snapshot import Snapshot
 from app.engine.suffix_tree import MAX_SEQUENCES, Row
 from app.errors import Cancelled

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 
 from app.engine.caller import Caller, working_for
+from app.engine.context import Context
 from app.engine.engine import Engine
-from app.engine.pool import Context
 
 WAIT_S = 30  # every wait here is bounded; a healthy run takes milliseconds
 
