@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from app.engine import bindings
-from app.engine.engine import Engine
+from app.engine.engine import Engine, SuffixTokens
 from app.engine.kv_settings import HANDOVER_PIECE
 from app.engine.pool import prefill_share
 from app.engine.snapshot import Prefix
@@ -142,9 +142,7 @@ def test_one_thread_has_no_side_context(tiny_chat_path: Path) -> None:
         made.close()
 
 
-def question_suffixes(engine: Engine) -> list[Any]:
-    from app.engine.engine import SuffixTokens
-
+def question_suffixes(engine: Engine) -> list[SuffixTokens]:
     yes, no = (engine.vocab.tokenize(word, add_bos=False)[0] for word in (" yes", " no"))
     return [
         SuffixTokens(tuple(engine.vocab.tokenize(text, add_bos=False)), (yes, no))

@@ -179,7 +179,7 @@ class Engine:
             self.model, kv, threads, encoder=self.memoryless, tap=None if self.memoryless else layer
         )
         self.open_contexts(contexts)
-        self.side_context = answer_during_prefill and not self.memoryless and self._pool.open_side()
+        self.side_context = answer_during_prefill and self._pool.open_side()  # none for a model without memory
         # Only where every request keeps its own rows: a recurrent memory and a model without
         # memory decode each request as they always do.
         shares = batch_requests and self.shares_suffix_tokens and not self.memoryless
