@@ -15,9 +15,10 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
-from app.engine.caller import Caller, working_for
+from app.engine.caller import Caller, Lane, working_for
 from app.engine.engine import Engine, SuffixReadouts, SuffixTokens
 from app.engine.snapshot import Prefix, Snapshot
+from app.engine.suffix_tree import suffix_rows
 from app.errors import Cancelled
 from app.http.server import create_app
 from app.serving.registry import ModelRegistry
@@ -174,6 +175,37 @@ def test_the_first_in_line_leaving_does_not_fail_the_others(engines: tuple[Engin
         asker.join()
     assert isinstance(first.error, Cancelled)
     assert all(a.error is None and a.found is not None for a in askers[1:])
+
+
+def test_a_leader_expects_the_requests_the_last_decode_left_waiting(
+    engines: tuple[Engine, Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request left queued by a decode (it did not fit, or came while the decode ran) goes in the next
+    round with the clients that decode answered: the next leader gathers for both, not for the last
+    decode's own count only, which would leave one request behind every round."""
+    _, shared = engines
+    decodes = shared._shared
+    assert decodes is not None
+    first, second = requests(shared)[:2]
+    first_rows, _ = suffix_rows([s.tokens for s in first[1]], first[0].next_pos)
+    monkeypatch.setattr(decodes, "_max_rows", len(first_rows))  # the first fits, not the second beside it
+    expected: list[int] = []
+    gather = decodes._gather
+
+    def counted(lane: Lane) -> None:
+        expected.append(decodes._company)
+        gather(lane)
+
+    monkeypatch.setattr(decodes, "_gather", counted)
+    before = decodes.decodes
+    with context_lent(shared, WAIT_S):
+        askers = ask_in_line(shared, [first, second])
+        decodes._company = 1  # as after one client alone
+    for asker in askers:
+        asker.join()
+    assert [a.error for a in askers] == [None, None]
+    assert decodes.decodes - before == 2  # the second did not fit beside the first
+    assert expected == [1, 2]  # the second's leader waited for the first's client too
 
 
 class Answerer:

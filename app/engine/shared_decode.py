@@ -73,7 +73,9 @@ class SharedDecodes:
         self._lock = threading.Lock()
         self._queue_grew = threading.Condition(self._lock)
         self._queued: list[SharedJob[object]] = []
-        self._company = 1  # how many requests the last decode took: how many a leader may expect
+        # How many requests a leader may expect: those the last decode answered, whose clients send their next
+        # ones at once, and those it left queued (they did not fit, or came while it decoded).
+        self._company = 1
         self.decodes = 0  # llama_decodes led so far
         self.requests = 0  # requests answered in them
 
@@ -101,14 +103,18 @@ class SharedDecodes:
             raise job.error
         return job
 
-    def _gather(self) -> None:
-        """Where the last decode had company, wait a moment for as many requests to queue (under the lock).
+    def _gather(self, lane: Lane) -> None:
+        """Where the last decode had company, wait a moment for as many requests of `lane` to queue, or for
+        a decode's worth of rows (under the lock).
 
         Clients answered by one decode send their next requests at once, but a request queued in the
         meantime leads as soon as the context is free: without this, it would go alone and the others
         after it, one decode each time where one would do. Alone (one client), nobody waits."""
         deadline = time.monotonic() + GATHER_S
-        while len(self._queued) < self._company and (left := deadline - time.monotonic()) > 0:
+        while (left := deadline - time.monotonic()) > 0:
+            same_lane = [job for job in self._queued if job.lane == lane]
+            if len(same_lane) >= self._company or sum(len(job.rows) for job in same_lane) >= self._max_rows:
+                return
             self._queue_grew.wait(left)
 
     def _take(self, first: SharedJob[T], n_ctx: int) -> list[SharedJob[object]]:
@@ -116,7 +122,7 @@ class SharedDecodes:
         in the order they came, as many as fit; none when `first` was taken already, by a leader on another
         context, before or while this one gathered."""
         if first in self._queued:
-            self._gather()
+            self._gather(first.lane)
         if first not in self._queued:
             return []
         taken: list[SharedJob[object]] = [first]  # type: ignore[list-item]  # of any readout type
@@ -136,7 +142,6 @@ class SharedDecodes:
             rows, cells, sequences = rows + more_rows, cells + more_cells, sequences + job.n_sequences
         for job in taken:
             self._queued.remove(job)
-        self._company = len(taken)
         return taken
 
     def _lead(self, ctx: Context, taken: list[SharedJob[object]]) -> None:
@@ -157,6 +162,8 @@ class SharedDecodes:
                 with self._lock:
                     self.decodes += 1
                     self.requests += len(working)
+                    left = sum(1 for job in self._queued if job.lane == taken[0].lane)
+                    self._company = len(working) + left
         except BaseException as error:
             for job in taken:
                 job.error = job.error or error
