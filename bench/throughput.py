@@ -704,10 +704,12 @@ def measure_all(
         print(json.dumps({k: v for k, v in row.items() if k not in ("onepass", "llama_server")}), flush=True)
         overall.finished(f"{kind}, {clients} clients")
 
-    progress = Progress(2 * cfg.pairs * 2 * cfg.pair_requests, "hits: one client, then sixteen, in pairs")
-    concurrent = concurrent_hits(servers, cached, cfg, stepper(progress)) if cells else None
-    sys.stderr.write("\n")
-    overall.finished("hits: one client, then sixteen, in pairs")
+    concurrent = None
+    if cells:  # only with the curve, whose warm-up put the cached states in both servers
+        progress = Progress(2 * cfg.pairs * 2 * cfg.pair_requests, "hits: one client, then sixteen, in pairs")
+        concurrent = concurrent_hits(servers, cached, cfg, stepper(progress))
+        sys.stderr.write("\n")
+        overall.finished("hits: one client, then sixteen, in pairs")
 
     busy_cached = cached[: cfg.busy_states]
     beside: dict[str, Any] = {}
