@@ -112,10 +112,14 @@ class SharedDecodes:
         after it, one decode each time where one would do. Alone (one client), nobody waits."""
         deadline = time.monotonic() + GATHER_S
         while (left := deadline - time.monotonic()) > 0:
-            same_lane = [job for job in self._queued if job.lane == lane]
+            same_lane = self._queued_in(lane)
             if len(same_lane) >= self._company or sum(len(job.rows) for job in same_lane) >= self._max_rows:
                 return
             self._queue_grew.wait(left)
+
+    def _queued_in(self, lane: Lane) -> list[SharedJob[object]]:
+        """The jobs of `lane` queued and not yet taken (under the lock): only a leader of its lane takes one."""
+        return [job for job in self._queued if job.lane == lane]
 
     def _take(self, first: SharedJob[T], n_ctx: int) -> list[SharedJob[object]]:
         """The queued jobs one decode takes (under the lock): `first`, then others of its lane, not stopped,
@@ -162,8 +166,7 @@ class SharedDecodes:
                 with self._lock:
                     self.decodes += 1
                     self.requests += len(working)
-                    left = sum(1 for job in self._queued if job.lane == taken[0].lane)
-                    self._company = len(working) + left
+                    self._company = len(working) + len(self._queued_in(taken[0].lane))
         except BaseException as error:
             for job in taken:
                 job.error = job.error or error
