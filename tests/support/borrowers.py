@@ -44,6 +44,7 @@ class Borrower:
             self.error = error
 
     def let_go(self) -> None:
+        """Hand the context back; a borrower let go held one, so its borrow raised nothing."""
         self.go.set()
         self.thread.join(WAIT_S)
-        assert not self.thread.is_alive()
+        assert not self.thread.is_alive() and self.error is None
