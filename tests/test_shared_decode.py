@@ -57,9 +57,15 @@ class Asker:
     """A thread that decodes one request's questions for its own caller."""
 
     def __init__(
-        self, engine: Engine, prefix: Snapshot, suffixes: list[SuffixTokens], *, beside_others: bool = True
+        self,
+        engine: Engine,
+        prefix: Snapshot,
+        suffixes: list[SuffixTokens],
+        *,
+        beside_others: bool = True,
+        lane: Lane = "interactive",
     ) -> None:
-        self.caller = Caller("interactive", threading.Event())
+        self.caller = Caller(lane, threading.Event())
         self.found: SuffixReadouts | None = None
         self.error: Exception | None = None
         args = (engine, prefix, suffixes, beside_others)
@@ -193,19 +199,48 @@ def test_a_leader_expects_the_requests_the_last_decode_left_waiting(
     gather = decodes._gather
 
     def counted(lane: Lane) -> None:
-        expected.append(decodes._company)
+        expected.append(decodes._company[lane])
         gather(lane)
 
     monkeypatch.setattr(decodes, "_gather", counted)
     before = decodes.decodes
     with context_lent(shared, WAIT_S):
         askers = ask_in_line(shared, [first, second])
-        decodes._company = 1  # as after one client alone
+        decodes._company["interactive"] = 1  # as after one client alone
     for asker in askers:
         asker.join()
     assert [a.error for a in askers] == [None, None]
     assert decodes.decodes - before == 2  # the second did not fit beside the first
     assert expected == [1, 2]  # the second's leader waited for the first's client too
+
+
+def test_a_background_decode_leaves_the_company_interactive_leaders_expect(
+    engines: tuple[Engine, Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fit's decode between two rounds of many clients says nothing of how many of them come back: the
+    next interactive leader expects the company of its own lane's last decode."""
+    _, shared = engines
+    decodes = shared._shared
+    assert decodes is not None
+    first, second, third = requests(shared)[:3]
+    with context_lent(shared, WAIT_S):
+        askers = ask_in_line(shared, [first, second])  # one interactive decode of two requests
+    for asker in askers:
+        asker.join()
+    fit = Asker(shared, *third, lane="background")  # alone
+    fit.join()
+    expected: list[tuple[Lane, int]] = []
+    gather = decodes._gather
+
+    def counted(lane: Lane) -> None:
+        expected.append((lane, decodes._company[lane]))
+        gather(lane)
+
+    monkeypatch.setattr(decodes, "_gather", counted)
+    alone = Asker(shared, *first)
+    alone.join()
+    assert [a.error for a in (*askers, fit, alone)] == [None] * 4
+    assert expected == [("interactive", 2)]
 
 
 class Answerer:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from app.engine.bindings import llama
-from app.engine.caller import Lane, current
+from app.engine.caller import LANES, Lane, current
 from app.engine.context import Context
 from app.engine.pool import STOP_POLL_S, ContextPool
 from app.engine.snapshot import Snapshot
@@ -73,9 +73,10 @@ class SharedDecodes:
         self._lock = threading.Lock()
         self._queue_grew = threading.Condition(self._lock)
         self._queued: list[SharedJob[object]] = []
-        # How many requests a leader may expect: those the last decode answered, whose clients send their next
-        # ones at once, and those it left queued (they did not fit, or came while it decoded).
-        self._company = 1
+        # How many requests a leader of a lane may expect: those the lane's last decode answered, whose clients
+        # send their next ones at once, and those it left queued (they did not fit, or came while it decoded).
+        # Per lane: a fit's decode between two rounds of many clients says nothing of how many come back.
+        self._company: dict[Lane, int] = dict.fromkeys(LANES, 1)
         self.decodes = 0  # llama_decodes led so far
         self.requests = 0  # requests answered in them
 
@@ -113,7 +114,7 @@ class SharedDecodes:
         deadline = time.monotonic() + GATHER_S
         while (left := deadline - time.monotonic()) > 0:
             same_lane = self._queued_in(lane)
-            if len(same_lane) >= self._company or sum(len(job.rows) for job in same_lane) >= self._max_rows:
+            if len(same_lane) >= self._company[lane] or sum(len(job.rows) for job in same_lane) >= self._max_rows:
                 return
             self._queue_grew.wait(left)
 
@@ -166,7 +167,8 @@ class SharedDecodes:
                 with self._lock:
                     self.decodes += 1
                     self.requests += len(working)
-                    self._company = len(working) + len(self._queued_in(taken[0].lane))
+                    lane = taken[0].lane
+                    self._company[lane] = len(working) + len(self._queued_in(lane))
         except BaseException as error:
             for job in taken:
                 job.error = job.error or error
