@@ -47,6 +47,7 @@ from app.answering.decision_text import common as _common
 from app.answering.decision_text import common_text as _common_text
 from app.answering.decision_text import pick_labels
 from app.answering.prompter import ContextBound, Plan, Reading, Suffix, TemplateRefused, Tokenizer, TooManyOptions
+from app.answering.template_prompter import RATING_POINTS, TemplatePrompter
 from app.answering.token_memo import TokenMemo
 from app.engine.snapshot import ImageSpan, Prefix
 from app.engine.vision import ImageTokens, Vision
@@ -55,7 +56,6 @@ from app.wire.contract import (
     ChoiceQuestion,
     NoulQuestion,
     Question,
-    ScoreQuestion,
     SystemOneRequest,
     Text,
     label_keys,
@@ -65,12 +65,8 @@ from app.wire.images import NO_MEDIA, Media
 log = logging.getLogger("onepass.decision")
 
 BOX_END = "<|box_end|>"  # kev: where an option's output vector is read
-RATING_POINTS = 9  # lev's noul: a rating from 0 (certainly no) to 8 (certainly yes)
 PROBE_STATES = ("The first probe text.", "Another text, for the second probe.")
 PREFIX_MEMO = 64  # recent states whose prefix is kept, each within the context
-# Recent prompts whose tokens are kept, each within the context (app/answering/token_memo.py): a
-# repeated request (a cache hit) would otherwise tokenize its whole state again for every question.
-PROMPT_MEMO = 128
 
 
 @dataclass(frozen=True)
@@ -84,63 +80,6 @@ class _Prompt:
     marks: tuple[int, ...] = ()
     groups: tuple[int, ...] = ()
     spans: tuple[ImageSpan, ...] = ()
-
-
-class TemplatePrompter:
-    """What every decision model's prompter shares (this module's causal types, app/answering/encoders.py's
-    whole ones): the systemone template, user text given with control tokens' texts broken, the tokens
-    of recent prompts, the limit on options and the identity fits depend on."""
-
-    layout = "state-first"
-
-    def __init__(
-        self,
-        tokenizer: Tokenizer,
-        fmt: DecisionFormat,
-        control_texts: set[str],
-        vision: Vision | None = None,
-        ends: tuple[int | None, int | None] = (None, None),
-        bound: ContextBound | None = None,
-    ) -> None:
-        """`control_texts`: the vocabulary's control tokens' texts (Vocabulary.control_texts); `vision`:
-        the model's projector, where it has one; `ends`: the BOS and EOS its vocabulary adds (None: not);
-        `bound`: the model's context, a prompt that cannot fit in it refused before it is tokenized."""
-        self.tokenizer = tokenizer
-        self.format = fmt
-        self.decision_type = fmt.kind
-        self._template = decision_text.environment().from_string(fmt.template)
-        self._controls = sorted((t for t in control_texts if len(t) > 1), key=len, reverse=True)
-        self._prompts = TokenMemo(PROMPT_MEMO, bound)
-        self.images = PromptImages(fmt.kind, vision, self._tokens, *ends)
-
-    @property
-    def max_options(self) -> int:
-        return MAX_OPTIONS
-
-    @property
-    def identity(self) -> str:
-        return "\0".join(["systemone", self.format.kind, self.format.template])
-
-    def _check_limits(self, questions: dict[str, Question]) -> None:
-        """Every question's options fit the model's labels (a noul counts 2, or lev's nine ratings)."""
-        for qid, question in questions.items():
-            if isinstance(question, ChoiceQuestion | ScoreQuestion):
-                needed = len(question.criteria)
-            else:
-                needed = RATING_POINTS if self.format.kind == "lev" else 2
-            if needed > self.max_options:
-                message = (
-                    f'"criteria" has {needed} options, at most {self.max_options} are supported by this '
-                    f"{self.format.kind} model"
-                )
-                raise TooManyOptions(qid, "criteria", needed, self.max_options, message)
-
-    def _user(self, value: Any) -> Any:
-        return decision_text.break_controls(value, self._controls)
-
-    def _tokens(self, text: str) -> tuple[int, ...]:
-        """A rendered prompt's tokens (TooLongForContext where it cannot fit), kept while recent."""
-        return self._prompts.text(text, lambda text: self.tokenizer.tokenize(text, add_bos=False, special=True))
 
 
 class DecisionPrompter(TemplatePrompter):

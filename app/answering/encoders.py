@@ -23,10 +23,10 @@ import logging
 from typing import Any
 
 from app.answering import decision_text
-from app.answering.decision import TemplatePrompter
 from app.answering.decision_format import DecisionError, DecisionFormat, options_of
 from app.answering.decision_media import PromptImages
 from app.answering.prompter import ContextBound, Plan, Reading, Suffix, TemplateRefused, Tokenizer
+from app.answering.template_prompter import TemplatePrompter
 from app.engine.snapshot import ImageSpan, Prefix
 from app.engine.vision import MEDIA_MARKER, ImageTokens, Vision
 from app.wire.contract import NoulQuestion, Question, SystemOneRequest, label_keys
