@@ -15,6 +15,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
+from app.engine import shared_decode
 from app.engine.caller import Caller, Lane, working_for
 from app.engine.engine import Engine, SuffixReadouts, SuffixTokens
 from app.engine.snapshot import Prefix, Snapshot
@@ -241,6 +242,29 @@ def test_a_background_decode_leaves_the_company_interactive_leaders_expect(
     alone.join()
     assert [a.error for a in (*askers, fit, alone)] == [None] * 4
     assert expected == [("interactive", 2)]
+
+
+def test_a_leader_long_after_its_lanes_last_decode_waits_for_no_company(
+    engines: tuple[Engine, Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The clients a decode answered send their next requests at once, or not at once: a lone request
+    that comes after they had their moment (the first after a burst) is decoded without waiting for them."""
+    _, shared = engines
+    decodes = shared._shared
+    assert decodes is not None
+    monkeypatch.setattr(shared_decode, "GATHER_S", 2 * WAIT_S)  # a wait for the company outlasts the join below
+    first, second, third = requests(shared)[:3]
+    decodes._company["interactive"] = 1
+    with context_lent(shared, WAIT_S):
+        askers = ask_in_line(shared, [first, second])  # one decode of two: its lane expects two
+    for asker in askers:
+        asker.join()
+    assert decodes._company["interactive"] == 2
+    with decodes._lock:  # as if that decode had ended longer ago than a leader waits
+        decodes._ended["interactive"] -= 2 * shared_decode.GATHER_S
+    alone = Asker(shared, *third)
+    alone.join()  # within WAIT_S: no wait for the two clients of that decode
+    assert [a.error for a in (*askers, alone)] == [None] * 3 and alone.found is not None
 
 
 class Answerer:

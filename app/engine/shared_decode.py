@@ -16,6 +16,7 @@ the order ggml sums in), and its response says so (`beside`).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -77,6 +78,7 @@ class SharedDecodes:
         # send their next ones at once, and those it left queued (they did not fit, or came while it decoded).
         # Per lane: a fit's decode between two rounds of many clients says nothing of how many come back.
         self._company: dict[Lane, int] = dict.fromkeys(LANES, 1)
+        self._ended: dict[Lane, float] = dict.fromkeys(LANES, -math.inf)  # each lane's last decode, monotonic
         self.decodes = 0  # llama_decodes led so far
         self.requests = 0  # requests answered in them
 
@@ -110,8 +112,13 @@ class SharedDecodes:
 
         Clients answered by one decode send their next requests at once, but a request queued in the
         meantime leads as soon as the context is free: without this, it would go alone and the others
-        after it, one decode each time where one would do. Alone (one client), nobody waits."""
-        deadline = time.monotonic() + GATHER_S
+        after it, one decode each time where one would do. Alone (one client), nobody waits; nor does a
+        leader that comes after its lane's last decode's clients had their moment to come back (a lone
+        request after a burst): what of them has not come is not coming at once."""
+        now = time.monotonic()
+        if now - self._ended[lane] > GATHER_S:
+            return
+        deadline = now + GATHER_S
         while (left := deadline - time.monotonic()) > 0:
             same_lane = self._queued_in(lane)
             if len(same_lane) >= self._company[lane] or sum(len(job.rows) for job in same_lane) >= self._max_rows:
@@ -169,6 +176,7 @@ class SharedDecodes:
                     self.requests += len(working)
                     lane = taken[0].lane
                     self._company[lane] = len(working) + len(self._queued_in(lane))
+                    self._ended[lane] = time.monotonic()
         except BaseException as error:
             for job in taken:
                 job.error = job.error or error
