@@ -18,6 +18,7 @@ from app.answering.service import ModelService
 from app.engine import shared_decode
 from app.engine.caller import Caller, Lane, working_for
 from app.engine.engine import Engine, SuffixReadouts, SuffixTokens
+from app.engine.shared_decode import SharedDecodes
 from app.engine.snapshot import Prefix, Snapshot
 from app.engine.suffix_tree import suffix_rows
 from app.errors import Cancelled
@@ -184,6 +185,19 @@ def test_the_first_in_line_leaving_does_not_fail_the_others(engines: tuple[Engin
     assert all(a.error is None and a.found is not None for a in askers[1:])
 
 
+def companies_expected(decodes: SharedDecodes, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Lane, int]]:
+    """From here on, each leader's lane and the company it gathers for, in the order they gather."""
+    expected: list[tuple[Lane, int]] = []
+    gather = decodes._gather
+
+    def counted(lane: Lane) -> None:
+        expected.append((lane, decodes._company[lane]))
+        gather(lane)
+
+    monkeypatch.setattr(decodes, "_gather", counted)
+    return expected
+
+
 def test_a_leader_expects_the_requests_the_last_decode_left_waiting(
     engines: tuple[Engine, Engine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -196,14 +210,7 @@ def test_a_leader_expects_the_requests_the_last_decode_left_waiting(
     first, second = requests(shared)[:2]
     first_rows, _ = suffix_rows([s.tokens for s in first[1]], first[0].next_pos)
     monkeypatch.setattr(decodes, "_max_rows", len(first_rows))  # the first fits, not the second beside it
-    expected: list[int] = []
-    gather = decodes._gather
-
-    def counted(lane: Lane) -> None:
-        expected.append(decodes._company[lane])
-        gather(lane)
-
-    monkeypatch.setattr(decodes, "_gather", counted)
+    expected = companies_expected(decodes, monkeypatch)
     before = decodes.decodes
     with context_lent(shared, WAIT_S):
         askers = ask_in_line(shared, [first, second])
@@ -212,7 +219,7 @@ def test_a_leader_expects_the_requests_the_last_decode_left_waiting(
         asker.join()
     assert [a.error for a in askers] == [None, None]
     assert decodes.decodes - before == 2  # the second did not fit beside the first
-    assert expected == [1, 2]  # the second's leader waited for the first's client too
+    assert expected == [("interactive", 1), ("interactive", 2)]  # the second's leader waited for the first's client too
 
 
 def test_a_background_decode_leaves_the_company_interactive_leaders_expect(
@@ -230,14 +237,7 @@ def test_a_background_decode_leaves_the_company_interactive_leaders_expect(
         asker.join()
     fit = Asker(shared, *third, lane="background")  # alone
     fit.join()
-    expected: list[tuple[Lane, int]] = []
-    gather = decodes._gather
-
-    def counted(lane: Lane) -> None:
-        expected.append((lane, decodes._company[lane]))
-        gather(lane)
-
-    monkeypatch.setattr(decodes, "_gather", counted)
+    expected = companies_expected(decodes, monkeypatch)
     alone = Asker(shared, *first)
     alone.join()
     assert [a.error for a in (*askers, fit, alone)] == [None] * 4
