@@ -71,6 +71,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,7 +146,7 @@ FULL = Config(
     idle_hits=100,  # the idle p99 from about as many hits as come beside the long state, not the slowest of a few
     busy_hits=200,
     cell_limit_s=420.0,
-    pairs=3,
+    pairs=5,  # their median: one pair moves with the machine's speed (docs/notes/2026-12-06-throughput-baseline.md)
     pair_requests=64,
 )
 QUICK = Config(
@@ -260,26 +261,31 @@ def tally(values: Any) -> dict[str, int]:
 def run_cell(
     server: Server, requests: Sequence[Request], clients: int, limit_s: float, step: Callable[[str], None]
 ) -> Cell:
-    """`clients` clients at once, each with its own connection, each sending its share in order."""
-    lock = threading.Lock()
-    began = time.perf_counter()
-    cell = Cell(0.0)
+    """`clients` clients at once, each with its own connection, each sending its share in order.
 
-    def client_run(first: int) -> None:
-        with httpx.Client(timeout=CLIENT_TIMEOUT_S) as client:
+    The clients are made before the clock starts: making one loads a certificate bundle (about 20 ms of
+    this CPU, docs/notes/2026-12-07-concurrent-hits-ceiling.md), which sixteen clients would otherwise
+    spend inside the cell, on the cores the server answers with, where one client spends it once."""
+    lock = threading.Lock()
+    cell = Cell(0.0)
+    with ExitStack() as stack:
+        made = [stack.enter_context(httpx.Client(timeout=CLIENT_TIMEOUT_S)) for _ in range(clients)]
+        began = time.perf_counter()
+
+        def client_run(first: int) -> None:
             for j in range(first, len(requests), clients):
                 if time.perf_counter() - began > limit_s:
                     with lock:
                         cell.not_sent += 1
                     continue
-                got = server.ask(client, requests[j].state, requests[j].questions)
+                got = server.ask(made[first], requests[j].state, requests[j].questions)
                 with lock:
                     cell.latencies_ms[j], cell.answers[j], cell.caches[j] = got.ms, got.answers, got.cache
                 step(server.name)
 
-    with ThreadPoolExecutor(clients) as pool:
-        list(pool.map(client_run, range(clients)))
-    cell.wall_s = time.perf_counter() - began
+        with ThreadPoolExecutor(clients) as pool:
+            list(pool.map(client_run, range(clients)))
+        cell.wall_s = time.perf_counter() - began
     return cell
 
 
