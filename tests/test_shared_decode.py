@@ -191,7 +191,7 @@ def companies_expected(decodes: SharedDecodes, monkeypatch: pytest.MonkeyPatch) 
     gather = decodes._gather
 
     def counted(lane: Lane) -> None:
-        expected.append((lane, decodes._company[lane]))
+        expected.append((lane, decodes._last[lane].company))
         gather(lane)
 
     monkeypatch.setattr(decodes, "_gather", counted)
@@ -214,7 +214,7 @@ def test_a_leader_expects_the_requests_the_last_decode_left_waiting(
     before = decodes.decodes
     with context_lent(shared, WAIT_S):
         askers = ask_in_line(shared, [first, second])
-        decodes._company["interactive"] = 1  # as after one client alone
+        decodes._last["interactive"].company = 1  # as after one client alone
     for asker in askers:
         asker.join()
     assert [a.error for a in askers] == [None, None]
@@ -254,14 +254,14 @@ def test_a_leader_long_after_its_lanes_last_decode_waits_for_no_company(
     assert decodes is not None
     monkeypatch.setattr(shared_decode, "GATHER_S", 2 * WAIT_S)  # a wait for the company outlasts the join below
     first, second, third = requests(shared)[:3]
-    decodes._company["interactive"] = 1
+    decodes._last["interactive"].company = 1
     with context_lent(shared, WAIT_S):
         askers = ask_in_line(shared, [first, second])  # one decode of two: its lane expects two
     for asker in askers:
         asker.join()
-    assert decodes._company["interactive"] == 2
+    assert decodes._last["interactive"].company == 2
     with decodes._lock:  # as if that decode had ended longer ago than a leader waits
-        decodes._ended["interactive"] -= 2 * shared_decode.GATHER_S
+        decodes._last["interactive"].ended -= 2 * shared_decode.GATHER_S
     alone = Asker(shared, *third)
     alone.join()  # within WAIT_S: no wait for the two clients of that decode
     assert [a.error for a in (*askers, alone)] == [None] * 3 and alone.found is not None

@@ -65,6 +65,17 @@ class SharedJob(Generic[T]):
         return 1 + len(self.paths)
 
 
+@dataclass
+class LastDecode:
+    """What a lane's last decode says of its next: how many requests its leader may expect (those the
+    decode answered, whose clients send their next ones at once, and those it left queued: they did not
+    fit, or came while it decoded), and when it ended (monotonic). Per lane: a fit's decode between two
+    rounds of many clients says nothing of how many of them come back."""
+
+    company: int = 1
+    ended: float = -math.inf
+
+
 class SharedDecodes:
     """A model's queue of question decodes, and the leading of one decode of several of them."""
 
@@ -74,11 +85,7 @@ class SharedDecodes:
         self._lock = threading.Lock()
         self._queue_grew = threading.Condition(self._lock)
         self._queued: list[SharedJob[object]] = []
-        # How many requests a leader of a lane may expect: those the lane's last decode answered, whose clients
-        # send their next ones at once, and those it left queued (they did not fit, or came while it decoded).
-        # Per lane: a fit's decode between two rounds of many clients says nothing of how many come back.
-        self._company: dict[Lane, int] = dict.fromkeys(LANES, 1)
-        self._ended: dict[Lane, float] = dict.fromkeys(LANES, -math.inf)  # each lane's last decode, monotonic
+        self._last = {lane: LastDecode() for lane in LANES}
         self.decodes = 0  # llama_decodes led so far
         self.requests = 0  # requests answered in them
 
@@ -116,12 +123,12 @@ class SharedDecodes:
         leader that comes after its lane's last decode's clients had their moment to come back (a lone
         request after a burst): what of them has not come is not coming at once."""
         now = time.monotonic()
-        if now - self._ended[lane] > GATHER_S:
+        if now - self._last[lane].ended > GATHER_S:
             return
         deadline = now + GATHER_S
         while (left := deadline - time.monotonic()) > 0:
             same_lane = self._queued_in(lane)
-            if len(same_lane) >= self._company[lane] or sum(len(job.rows) for job in same_lane) >= self._max_rows:
+            if len(same_lane) >= self._last[lane].company or sum(len(job.rows) for job in same_lane) >= self._max_rows:
                 return
             self._queue_grew.wait(left)
 
@@ -175,8 +182,7 @@ class SharedDecodes:
                     self.decodes += 1
                     self.requests += len(working)
                     lane = taken[0].lane
-                    self._company[lane] = len(working) + len(self._queued_in(lane))
-                    self._ended[lane] = time.monotonic()
+                    self._last[lane] = LastDecode(len(working) + len(self._queued_in(lane)), time.monotonic())
         except BaseException as error:
             for job in taken:
                 job.error = job.error or error
