@@ -13,14 +13,19 @@ import logging
 import os
 from pathlib import Path
 
+import pytest
+
 from app.engine.bindings import gpu_offload_supported, llama_log, shipped_backends
 from app.engine.engine import Engine, SuffixTokens
 from app.engine.snapshot import Prefix
 from app.wire.contract import SystemOneRequest
+from tests.support.borrowers import Borrower
 from tests.support.llama_calls import LlamaCalls
 from tests.support.loading import load_model
+from tests.support.prefill_decodes import Decodes
 from tests.support.settings import GPU_LAYERS, tiny_settings
 from tests.support.skip_groups import skip_if
+from tests.support.waiting import until
 from tools.check_gpu import Placement
 
 pytestmark = skip_if(
@@ -28,6 +33,8 @@ pytestmark = skip_if(
     "gpu",
     "a CPU build, or ONEPASS_TEST_GPU_LAYERS unset: make test-gpu runs these on a Vulkan device",
 )
+
+WAIT_S = 120  # every wait here is bounded; lavapipe decodes a piece in about a second
 
 REQUEST = SystemOneRequest.model_validate(
     {
@@ -84,6 +91,41 @@ def test_a_snapshot_saved_from_device_kv_restores_exactly_into_a_pooled_context(
         restored = engine.decode_suffixes(prefix, suffixes)
         assert llama_calls.restores > restores  # copied back from the saved bytes
         assert [r.label_logits for r in restored.readouts] == [r.label_logits for r in held.readouts]
+    finally:
+        engine.close()
+
+
+def test_a_request_during_a_piece_on_the_device_waits_for_it_and_the_prefill_ends_alike(
+    tiny_chat_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device backend never gives a decode up, and picks its kernels by the batch's size: a prefill there
+    hands its context over between whole pieces only, llama.cpp's own micro-batches, so that its snapshot
+    is that of a prefill nobody interrupted."""
+    engine = Engine(tiny_chat_path, n_ctx=2048, n_gpu_layers=-1, threads=1, probe_layer="middle")
+    try:
+        assert not engine._pool.can_give_up
+        tokens = engine.vocab.tokenize("the parcel came late again. " * 60, add_bos=True)
+        assert len(tokens) > 2 * engine.n_ubatch
+        alone, _ = engine.prefill(Prefix(tuple(tokens)))
+        request: list[Borrower] = []
+
+        def a_request_comes_as_the_second_piece_starts(call: int) -> None:
+            if call == 2:
+                request.append(Borrower(engine))
+                until(lambda: engine._pool.waiting("interactive") == 1, WAIT_S)
+
+        decodes = Decodes(monkeypatch, a_request_comes_as_the_second_piece_starts)
+        thread, ended = decodes.run(lambda: engine.prefill(Prefix(tuple(tokens)))[0])
+        until(lambda: bool(request), WAIT_S)
+        assert request[0].got.wait(WAIT_S)
+        assert decodes.statuses == [0, 0]  # the second piece ended before the request had the context
+        request[0].let_go()
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+        assert set(decodes.statuses) == {0} and set(decodes.sizes[:-1]) == {engine.n_ubatch}  # whole pieces
+        assert ended[0].data == alone.data
+        assert ended[0].state_mean is not None and alone.state_mean is not None
+        assert ended[0].state_mean.tobytes() == alone.state_mean.tobytes()
     finally:
         engine.close()
 

@@ -1,13 +1,14 @@
 """One llama.cpp context as the engine uses it: sequence 0 holding a snapshot's exact bytes, a snapshot
 restored into a sequence or saved from sequence 0, a batch of rows filled and decoded, a decode that
-another thread may have given up (llama.cpp's abort callback), and its thread count. The engine's own:
-nothing outside app/engine/ takes more than its errors (tests/test_layering.py holds it so); the pool
-(pool.py) lends them.
+another thread may have given up (llama.cpp's abort callback) where the memory can drop what it had
+begun, and its thread count. The engine's own: nothing outside app/engine/ takes more than its errors
+(tests/test_layering.py holds it so); the pool (pool.py) lends them.
 """
 
 from __future__ import annotations
 
 import ctypes
+import enum
 import functools
 import logging
 import sys
@@ -61,6 +62,19 @@ class RestoreError(EngineError):
     """A snapshot could not be restored; the context has been cleaned."""
 
 
+class Memory(enum.Enum):
+    """What a model's memory of what it read allows, as a probe context finds (`probe_memory`)."""
+
+    NONE = "none"  # no memory: each prompt is read whole (laya, lfm2-d1-omni, clef)
+    # A KV cache: the cells after a position can be dropped, so a decode given up mid-way leaves the
+    # sequence as it was (llama.cpp drops the given-up micro-batch's cells).
+    DROPS_TAIL = "drops a tail"
+    # A recurrent state beside or instead of the KV cache (Mamba, RWKV, LFM2's short convolutions,
+    # qwen35's linear attention), or a compressed one: written in place as the graph runs, it cannot
+    # go back, and llama.cpp's removal of a given-up micro-batch fails (and is not checked).
+    FORWARD_ONLY = "forward only"
+
+
 class Context:
     """One llama_context with its reusable batch. Used by one thread at a time.
 
@@ -69,8 +83,17 @@ class Context:
     a whole prompt in one piece (llama.cpp aborts the process on a longer one)."""
 
     def __init__(
-        self, model: ctypes.c_void_p, kv: KvSettings, threads: int, encoder: bool = False, tap: int | None = None
+        self,
+        model: ctypes.c_void_p,
+        kv: KvSettings,
+        threads: int,
+        encoder: bool = False,
+        tap: int | None = None,
+        *,
+        can_give_up: bool = False,
     ) -> None:
+        """`can_give_up`: a decode under way may be given up (`decode_unless_wanted`, `interrupt`): only
+        where the memory drops a tail, and where the graph runs on the CPU (only its backend asks)."""
         params = llama.llama_context_default_params()
         self.tap = None if tap is None else LayerTap(tap)  # the context's own: one decode at a time
         if self.tap is not None:
@@ -78,6 +101,7 @@ class Context:
         kv.apply(params)
         # Raised by `interrupt` while an interruptible decode runs: llama.cpp then gives the decode up.
         self._give_up = ctypes.create_string_buffer(2)
+        self.can_give_up = can_give_up
         self._interruptible = False
         self._give_up_lock = threading.Lock()  # `interrupt` comes from other threads
         params.abort_callback = _give_up_when_flagged()
@@ -188,9 +212,16 @@ class Context:
 
     def decode_unless_wanted(self, wanted: Callable[[], bool]) -> bool:
         """Decode the batch `fill` loaded, one micro-batch at most, unless the context is `wanted()` before
-        it starts or `interrupt`ed while it runs: then False, and the cells are those before the call
-        (llama.cpp removes a given-up micro-batch's cells). The tap, if reading, goes on reading (a
-        given-up decode may have added rows to it)."""
+        it starts or, where it `can_give_up`, `interrupt`ed while it runs: then False, and the cells are
+        those before the call (llama.cpp removes a given-up micro-batch's cells). Where it cannot give up,
+        a decode that has started ends. The tap, if reading, goes on reading (a given-up decode may have
+        added rows to it)."""
+        if not self.can_give_up:
+            if wanted():
+                return False
+            self.decode(more_rows=True)
+            return True
+        before = self.last_position()
         with self._give_up_lock:
             self._give_up[0] = b"\0"
             self._interruptible = True
@@ -207,10 +238,16 @@ class Context:
                 self._decoding_threads = 0
                 self._give_up[0] = b"\0"
         if status == DECODE_GIVEN_UP:
+            if self.last_position() != before:  # borrow clears the context on the way out
+                raise EngineError("llama.cpp kept cells of a given-up decode: this memory cannot drop a tail")
             return False
         if status != 0:  # borrow clears the context on the way out
             raise EngineError(f"llama_decode failed with status {status}")
         return True
+
+    def last_position(self) -> int:
+        """The last position sequence 0 holds (-1: none)."""
+        return int(llama.llama_memory_seq_pos_max(self.memory, 0)) if self.memory else -1
 
     def interrupt(self, above: int = 0) -> None:
         """Give up the decode under way if it is an interruptible one (`decode_unless_wanted`) with more
@@ -227,12 +264,15 @@ class Context:
         llama.llama_free(self.ctx)
 
 
-def keeps_memory(model: ctypes.c_void_p, kv: KvSettings, threads: int) -> bool:
-    """Whether the model keeps a memory of what it read (a KV cache, a recurrent state). A model
-    without (laya, lfm2-d1-omni, clef) reads each prompt whole; llama.cpp says which only through a
-    context, so one is made to ask."""
+def probe_memory(model: ctypes.c_void_p, kv: KvSettings, threads: int) -> Memory:
+    """What the model's memory allows. llama.cpp says whether there is one only through a context, and
+    whether it drops a tail only by trying: a probe context decodes two tokens and drops the second."""
     probe = Context(model, kv, threads)
     try:
-        return bool(probe.memory)
+        if not probe.memory:
+            return Memory.NONE
+        probe.fill([(0, 0, (0,), False), (0, 1, (0,), True)])
+        probe.decode()
+        return Memory.DROPS_TAIL if llama.llama_memory_seq_rm(probe.memory, 0, 1, -1) else Memory.FORWARD_ONLY
     finally:
         probe.close()

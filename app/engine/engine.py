@@ -35,7 +35,7 @@ from numpy.typing import NDArray
 from app.engine import bindings, whole_prompt
 from app.engine.bindings import EngineError, llama
 from app.engine.caller import Lane, current
-from app.engine.context import Context, keeps_memory
+from app.engine.context import Context, Memory, probe_memory
 from app.engine.fingerprint import model_digest
 from app.engine.kv_settings import KvSettings
 from app.engine.pool import ContextPool
@@ -174,9 +174,19 @@ class Engine:
         if mmproj is not None:
             self.vision = Vision(self.model, mmproj, use_gpu=n_gpu_layers != 0, threads=threads, max_batch=kv.n_ubatch)
         # A model without memory (laya, lfm2-d1-omni, clef) reads each prompt whole: nothing to snapshot.
-        self.memoryless = not keeps_memory(self.model, kv, threads)
+        self.memory = probe_memory(self.model, kv, threads)
+        self.memoryless = self.memory is Memory.NONE
+        # A prefill's piece is given up mid-way for a request only where that leaves the cells as they were:
+        # a memory that drops a tail, on the CPU (ggml's CPU backend alone asks whether to give up). Elsewhere
+        # a request waits for the piece under way, and the pieces stay llama.cpp's own micro-batches.
+        offloaded = n_gpu_layers != 0 and bindings.gpu_offload_supported()
         self._pool = ContextPool(
-            self.model, kv, threads, encoder=self.memoryless, tap=None if self.memoryless else layer
+            self.model,
+            kv,
+            threads,
+            encoder=self.memoryless,
+            tap=None if self.memoryless else layer,
+            can_give_up=self.memory is Memory.DROPS_TAIL and not offloaded,
         )
         self.open_contexts(contexts)
         self.side_context = answer_during_prefill and self._pool.open_side()  # none for a model without memory

@@ -9,7 +9,7 @@ Each borrow is made for the current caller (app/engine/caller.py): interactive w
 context before background work, background work holds at most `background_cap` contexts, and a
 borrower whose work is stopped gives up its wait instead of taking a context for nobody. An
 interactive borrower that finds no idle context interrupts the decode under way where it may be given
-up (a prefill's piece: prefill.py).
+up (a prefill's piece: prefill.py), which is only where the contexts `can_give_up`.
 
 The cores are the pool's. With a side context (`answer_during_prefill`), an interactive borrower that
 finds every context lent, each to a prefill or to work lent with a prefill's share of the threads
@@ -57,8 +57,12 @@ class ContextPool:
     """A model's contexts, all made alike, each lent to one piece of work at a time, interactive work first;
     and, where opened, the side context: lent only to an interactive request while a prefill holds a context."""
 
-    def __init__(self, model: ctypes.c_void_p, kv: KvSettings, threads: int, *, encoder: bool, tap: int | None) -> None:
+    def __init__(
+        self, model: ctypes.c_void_p, kv: KvSettings, threads: int, *, encoder: bool, tap: int | None, can_give_up: bool
+    ) -> None:
+        """`can_give_up`: a prefill's piece under way may be given up (Context)."""
         self._model, self._kv, self._threads, self._encoder, self._tap = model, kv, threads, encoder, tap
+        self.can_give_up = can_give_up
         self._contexts: list[Context] = []
         self._idle: list[Context] = []  # least recently used first
         self._idle_changed = threading.Condition()
@@ -74,7 +78,9 @@ class ContextPool:
     def open(self, count: int) -> None:
         """Add `count` contexts to the pool."""
         for _ in range(count):
-            ctx = Context(self._model, self._kv, self._threads, encoder=self._encoder, tap=self._tap)
+            ctx = Context(
+                self._model, self._kv, self._threads, encoder=self._encoder, tap=self._tap, can_give_up=self.can_give_up
+            )
             with self._idle_changed:
                 self._contexts.append(ctx)
                 self._idle.append(ctx)
@@ -85,7 +91,13 @@ class ContextPool:
         it was opened."""
         if self._threads < 2 or self._encoder or self._side is not None:
             return False
-        side = Context(self._model, self._kv, self._threads - prefill_share(self._threads), tap=self._tap)
+        side = Context(
+            self._model,
+            self._kv,
+            self._threads - prefill_share(self._threads),
+            tap=self._tap,
+            can_give_up=self.can_give_up,
+        )
         with self._idle_changed:
             self._side = side
             self._idle_changed.notify_all()

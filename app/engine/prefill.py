@@ -3,21 +3,26 @@ split one call into anyway (so the cells hold the same bytes as one call), each 
 the vision projector.
 
 Between two pieces the prefill stops (Cancelled) once nobody waits for it any more. It hands its
-context over when an interactive caller waits for one and none is idle, between two pieces or in the
-middle of one: llama.cpp gives the text piece under way up (its cells are dropped; it is decoded again
-later). It saves what it has done as a snapshot, lets the other go first, and goes on from that
+context over when an interactive caller waits for one and none is idle: between two pieces, or, where
+the context can give a decode up (context.Context.can_give_up: a memory that drops a tail, on the CPU),
+in the middle of one: llama.cpp gives the text piece under way up (its cells are dropped; it is decoded
+again later). Elsewhere (a recurrent or hybrid memory, which cannot go back; a GPU, which never gives a
+decode up) the request waits for the piece under way. The prefill saves what it has done as a
+snapshot, never one whose cells reach past its tokens, lets the other go first, and goes on from that
 snapshot when it has a context again. Restoring a snapshot gives the cells its very bytes, and the
 tapped layer's rows of the pieces done are carried over, so the snapshot and its state mean are those
-of an uninterrupted prefill, bit for bit, and a short request waits for no piece of a long state.
-So that requests that keep coming cannot starve it, a prefill that let one go first owes a short
-piece (kv_settings.HANDOVER_PIECE) each time it has the context again, which nobody takes from it:
-cut at or above that size, pieces give the cells the bytes of llama.cpp's own micro-batches.
+of an uninterrupted prefill, bit for bit.
+So that requests that keep coming cannot starve it, a prefill that let one go first owes a piece each
+time it has the context again, which nobody takes from it: where pieces can be given up, a short one
+(kv_settings.HANDOVER_PIECE), so that a short request waits for no piece of a long state (cut at or
+above that size, pieces give the cells the bytes of llama.cpp's own micro-batches, measured on the
+CPU); elsewhere a whole one, so that every piece stays one of llama.cpp's own micro-batches.
 
 Where the pool has a side context, a request that comes during the prefill is answered there instead,
-and the prefill keeps its context: it goes on in short pieces with its share of the threads
-(pool.prefill_share) while the request decodes, and with all of them again after. A piece under way
-with more threads than its share is given up and decoded again with its share; the thread count does
-not change the bytes.
+and the prefill keeps its context: it goes on with its share of the threads (pool.prefill_share) while
+the request decodes, in short pieces where they can be given up, and with all of them again after. A
+piece under way with more threads than its share is given up, where it can be, and decoded again with
+its share; the thread count does not change the bytes.
 
 A prefill stopped between two pieces says what it had done (`Stopped.partial`), and a later prefill
 of the same tokens from the same base may go on from there (`resume`): a client that gives up and
@@ -103,11 +108,14 @@ class Prefill:
                     began = time.perf_counter()
                     first = done.n_tokens if done is not None else 0
                     position = done.next_pos if done is not None else 0
-                    cell = self._decode(ctx, pieces, first, position, rows, owes_a_piece=handed_over)
+                    cell, position = self._decode(ctx, pieces, first, position, rows, owes_a_piece=handed_over)
                     self.prefill_ms += _ms_since(began)
                     if cell > first or cell == len(tokens):
                         done = Snapshot(
-                            ctx.save(), tuple(tokens[:cell]), None, tuple(x for x in spans if x.offset < cell)
+                            _saved(ctx, position),
+                            tuple(tokens[:cell]),
+                            None,
+                            tuple(x for x in spans if x.offset < cell),
                         )
                     if cell < len(tokens) and current().stopped:
                         raise stopped()
@@ -148,24 +156,25 @@ class Prefill:
         rows: list[NDArray[np.float32]],
         *,
         owes_a_piece: bool,
-    ) -> int:
+    ) -> tuple[int, int]:
         """Decode the pieces from cell `first` (at `position`) into sequence 0, adding the tapped layer's
-        rows of each piece done to `rows`; the cell it stopped at: the end, or the start of a piece it
-        left for later, because nobody waits for the prefill any more or a request waits for the
-        context. A text piece is given up mid-way when a request comes (its cells are dropped, the same
-        piece is decoded again later), except the first one a prefill that `owes_a_piece` decodes:
-        one that has let requests go first goes on by at least that piece each time it gets the
-        context back, however many come. That piece is a short one (HANDOVER_PIECE), so the
-        request that comes during it waits little."""
+        rows of each piece done to `rows`; the cell it stopped at and its position: the end, or the start
+        of a piece it left for later, because nobody waits for the prefill any more or a request waits
+        for the context. Where the context can give a decode up, a text piece is given up mid-way when a
+        request comes (its cells are dropped, the same piece is decoded again later), except the first
+        one a prefill that `owes_a_piece` decodes: one that has let requests go first goes on by at least
+        that piece each time it gets the context back, however many come. There that piece is a short
+        one (HANDOVER_PIECE), so the request that comes during it waits little; elsewhere every piece is
+        whole."""
         todo = collections.deque(self._from(pieces, first))
         while todo:
             at, end, span = todo.popleft()
             if current().stopped:
-                return at
+                return at, position
             owed, owes_a_piece = owes_a_piece, False  # only the first piece is owed
             if span is not None:
                 if not owed and self._pool.someone_waits():
-                    return at  # an image is encoded whole: handed over before it, not during it
+                    return at, position  # an image is encoded whole: handed over before it, not during it
                 ctx.set_threads(self._pool.prefill_threads())
                 ctx.read_rows(True)
                 position = self._decode_image(ctx, span, position)
@@ -173,8 +182,10 @@ class Prefill:
                 threads = self._pool.prefill_threads()
                 ctx.set_threads(threads)
                 # owed, or beside a request on the side context: a short piece, the rest next (given up if
-                # need be), so that the prefill has its whole context or all its cores again soon
-                short = owed or threads < self._pool.threads
+                # need be), so that the prefill has its whole context or all its cores again soon; only
+                # where a piece can be given up, for elsewhere nothing takes the context mid-piece and a
+                # piece cut short might round otherwise (a GPU's kernels are chosen by the batch's size)
+                short = ctx.can_give_up and (owed or threads < self._pool.threads)
                 if short and end - at >= 2 * HANDOVER_PIECE:
                     todo.appendleft((at + HANDOVER_PIECE, end, None))
                     end = at + HANDOVER_PIECE
@@ -183,14 +194,15 @@ class Prefill:
                 if owed:
                     ctx.decode(more_rows=True)
                 elif not ctx.decode_unless_wanted(functools.partial(self._wanted, threads)):
+                    # a request waits for this context: the piece is given up, its cells dropped
                     if self._pool.someone_waits():
-                        return at  # a request waits for this context: the piece is given up, its cells dropped
+                        return at, position
                     todo.appendleft((at, end, None))  # a request took the side context: again, with fewer threads
                     continue
                 position += end - at
             if ctx.tap is not None:
                 rows.append(ctx.tap.rows(end - at))
-        return len(self.tokens)
+        return len(self.tokens), position
 
     def _wanted(self, threads: int) -> bool:
         """Whether a piece decoding with `threads` threads is to be given up: a request waits for its
@@ -231,6 +243,15 @@ class Prefill:
                 f"not its span's {span.n_tokens} and {span.n_pos}"
             )
         return after
+
+
+def _saved(ctx: Context, position: int) -> bytes:
+    """Sequence 0's bytes, once it holds nothing at or past `position`, where the pieces done end: a
+    snapshot of a prefix must not carry cells of what follows it, or every prefill and answer resumed
+    from it would decode on top of them."""
+    if ctx.last_position() >= position:
+        raise EngineError(f"sequence 0 reaches position {ctx.last_position()}, past the prefix's end ({position})")
+    return ctx.save()
 
 
 def _ms_since(began: float) -> float:
