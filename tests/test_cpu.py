@@ -171,7 +171,8 @@ def test_doctor_reports_the_cpu_the_build_its_check_and_the_models() -> None:
         "models:",
         "speed settings chosen (threads, repacked weights, flash attention):",
     ]
-    assert "system info: CPU :" in out  # llama_print_system_info of the installed build
+    # llama_print_system_info of the installed build: every backend's features, a GPU's before the CPU's
+    assert "system info: " in out and "CPU :" in out
     assert "GPU offload supported:" in out
     assert "a tiny decode ran on this CPU" in out
     assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf:" in out

@@ -139,6 +139,18 @@ def test_a_file_written_by_another_model_build_or_kv_setting_is_rejected(
     assert not file_of(tmp_path, key).exists()
 
 
+def test_a_file_is_the_same_size_whatever_the_build_it_was_written_by(tmp_path: Path) -> None:
+    """The build's text names the CPU's instruction sets (llama.cpp's system info), so its length differs
+    from machine to machine; the file, and so every size the tier reports, does not."""
+    snap = snapshot(10)
+    sizes = set()
+    builds = ("CPU : SSE3 = 1 | AVX2 = 1", "CPU : SSE3 = 1 | AVX_VNNI = 1 | AVX512 = 1 | AVX512_BF16 = 1")
+    for n, build in enumerate(builds):
+        _, key = written(tmp_path / str(n), snap, SnapshotIdentity(build, IDENTITY.model, IDENTITY.kv))
+        sizes.add(file_of(tmp_path / str(n), key).stat().st_size)
+    assert len(sizes) == 1
+
+
 def test_a_file_of_another_format_version_or_under_another_key_is_rejected(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -353,9 +356,9 @@ class DictStore:
         self.saved[tokens] = data
 
 
-@pytest.mark.parametrize("spoil", [None, b"not json", b"[[1, 0.5]]", b'[[0, "nan"]]'])
+@pytest.mark.parametrize("spoil", [None, "truncated", "other labels", "not a number", "an older text record"])
 def test_a_stored_prior_is_used_only_when_it_is_whole_and_for_these_labels(
-    tiny_service: ModelService, spoil: bytes | None
+    tiny_service: ModelService, spoil: str | None
 ) -> None:
     store = DictStore()
     fresh = tiny_service.calibration.priors
@@ -363,8 +366,17 @@ def test_a_stored_prior_is_used_only_when_it_is_whole_and_for_these_labels(
     rendered = own_prompter(tiny_service).question(request(n_questions=1).questions["q0"])
     measured = first.prior(tiny_service.base, rendered.tokens, rendered.label_ids)
     assert len(store.saved) == 1
+    (record,) = store.saved.values()
+    labels = sorted(rendered.label_ids)
+    assert len(record) == 12 * len(labels)  # int32 labels, float64 probabilities: one size on every machine
+    spoiled = {
+        "truncated": record[:-1],
+        "other labels": struct.pack(f"<{len(labels)}i", *(label + 1 for label in labels)) + record[4 * len(labels) :],
+        "not a number": record[: 4 * len(labels)] + struct.pack(f"<{len(labels)}d", *[math.nan] * len(labels)),
+        "an older text record": json.dumps([[label, 1 / len(labels)] for label in labels]).encode(),
+    }
     if spoil is not None:
-        store.saved = dict.fromkeys(store.saved, spoil)
+        store.saved = dict.fromkeys(store.saved, spoiled[spoil])
     calls = 0
 
     def counting(base: Snapshot, suffixes: list[SuffixTokens]) -> list[Readout]:

@@ -18,13 +18,13 @@ rounding, and the real questions', to whatever else shared the batch, and a requ
 answer bit-identically whether or not its questions' priors were already known.
 
 A `PriorStore` (the snapshot disk tier) keeps priors across restarts: a stored prior is the
-same numbers a new measurement would give (the same decode, written as exact float text).
+same numbers a new measurement would give (the same decode, written as exact binary floats).
 """
 
 from __future__ import annotations
 
-import json
 import math
+import struct
 import threading
 from array import array
 from collections import OrderedDict
@@ -96,10 +96,8 @@ class Priors:
         readouts = self._measure(base, [SuffixTokens((*stand_in, *suffix), canonical) for stand_in in self._stand_ins])
         runs = [softmax(r.label_logits) for r in readouts]
         known = {label: math.fsum(p) / len(runs) for label, p in zip(canonical, zip(*runs, strict=True), strict=True)}
-        if self._store is not None:  # repr-exact floats: read back, they are these numbers
-            self._store.save(
-                (*base.tokens, *suffix), json.dumps([[label, known[label]] for label in canonical]).encode()
-            )
+        if self._store is not None:
+            self._store.save((*base.tokens, *suffix), _packed(known))
         return known
 
     def __len__(self) -> int:
@@ -118,18 +116,25 @@ def divide(probabilities: Sequence[float], prior: Sequence[float], temperature: 
     )
 
 
+def _packed(prior: dict[int, float]) -> bytes:
+    """A prior as stored: its labels in order (int32), then each one's probability (float64), little-endian:
+    exact, and of one size on every machine (a file's size says nothing of the CPU that measured it)."""
+    labels = sorted(prior)
+    return struct.pack(f"<{len(labels)}i{len(labels)}d", *labels, *(prior[label] for label in labels))
+
+
 def _parse(stored: bytes, labels: list[int]) -> dict[int, float] | None:
     """A stored prior for exactly these labels, or None (then it is measured again)."""
-    try:
-        pairs = json.loads(stored)
-        found = {int(label): float(p) for label, p in pairs}
-    except (ValueError, TypeError):
+    layout = f"<{len(labels)}i{len(labels)}d"
+    if len(stored) != struct.calcsize(layout):
         return None
-    return found if sorted(found) == labels and all(math.isfinite(p) for p in found.values()) else None
+    values = struct.unpack(layout, stored)
+    found = dict(zip(values[: len(labels)], values[len(labels) :], strict=True))
+    return found if list(found) == labels and all(math.isfinite(p) for p in found.values()) else None
 
 
 class DiskPriors:
-    """Priors kept by the disk tier beside the snapshots: a few hundred bytes each, verified like them
+    """Priors kept by the disk tier beside the snapshots: twelve bytes a label, verified like them
     (build, model, KV settings, the tokens they were measured on)."""
 
     def __init__(self, disk: DiskTier, fingerprint: bytes, kv_settings: str) -> None:

@@ -3,8 +3,9 @@
 A file is MAGIC, the header's length (4 bytes, little-endian), the header (JSON), its blake3, then the
 tokens (int32, signed: an image's cells are IMAGE_CELL), the payload (llama.cpp's sequence state) and
 the state's mean vector (little-endian float32) where the snapshot has one. The header names what the
-bytes are only good for (format, llama.cpp build, model, KV settings, cache key), the lengths, the
-image spans and next position, and a blake3 of the tokens, the payload and the mean. Reading checks all
+bytes are only good for (format, a blake3 of the llama.cpp build, model, KV settings, cache key), the
+lengths, the image spans and next position, and a blake3 of the tokens, the payload and the mean. Every
+field but the spans has one length whatever the machine: a file's size is the same on every CPU. Reading checks all
 of it against this process and the key wanted; a file that fails raises Rejected, by reason. A file
 without the mean (an older onepass wrote it) reads as a snapshot without it.
 """
@@ -23,7 +24,9 @@ from numpy.typing import NDArray
 from app.engine.ram_tier import CacheKey
 from app.engine.snapshot import Snapshot, read_spans
 
-FORMAT = 2  # 2: image spans and the next position in the header; tokens signed (an image's cells are -1)
+# 2: image spans and the next position in the header; tokens signed (an image's cells are -1).
+# 3: the build as its blake3, not its text (which names the CPU's instruction sets, of any length).
+FORMAT = 3
 MAGIC = b"onepass-snapshot"
 DIGEST = 32
 MEAN_DTYPE = np.dtype("<f4")  # the state's mean on disk: little-endian float32, whatever the machine
@@ -53,7 +56,7 @@ def file_parts(key: CacheKey, snapshot: Snapshot, identity: SnapshotIdentity) ->
     header = json.dumps(
         {
             "format": FORMAT,
-            "build": identity.build,
+            "build": _digest(identity.build),
             "model": identity.model,
             "kv": identity.kv,
             "key": key.hex(),
@@ -84,7 +87,7 @@ def read_snapshot(file: BinaryIO, key: CacheKey, identity: SnapshotIdentity) -> 
         n_mean = int(header.get("state_mean_bytes", 0))  # none in a file an older onepass wrote
         expected = {
             "format": FORMAT,
-            "build": identity.build,
+            "build": _digest(identity.build),
             "model": identity.model,
             "kv": identity.kv,
             "key": key.hex(),
@@ -113,6 +116,10 @@ def read_snapshot(file: BinaryIO, key: CacheKey, identity: SnapshotIdentity) -> 
     except ValueError as error:
         raise Rejected("spans", str(error)) from error
     return Snapshot(payload, tokens, _mean_of(mean_bytes) if n_mean else None, spans)
+
+
+def _digest(build: str) -> str:
+    return blake3.blake3(build.encode()).hexdigest()
 
 
 def _read_exactly(file: BinaryIO, n: int) -> bytes:
