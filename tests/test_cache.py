@@ -2,13 +2,18 @@
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import cast
+from typing import TypeVar, cast
 
 import pytest
 
+from app.engine.caller import Caller, working_for
 from app.engine.ram_tier import CacheKey, RamTier, cache_key
 from app.engine.snapshot import IMAGE_CELL, ImageSpan, Prefix, Snapshot
+from app.errors import Cancelled
+
+T = TypeVar("T")
 
 
 def snap(n_tokens: int, first: int = 0) -> Snapshot:
@@ -180,22 +185,92 @@ def test_concurrent_misses_on_one_key_build_once() -> None:
     assert len({id(s) for s, _ in results}) == 1
 
 
-def test_followers_build_themselves_when_the_leader_fails() -> None:
+def test_one_follower_builds_when_the_leader_fails_and_the_others_wait_on_it() -> None:
     cache = RamTier(4, 100)
-    leader_started, release = threading.Event(), threading.Event()
+    leader_started, release, second_started, second_release = (threading.Event() for _ in range(4))
+    builds: list[int] = []
 
     def failing() -> Snapshot:
         leader_started.set()
         assert release.wait(30)
         raise RuntimeError("prefill failed")
 
-    with ThreadPoolExecutor(2) as pool:
+    def build() -> Snapshot:
+        builds.append(1)
+        second_started.set()
+        assert second_release.wait(30)
+        return snap(1)
+
+    followers = 3
+    with ThreadPoolExecutor(1 + followers) as pool:
         leader = pool.submit(cache.get_or_build, key("k"), Prefix((0,)), failing)
         assert leader_started.wait(30)
-        follower = pool.submit(cache.get_or_build, key("k"), Prefix((0,)), lambda: snap(1))
-        wait_for_waiting(cache, 1)  # the follower waits on the leader's prefill ...
+        waiting = [pool.submit(cache.get_or_build, key("k"), Prefix((0,)), build) for _ in range(followers)]
+        wait_for_waiting(cache, followers)  # the followers wait on the leader's prefill ...
         release.set()  # ... which fails
         with pytest.raises(RuntimeError):
             leader.result(timeout=30)
-        assert follower.result(timeout=30) == (snap(1), False)  # it built its own
-    assert cache.stats()["misses"] == 1  # one leader: the follower branch ran
+        assert second_started.wait(30)  # one of them leads now ...
+        wait_for_waiting(cache, followers - 1)  # ... and the others wait on it
+        second_release.set()
+        results = sorted((f.result(timeout=30) for f in waiting), key=lambda found: found[1])
+    assert len(builds) == 1
+    assert [hit for _, hit in results] == [False] + [True] * (followers - 1)
+    assert cache.stats()["misses"] == 2  # two leaders, one after the other
+
+
+def in_thread(caller: Caller, work: Callable[[], T]) -> Callable[[], T]:
+    """`work` run for `caller`, in whichever thread runs it."""
+
+    def run() -> T:
+        with working_for(caller):
+            return work()
+
+    return run
+
+
+def test_a_follower_leaves_its_wait_once_its_own_caller_is_stopped() -> None:
+    cache = RamTier(4, 100)
+    building, release = threading.Event(), threading.Event()
+
+    def build() -> Snapshot:
+        building.set()
+        assert release.wait(30)
+        return snap(3)
+
+    gone = Caller("interactive", threading.Event())
+    with ThreadPoolExecutor(2) as pool:
+        leader = pool.submit(cache.get_or_build, key("k"), Prefix((0, 1, 2)), build)
+        assert building.wait(30)
+        follower = pool.submit(in_thread(gone, lambda: cache.get_or_build(key("k"), Prefix((0, 1, 2)), build)))
+        wait_for_waiting(cache, 1)
+        gone.stop.set()  # its client went away while the leader still prefills
+        with pytest.raises(Cancelled):
+            follower.result(timeout=30)
+        assert not leader.done() and cache.stats()["waiting"] == 0
+        release.set()
+        assert leader.result(timeout=30)[1] is False
+
+
+def test_an_interactive_caller_waits_on_no_background_build_of_its_prefix() -> None:
+    """A fit's prefill of a state waits behind every interactive step: a request for the same state builds
+    it in its own lane instead of waiting at the fit's priority, and both get a snapshot of it."""
+    cache = RamTier(4, 100)
+    building, release = threading.Event(), threading.Event()
+
+    def background_build() -> Snapshot:
+        building.set()
+        assert release.wait(30)
+        return snap(3)
+
+    fit = Caller("background", threading.Event())
+    with ThreadPoolExecutor(2) as pool:
+        background = pool.submit(
+            in_thread(fit, lambda: cache.get_or_build(key("k"), Prefix((0, 1, 2)), background_build))
+        )
+        assert building.wait(30)
+        request = pool.submit(cache.get_or_build, key("k"), Prefix((0, 1, 2)), lambda: snap(3))
+        assert request.result(timeout=30) == (snap(3), False)  # built, not waited for
+        release.set()
+        assert background.result(timeout=30)[0] == snap(3)
+    assert cache.stats()["misses"] == 2

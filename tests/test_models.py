@@ -16,7 +16,8 @@ from starlette.testclient import TestClient
 from app.answering.service import ModelService
 from app.config import Settings
 from app.config_sources import ConfigError, SettingsSource, load_settings
-from app.errors import ModelUnavailable
+from app.engine.caller import Caller, working_for
+from app.errors import Cancelled, ModelUnavailable
 from app.fleet.processes import READY, ServerProcess
 from app.http.server import create_app
 from app.platform.tiny_gguf import write_tiny_gguf
@@ -413,6 +414,41 @@ def test_a_closed_registry_loads_no_model_again(ggufs: dict[str, Path]) -> None:
         refused_request = ask(client, "one")
     assert refused_request.status_code == 503
     assert refused_request.json()["detail"]["error_type"] == "model_unavailable"
+
+
+def test_a_request_waiting_for_a_model_to_load_leaves_its_wait_once_stopped(ggufs: dict[str, Path]) -> None:
+    spec = ModelSpec("one", ggufs["one"], settings=isolated_settings(n_ctx=1024, threads=1, session_cache_disk_bytes=0))
+    loading, release = threading.Event(), threading.Event()
+
+    def loader(spec: ModelSpec) -> ModelService:
+        loading.set()
+        assert release.wait(60)
+        return load_spec(spec)
+
+    registry = ModelRegistry(ModelsConfig((spec,), "one", models_max=1), loader=loader)
+    gone = Caller("interactive", threading.Event())
+    outcomes: dict[str, BaseException | None] = {}
+
+    def lease(name: str, caller: Caller) -> None:
+        try:
+            with working_for(caller), registry.lease("one"):
+                outcomes[name] = None
+        except BaseException as error:  # the test reads it
+            outcomes[name] = error
+
+    first = threading.Thread(target=lease, args=("first", Caller()), daemon=True)
+    first.start()
+    assert loading.wait(60)
+    second = threading.Thread(target=lease, args=("second", gone), daemon=True)
+    second.start()
+    gone.stop.set()  # its client leaves while the model loads for the first
+    second.join(60)
+    assert not second.is_alive() and isinstance(outcomes["second"], Cancelled)
+    assert "first" not in outcomes  # still loading
+    release.set()
+    first.join(60)
+    assert not first.is_alive() and outcomes["first"] is None
+    registry.close()
 
 
 def test_sighup_reloads_the_config(tmp_path: Path, ggufs: dict[str, Path]) -> None:

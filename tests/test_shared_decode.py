@@ -185,6 +185,31 @@ def test_the_first_in_line_leaving_does_not_fail_the_others(engines: tuple[Engin
     assert all(a.error is None and a.found is not None for a in askers[1:])
 
 
+def test_a_leader_whose_client_leaves_as_it_leads_still_answers_its_one_follower(
+    engines: tuple[Engine, Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader's client leaves once it has taken the others, before it decodes (during its gather, say):
+    the one request left is decoded for its own client, which is still there, as it would be alone."""
+    alone, shared = engines
+    assert shared._shared is not None
+    lead = shared._shared._lead
+
+    def client_leaves_as_it_leads(ctx: Any, taken: list[Any]) -> None:
+        taken[0].stop.set()
+        lead(ctx, taken)
+
+    monkeypatch.setattr(shared._shared, "_lead", client_leaves_as_it_leads)
+    asked = requests(shared)[:2]
+    with context_lent(shared, WAIT_S):
+        leader, follower = ask_in_line(shared, asked)
+    leader.join()
+    follower.join()
+    assert isinstance(leader.error, Cancelled)
+    assert follower.error is None and follower.found is not None
+    prefix, suffixes = requests(alone)[1]
+    assert np.array_equal(logits(follower.found), logits(alone.decode_suffixes(prefix, suffixes)))  # as alone
+
+
 def companies_expected(decodes: SharedDecodes, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Lane, int]]:
     """From here on, each leader's lane and the company it gathers for, in the order they gather."""
     expected: list[tuple[Lane, int]] = []

@@ -25,6 +25,11 @@ from typing import Literal
 
 from app.errors import Cancelled
 
+# How often a step waiting for another (a context, another request's prefill or decode) looks whether
+# its caller was stopped meanwhile: the stop event belongs to the request, not to what it waits on, so
+# it cannot wake the waiter itself.
+STOP_POLL_S = 0.05
+
 Lane = Literal["interactive", "background"]
 LANES: tuple[Lane, ...] = ("interactive", "background")
 

@@ -30,14 +30,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from app.engine.bindings import EngineError
-from app.engine.caller import LANES, Lane, current
+from app.engine.caller import LANES, STOP_POLL_S, Lane, current
 from app.engine.context import Context
 from app.engine.kv_settings import KvSettings
 from app.engine.snapshot import Snapshot
-
-# How often a borrower waiting for a context looks whether its work was stopped meanwhile: the
-# stop event belongs to the request, not to the pool, so it cannot wake the pool's waiters itself.
-STOP_POLL_S = 0.05
 
 
 def prefill_share(threads: int) -> int:

@@ -12,10 +12,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any, NewType
 
 import blake3
 
+from app.engine.caller import STOP_POLL_S, Caller, Lane, current
 from app.engine.snapshot import Prefix, Snapshot
 
 CacheKey = NewType("CacheKey", bytes)
@@ -31,12 +33,31 @@ def cache_key(*parts: str | bytes) -> CacheKey:
     return CacheKey(hasher.digest())
 
 
+@dataclass(frozen=True)
+class _Flight:
+    """One build of a key under way: its leader's lane, and what it will end with."""
+
+    lane: Lane
+    outcome: Future[Snapshot] = field(default_factory=Future)
+
+
+def _outcome(flight: _Flight, caller: Caller) -> Snapshot | None:
+    """The snapshot `flight` ends with, or None if it failed; Cancelled once `caller` is stopped first."""
+    while True:
+        try:
+            return flight.outcome.result(timeout=STOP_POLL_S)
+        except TimeoutError:
+            caller.check("the prefill of the same state by another request")
+        except Exception:
+            return None  # the leader's error is its own: this caller tries again
+
+
 class RamTier:
     def __init__(self, max_entries: int, max_tokens: int) -> None:
         self.max_entries = max_entries
         self.max_tokens = max_tokens
         self._entries: OrderedDict[CacheKey, Snapshot] = OrderedDict()  # least recently used first
-        self._in_flight: dict[CacheKey, Future[Snapshot]] = {}
+        self._in_flight: dict[CacheKey, _Flight] = {}
         self._lock = threading.Lock()
         self._tokens = 0
         self._bytes = 0
@@ -64,27 +85,28 @@ class RamTier:
                 self._dropped += 1
 
     def get_or_build(self, key: CacheKey, prefix: Prefix, build: Callable[[], Snapshot]) -> tuple[Snapshot, bool]:
-        """(snapshot, hit). Concurrent misses on one key run `build` once; the others wait for it. A
-        hit holds exactly `prefix`."""
+        """(snapshot, hit). Concurrent misses on one key run `build` once (single flight); the others wait
+        for it, each leaving its wait (Cancelled) once its own caller is stopped. One leader whose build
+        failed or was stopped is followed by one new leader among those still waiting. An interactive
+        caller waits on no background build (a fit's, which waits behind every interactive step): it
+        builds in its own lane, and whichever ends first is kept. A hit holds exactly `prefix`."""
         if not self.enabled:
             return build(), False
-        with self._lock:
-            snapshot = self._lookup(key, prefix)
-            if snapshot is not None:
-                self._hits += 1
-                return snapshot, True
-            future = self._in_flight.get(key)
-            leader = future is None
-            if future is None:
-                future = self._in_flight[key] = Future()
-                self._misses += 1
-        if not leader:
+        caller = current()
+        while True:
             with self._lock:
+                snapshot = self._lookup(key, prefix)
+                if snapshot is not None:
+                    self._hits += 1
+                    return snapshot, True
+                flight = self._in_flight.get(key)
+                if flight is None or (caller.lane == "interactive" and flight.lane == "background"):
+                    flight = self._in_flight[key] = _Flight(caller.lane)
+                    self._misses += 1
+                    break
                 self._waiting += 1
             try:
-                shared = future.result()
-            except Exception:
-                shared = None  # the leader failed; try on our own rather than share its fate
+                shared = _outcome(flight, caller)
             finally:
                 with self._lock:
                     self._waiting -= 1
@@ -92,19 +114,20 @@ class RamTier:
                 with self._lock:
                     self._hits += 1
                 return shared, True
-            return build(), False
+            # the leader failed or was stopped (or built another prefix under this key): elect again
         try:
             snapshot = build()
             with self._lock:
                 self._put(key, snapshot)
-            future.set_result(snapshot)
+            flight.outcome.set_result(snapshot)
             return snapshot, False
         except BaseException as error:
-            future.set_exception(error)
+            flight.outcome.set_exception(error)
             raise
         finally:
             with self._lock:
-                del self._in_flight[key]
+                if self._in_flight.get(key) is flight:
+                    del self._in_flight[key]
 
     def stats(self) -> dict[str, Any]:
         with self._lock:

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from app.engine.bindings import llama
-from app.engine.caller import LANES, Lane, current
+from app.engine.caller import LANES, STOP_POLL_S, Caller, Lane, current, working_for
 from app.engine.context import Context
-from app.engine.pool import STOP_POLL_S, ContextPool
+from app.engine.pool import ContextPool
 from app.engine.snapshot import Snapshot
 from app.engine.suffix_tree import MAX_SEQUENCES, Row
 from app.errors import Cancelled
@@ -165,7 +165,8 @@ class SharedDecodes:
 
     def _lead(self, ctx: Context, taken: list[SharedJob[object]]) -> None:
         """Decode the taken jobs on `ctx` and hand each its readouts (or the error), even when the
-        leader's own client has left: the others still wait."""
+        leader's own client has left: the others still wait. A job stopped is Cancelled by its own stop
+        alone, never by the leader's."""
         try:
             working = [job for job in taken if not job.stop.is_set()]
             for job in taken:
@@ -173,7 +174,8 @@ class SharedDecodes:
                     job.error = Cancelled("cancelled before a decode of questions")
             if len(working) == 1:
                 job = working[0]
-                job.result = job.alone(ctx)
+                with working_for(Caller(job.lane, job.stop)):  # its own stop, not the leader's
+                    job.result = job.alone(ctx)
             elif working:
                 for job, result in zip(working, self._together(ctx, working), strict=True):
                     job.result, job.beside = result, len(working) - 1

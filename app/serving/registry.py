@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Self
 
 from app.answering.service import ModelService
-from app.engine.caller import Caller, current, working_for
+from app.engine.caller import STOP_POLL_S, Caller, current, working_for
 from app.errors import InvalidRequest, ModelNotFound, ModelUnavailable
 from app.serving.catalogue import CatalogueEntry
 from app.serving.loading import load_spec
@@ -230,9 +230,11 @@ class ModelRegistry:
     def _acquire(self, name: str, load: bool = True) -> _Resident | None:
         """The model's resident entry, one more request counted on it; loaded first if it is not (None
         instead when not `load`)."""
+        caller = current()
         with self._cond:
             while name in self._loading and not self._closed:
-                self._cond.wait()
+                self._cond.wait(STOP_POLL_S)  # a load takes seconds: the caller's stop is looked at meanwhile
+                caller.check("the model was loaded")
             if self._closed:
                 raise self._unavailable(name)
             resident = self._resident.get(name)
