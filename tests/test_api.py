@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from backports.zstd import compress as zstd_compress
 from starlette.testclient import TestClient
@@ -19,8 +20,10 @@ from app.config import Settings
 from app.http.server import create_app
 from app.platform.tiny_images import png
 from app.serving.registry import ModelRegistry
+from tests.support.borrowers import Borrower
 from tests.support.loading import load_model
 from tests.support.settings import tiny_settings
+from tests.support.waiting import until
 
 TICKET: dict[str, Any] = json.loads((Path(__file__).parent.parent / "examples" / "ticket.json").read_text())
 
@@ -384,3 +387,39 @@ def test_unknown_routes_and_methods_use_the_error_shape(client: TestClient) -> N
     # a path served by a route per method: every one of them
     assert client.put("/v1/calibrations").headers["allow"] == "GET, HEAD, POST"
     assert client.post("/v1/systemone/jobs/x").headers["allow"] == "DELETE, GET, HEAD"
+
+
+def test_answers_waiting_for_a_context_leave_the_threads_that_read_requests_free(
+    client: TestClient, tiny_service: ModelService
+) -> None:
+    """Answers run on worker threads of their own: with every one of the threads that read bodies (anyio's
+    default ones, down to one here) free, a request for an unknown model is read and answered 404 while
+    an answer waits for the model's only context."""
+
+    def one_reading_thread() -> None:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = 1
+
+    client.portal.call(one_reading_thread)  # type: ignore[union-attr]  # the client's portal is open inside `with`
+    holder = Borrower(tiny_service.engine)
+    assert holder.got.wait(30)
+    question = {"q": {"type": "noul", "instructions": "Is it answered?"}}
+    body = {"model": "jev-latest", "state": "A state answered once the context is free.", "questions": question}
+    got: list[Any] = []
+    waiting = threading.Thread(target=lambda: got.append(client.post("/v1/systemone", json=body)), daemon=True)
+    unknown: threading.Thread | None = None
+    try:
+        waiting.start()
+        until(lambda: tiny_service.engine._pool.waiting("interactive") == 1, 30)
+        unknown = threading.Thread(
+            target=lambda: got.append(client.post("/v1/systemone", json={**body, "model": "gpt-5"})), daemon=True
+        )
+        unknown.start()
+        unknown.join(30)
+        assert not unknown.is_alive(), "a request for an unknown model waited for an answer's thread"
+        assert [response.status_code for response in got] == [404]
+    finally:
+        holder.let_go()
+        waiting.join(30)
+        if unknown is not None:
+            unknown.join(30)
+    assert not waiting.is_alive() and got[-1].status_code == 200

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hmac
 import logging
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from starlette.requests import Request
 
 from app.config import Settings
@@ -45,6 +47,11 @@ class Runtime:
     loaded: threading.Event = field(default_factory=threading.Event)
     api_keys: tuple[bytes, ...] = ()
     admission: Admission = field(default_factory=Admission)  # per model: requests admitted, not yet answered
+    # The worker threads of answers (a request's, a batch's in its response): a limiter of their own, not
+    # anyio's default one, which parses bodies and checks requests. Admission bounds them already, so an
+    # answer never waits for a thread, and answers waiting for a context never keep a request for an idle
+    # model, or one a 404, 422 or 503 answers, from being read.
+    answers: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(math.inf))
     fit_jobs: JobRegistry[FitWork] = field(default_factory=lambda: JobRegistry("fitting"))
     batch_jobs: JobRegistry[BatchWork] = field(default_factory=lambda: JobRegistry("batch"))
     labelling: LabellingSession | None = None  # `onepass label`'s session, once the model is loaded

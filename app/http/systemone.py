@@ -71,7 +71,9 @@ async def _answer_in_worker(
             group.start_soon(_until_disconnected, request, cancelled.set, group.cancel_scope)
             try:
                 with anyio.fail_after(timeout):
-                    outcome["response"] = await anyio.to_thread.run_sync(answer, abandon_on_cancel=True)
+                    outcome["response"] = await anyio.to_thread.run_sync(
+                        answer, abandon_on_cancel=True, limiter=runtime.answers
+                    )
             except Exception as error:  # raised below, outside the task group that would wrap it
                 outcome["error"] = error
             finally:
@@ -151,7 +153,13 @@ async def _batch(request: Request, runtime: Runtime, items: list[Item]) -> JSONR
         # abandoned only when the client goes away: at its budget the worker stops itself, settling every result
         try:
             await anyio.to_thread.run_sync(
-                answer_items, run, registry, runtime.admission, capacity, abandon_on_cancel=True
+                answer_items,
+                run,
+                registry,
+                runtime.admission,
+                capacity,
+                abandon_on_cancel=True,
+                limiter=runtime.answers,
             )
         except ApiError as error:  # 503: a model lacks the room; raised below, outside the task group
             refused.append(error)
