@@ -90,7 +90,7 @@ SMALL_MODEL := $(shell $(PYTHON) models/fetch.py small --print-path)
 HOST ?=
 PORT ?=
 
-.PHONY: api-examples setup vulkan-deps bench-native bench-throughput test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-images bench-exactness bench-shared-decode print-peer bench-impatient bench-fleet bench-calibration bench-labelling eval load check-gpu clean clean-build
+.PHONY: bench-prefills-together api-examples setup vulkan-deps bench-native bench-throughput test-gpu test-build-choice build-info native-server test-native model model-small model-decision eval-decision run fleet test test-tools lint check-build doctor peer bench bench-quick bench-restart bench-images bench-exactness bench-shared-decode print-peer bench-impatient bench-fleet bench-calibration bench-labelling eval load check-gpu clean clean-build
 
 # `make setup` records the choice even when that build is installed already (choosing it again).
 setup: $(INSTALL_STAMP)
@@ -283,6 +283,11 @@ bench-images: model-small $(BENCH_STAMP)
 # bench/results/<date>-<sha>-impatient.{json,md}. make bench-impatient BENCH_ARGS=--quick: a short run.
 bench-impatient: model $(BENCH_STAMP)
 	$(BIN)/python -m bench.impatient $(BENCH_ARGS)
+
+# Two new states sent together on one context against the same two one after the other (issue 69: within
+# 1.1x): bench/results/<date>-<sha>-prefills-together.{json,md}.
+bench-prefills-together: model $(BENCH_STAMP)
+	$(BIN)/python -m bench.prefills_together $(BENCH_ARGS)
 
 # In-process, the default model: whether a request's label logits stay bit-identical when its question
 # suffixes share one llama_decode with other requests' (flash attention, repacked weights, unified KV and

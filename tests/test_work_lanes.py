@@ -323,3 +323,131 @@ def test_requests_that_keep_coming_take_turns_with_a_prefill_which_still_ends_al
         assert_same_snapshot(handed[0], alone)
     finally:
         engine.close()
+
+
+class PrefillThreads:
+    """Prefills on threads of their own, with llama_decode watched on each: `before(name, call)` as each
+    of a prefill's decodes starts (`call` counts from 1), and every status, per prefill."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, before: Callable[[str, int], None]) -> None:
+        bindings.init()
+        import llama_cpp
+
+        decode = llama_cpp.llama_decode
+        self.statuses: dict[str, list[int]] = {}
+        self.results: dict[str, Any] = {}
+        self._names: dict[threading.Thread, str] = {}
+        self._threads: list[threading.Thread] = []
+
+        def watched(ctx: Any, batch: Any) -> Any:
+            name = self._names.get(threading.current_thread())
+            if name is None:
+                return decode(ctx, batch)
+            before(name, len(self.statuses[name]) + 1)
+            self.statuses[name].append(decode(ctx, batch))
+            return self.statuses[name][-1]
+
+        monkeypatch.setattr(llama_cpp, "llama_decode", watched)
+
+    def start(self, name: str, engine: Engine, prefix: Prefix, caller: Caller | None = None) -> None:
+        def run() -> None:
+            with working_for(caller or Caller()):
+                self.results[name] = engine.prefill(prefix)[0]
+
+        thread = threading.Thread(target=run, daemon=True)
+        self.statuses[name] = []
+        self._names[thread] = name
+        self._threads.append(thread)
+        thread.start()
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join(WAIT_S)
+            assert not thread.is_alive()
+
+
+def two_long_prefixes(engine: Engine) -> tuple[Prefix, Prefix]:
+    made = tuple(
+        Prefix(tuple(engine.vocab.tokenize(opening + " the parcel came late again." * 60, add_bos=True)))
+        for opening in ("First.", "Second.")
+    )
+    assert all(len(prefix.tokens) > 2 * engine.n_ubatch for prefix in made)
+    return made[0], made[1]
+
+
+def test_a_prefill_keeps_its_context_when_another_prefill_of_its_lane_comes(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two new states on one context: the second waits for the first's prefill, which neither gives up
+    its piece nor hands over, instead of both taking turns with a snapshot saved and restored at each."""
+    first, second = two_long_prefixes(engine)
+    alone = [engine.prefill(prefix)[0] for prefix in (first, second)]
+
+    def the_second_comes_during_the_first_ones_second_piece(name: str, call: int) -> None:
+        if name == "first" and call == 2:
+            prefills.start("second", engine, second)
+            until(waiting(engine, "interactive", 1), WAIT_S)
+
+    prefills = PrefillThreads(monkeypatch, the_second_comes_during_the_first_ones_second_piece)
+    prefills.start("first", engine, first)
+    prefills.join()
+    pieces = -(-len(first.tokens) // engine.n_ubatch)
+    assert prefills.statuses["first"] == [0] * pieces  # every piece once, none given up
+    assert set(prefills.statuses["second"]) == {0}
+    assert prefills.results["first"].data == alone[0].data
+    assert prefills.results["second"].data == alone[1].data
+
+
+def test_a_background_prefill_hands_its_context_to_an_interactive_prefill(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fit's prefill gives its piece up for a request's new state, which then runs whole before it."""
+    first, second = two_long_prefixes(engine)
+    alone = [engine.prefill(prefix)[0] for prefix in (first, second)]
+    order: list[str] = []
+
+    def a_request_comes_during_the_fits_second_piece(name: str, call: int) -> None:
+        order.append(name)
+        if name == "fit" and call == 2:
+            prefills.start("request", engine, second)
+            until(waiting(engine, "interactive", 1), WAIT_S)
+
+    prefills = PrefillThreads(monkeypatch, a_request_comes_during_the_fits_second_piece)
+    prefills.start("fit", engine, first, Caller("background", threading.Event()))
+    prefills.join()
+    assert prefills.statuses["fit"][:2] == [0, 2]  # its second piece given up for the request
+    request_pieces = -(-len(second.tokens) // engine.n_ubatch)
+    assert order[2 : 2 + request_pieces] == ["request"] * request_pieces  # the request's prefill ran whole
+    assert prefills.results["fit"].data == alone[0].data
+    assert prefills.results["request"].data == alone[1].data
+
+
+@pytest.mark.parametrize("engine", [2], indirect=True)
+def test_a_request_gives_up_the_piece_of_one_prefill_not_of_every_one(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two contexts, each prefilling a long state: a request that comes needs one context, so one prefill's
+    piece is given up for it, and the other goes on."""
+    first, second = two_long_prefixes(engine)
+    alone = [engine.prefill(prefix)[0] for prefix in (first, second)]
+    both_at_their_second_piece = threading.Barrier(3, timeout=WAIT_S)
+    request: list[Borrower] = []
+
+    def both_wait_for_the_request(name: str, call: int) -> None:
+        if call == 2:
+            both_at_their_second_piece.wait()  # the request comes ...
+            both_at_their_second_piece.wait()  # ... while both are armed to be given up
+
+    prefills = PrefillThreads(monkeypatch, both_wait_for_the_request)
+    prefills.start("first", engine, first)
+    prefills.start("second", engine, second)
+    both_at_their_second_piece.wait()
+    request.append(Borrower(engine, Caller(), None, "request"))
+    until(waiting(engine, "interactive", 1), WAIT_S)
+    both_at_their_second_piece.wait()
+    assert request[0].got.wait(WAIT_S)
+    request[0].let_go()
+    prefills.join()
+    assert sorted(prefills.statuses[name][1] for name in ("first", "second")) == [0, 2]
+    assert prefills.results["first"].data == alone[0].data
+    assert prefills.results["second"].data == alone[1].data

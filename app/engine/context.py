@@ -249,13 +249,15 @@ class Context:
         """The last position sequence 0 holds (-1: none)."""
         return int(llama.llama_memory_seq_pos_max(self.memory, 0)) if self.memory else -1
 
-    def interrupt(self, above: int = 0) -> None:
+    def interrupt(self, above: int = 0) -> bool:
         """Give up the decode under way if it is an interruptible one (`decode_unless_wanted`) with more
-        than `above` threads: someone waits for this context, or for some of the cores it uses. From any
-        thread."""
+        than `above` threads: someone waits for this context, or for some of the cores it uses; whether
+        this call gave it up (not another before it). From any thread."""
         with self._give_up_lock:
-            if self._interruptible and self._decoding_threads > above:
+            if self._interruptible and self._decoding_threads > above and self._give_up[0] != b"\1":
                 self._give_up[0] = b"\1"
+                return True
+            return False
 
     def close(self) -> None:
         if self.prompt is not None:

@@ -7,9 +7,11 @@ already hold the snapshot's exact bytes.
 
 Each borrow is made for the current caller (app/engine/caller.py): interactive work is lent an idle
 context before background work, background work holds at most `background_cap` contexts, and a
-borrower whose work is stopped gives up its wait instead of taking a context for nobody. An
-interactive borrower that finds no idle context interrupts the decode under way where it may be given
-up (a prefill's piece: prefill.py), which is only where the contexts `can_give_up`.
+borrower whose work is stopped gives up its wait instead of taking a context for nobody. A prefill
+hands its context to an interactive borrower that finds none idle (prefill.py), but never to another
+prefill of its own lane: that one waits for it, since taking turns would only add a snapshot's save
+and restore to each turn and end both later. Such a borrower gives up the piece under way of one
+prefill that is to hand its context over, where the contexts `can_give_up`.
 
 The cores are the pool's. With a side context (`answer_during_prefill`), an interactive borrower that
 finds every context lent, each to a prefill or to work lent with a prefill's share of the threads
@@ -69,7 +71,7 @@ class ContextPool:
         self._busy_s: dict[Lane, float] = dict.fromkeys(LANES, 0.0)  # how long contexts were lent, per lane
         self._side: Context | None = None
         self._side_lent = False
-        self._prefilling: set[Context] = set()  # contexts lent to a prefill
+        self._prefilling: dict[Context, Lane] = {}  # contexts lent to a prefill, and its lane
 
     def open(self, count: int) -> None:
         """Add `count` contexts to the pool."""
@@ -117,11 +119,12 @@ class ContextPool:
         with self._idle_changed:
             return len(self._queues[lane])
 
-    def someone_waits(self) -> bool:
+    def someone_waits(self, lane: Lane) -> bool:
         """Whether an interactive caller waits for a context that none is idle for, the side context
-        included: a prefill then hands its context over, between two of its pieces or in one."""
+        included, that a prefill of `lane` is to hand its context to, between two of its pieces or in
+        one: any such caller for a background prefill, one that is not a prefill for an interactive one."""
         with self._idle_changed:
-            return self._someone_waits()
+            return self._someone_waits(lane)
 
     def prefill_threads(self) -> int:
         """The threads a prefill's next piece may use: all, or its share while the side context is lent
@@ -129,11 +132,34 @@ class ContextPool:
         with self._idle_changed:
             return self._prefill_threads()
 
-    def _someone_waits(self) -> bool:
+    def _someone_waits(self, lane: Lane) -> bool:
         if self._idle:
             return False
         side_free = self._side_free()
-        return any(ticket.prefill or not side_free for ticket in self._queues["interactive"])
+        return any(
+            self._hands_over(lane, ticket) and (ticket.prefill or not side_free)
+            for ticket in self._queues["interactive"]
+        )
+
+    @staticmethod
+    def _hands_over(lane: Lane, ticket: _Ticket) -> bool:
+        """Whether a prefill of `lane` hands its context to the interactive `ticket`."""
+        return lane == "background" or not ticket.prefill
+
+    def _interrupt_for(self, ticket: _Ticket) -> None:
+        """Where `ticket` (interactive, finding no idle context) is to be lent the side context, give up
+        every prefill's piece under way that uses more than the prefill's share of the threads; else
+        the piece of one prefill that is to hand its context to it, a background one first."""
+        if not ticket.prefill and self._side_free():
+            share = self._prefill_threads()
+            for ctx in self._prefilling:
+                ctx.interrupt(share)
+            return
+        handing = sorted(
+            (ctx for ctx, lane in self._prefilling.items() if self._hands_over(lane, ticket)),
+            key=lambda ctx: self._prefilling[ctx] != "background",
+        )
+        next((ctx for ctx in handing if ctx.interrupt()), None)
 
     def _side_free(self) -> bool:
         """Whether the side context may be lent now: every context is lent, and each to a prefill (which
@@ -208,10 +234,7 @@ class ContextPool:
         with self._idle_changed:
             self._queues[caller.lane].append(ticket)
             if caller.lane == "interactive" and not self._idle:
-                # a prefill's piece under way gives its context up, or the cores beyond its share (prefill.py)
-                above = 0 if self._someone_waits() else self._prefill_threads()
-                for lent in self._contexts:
-                    lent.interrupt(above)
+                self._interrupt_for(ticket)  # a prefill's piece under way gives up its context or its cores
             try:
                 while not (picked := self._pick(caller.lane, ticket)):
                     if served is not None and served.is_set():
@@ -236,7 +259,7 @@ class ContextPool:
                 self._idle.remove(ctx)
                 self._lent[caller.lane] += 1
                 if prefill:
-                    self._prefilling.add(ctx)
+                    self._prefilling[ctx] = caller.lane
                 # beside a request on the side context, the share of the threads it leaves: for the whole loan
                 ctx.set_threads(prefill_share(self._threads) if self._side_lent else self._threads)
         if ctx is None:
@@ -255,7 +278,7 @@ class ContextPool:
                     self._side_lent = False
                 else:
                     self._idle.append(ctx)
-                    self._prefilling.discard(ctx)
+                    self._prefilling.pop(ctx, None)
                 self._lent[caller.lane] -= 1
                 self._busy_s[caller.lane] += time.perf_counter() - lent_at
                 self._idle_changed.notify_all()  # waiters of both lanes: each has its own rule

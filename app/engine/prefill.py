@@ -3,7 +3,8 @@ split one call into anyway (so the cells hold the same bytes as one call), each 
 the vision projector.
 
 Between two pieces the prefill stops (Cancelled) once nobody waits for it any more. It hands its
-context over when an interactive caller waits for one and none is idle: between two pieces, or, where
+context over when an interactive caller waits for one and none is idle (a request's decode; another
+prefill only where this one is background work: pool.py): between two pieces, or, where
 the context can give a decode up (context.Context.can_give_up: a memory that drops a tail, on the CPU),
 in the middle of one: llama.cpp gives the text piece under way up (its cells are dropped; it is decoded
 again later). Elsewhere (a recurrent or hybrid memory, which cannot go back; a GPU, which never gives a
@@ -173,7 +174,7 @@ class Prefill:
                 return at, position
             owed, owes_a_piece = owes_a_piece, False  # only the first piece is owed
             if span is not None:
-                if not owed and self._pool.someone_waits():
+                if not owed and self._pool.someone_waits(current().lane):
                     return at, position  # an image is encoded whole: handed over before it, not during it
                 ctx.set_threads(self._pool.prefill_threads())
                 ctx.read_rows(True)
@@ -195,7 +196,7 @@ class Prefill:
                     ctx.decode(more_rows=True)
                 elif not ctx.decode_unless_wanted(functools.partial(self._wanted, threads)):
                     # a request waits for this context: the piece is given up, its cells dropped
-                    if self._pool.someone_waits():
+                    if self._pool.someone_waits(current().lane):
                         return at, position
                     todo.appendleft((at, end, None))  # a request took the side context: again, with fewer threads
                     continue
@@ -207,7 +208,7 @@ class Prefill:
     def _wanted(self, threads: int) -> bool:
         """Whether a piece decoding with `threads` threads is to be given up: a request waits for its
         context, or one is answered on the side context with some of those threads."""
-        return self._pool.someone_waits() or self._pool.prefill_threads() < threads
+        return self._pool.someone_waits(current().lane) or self._pool.prefill_threads() < threads
 
     @staticmethod
     def _from(pieces: list[Piece], first: int) -> list[Piece]:
