@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
@@ -23,10 +24,12 @@ from app.http.server import create_app
 from app.serving.registry import Intercept, ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec
 from app.wire.contract import SystemOneRequest
+from tests.support.borrowers import Borrower
 from tests.support.interceptors import Faulty
 from tests.support.live import RunningServer
 from tests.support.llama_calls import LlamaCalls
 from tests.support.settings import isolated_settings, tiny_settings
+from tests.support.waiting import until
 
 BODY: dict[str, Any] = {
     "model": "jev-latest",
@@ -361,3 +364,45 @@ def test_sigterm_finishes_in_flight_requests_then_exits(tiny_chat_path: Path) ->
         assert shutdown < answered  # the request was answered after the shutdown began
     finally:
         server.stop()
+
+
+def sample_values(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Each sample of metric `name` in a /metrics text, by its labels."""
+    return {
+        tuple(sorted(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
+def test_metrics_show_each_lanes_waits_and_the_rows_a_decode_takes(
+    client: TestClient, tiny_service: ModelService
+) -> None:
+    before = client.get("/metrics").text
+    holder = Borrower(tiny_service.engine)
+    assert holder.got.wait(30)
+    answered: list[Any] = []
+    asking = threading.Thread(
+        target=lambda: answered.append(client.post("/v1/systemone", json=BODY | {"state": "a waiting state"})),
+        daemon=True,
+    )
+    asking.start()
+    try:
+        until(lambda: tiny_service.engine._pool.waiting("interactive") == 1, 30)
+        during = client.get("/metrics").text
+    finally:
+        holder.let_go()
+        asking.join(30)
+    assert not asking.is_alive() and answered[0].status_code == 200
+    after = client.get("/metrics").text
+    (model,) = {dict(labels)["model"] for labels in sample_values(during, "onepass_context_waiting")}
+    waiting = sample_values(during, "onepass_context_waiting")
+    assert waiting[(("lane", "interactive"), ("model", model))] == 1
+    assert waiting[(("lane", "background"), ("model", model))] == 0
+    waited = [sample_values(text, "onepass_context_wait_seconds_total") for text in (before, after)]
+    key = (("lane", "interactive"), ("model", model))
+    assert waited[1][key] > waited[0].get(key, 0.0)
+    decodes = [sample_values(text, "onepass_decodes_total").get((("model", model),), 0.0) for text in (before, after)]
+    rows = [sample_values(text, "onepass_decoded_rows_total").get((("model", model),), 0.0) for text in (before, after)]
+    assert decodes[1] > decodes[0] and rows[1] - rows[0] >= decodes[1] - decodes[0]  # a row a decode at least

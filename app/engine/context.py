@@ -110,6 +110,7 @@ class Context:
         params.n_threads = params.n_threads_batch = threads
         self.threads = threads
         self._decoding_threads = 0  # the threads of the interruptible decode under way (0: none)
+        self.decodes = self.decoded_rows = 0  # llama_decodes of the batch run to their end, and their rows
         params.no_perf = True
         if encoder:
             params.n_ubatch = params.n_batch = kv.n_ctx
@@ -209,6 +210,11 @@ class Context:
         status = llama.llama_decode(self.ctx, self.batch)
         if status != 0:  # borrow clears the context on the way out
             raise EngineError(f"llama_decode failed with status {status}")
+        self._count_decode()
+
+    def _count_decode(self) -> None:
+        self.decodes += 1
+        self.decoded_rows += self.batch.n_tokens
 
     def decode_unless_wanted(self, wanted: Callable[[], bool]) -> bool:
         """Decode the batch `fill` loaded, one micro-batch at most, unless the context is `wanted()` before
@@ -243,6 +249,7 @@ class Context:
             return False
         if status != 0:  # borrow clears the context on the way out
             raise EngineError(f"llama_decode failed with status {status}")
+        self._count_decode()
         return True
 
     def last_position(self) -> int:

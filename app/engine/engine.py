@@ -237,6 +237,14 @@ class Engine:
         """The seconds its contexts have been lent so far, per lane of work."""
         return self._pool.busy_seconds()
 
+    def waits(self) -> dict[Lane, tuple[int, float]]:
+        """Per lane of work: the steps waiting for a context now, and the seconds steps have waited so far."""
+        return self._pool.waits()
+
+    def decoded(self) -> tuple[int, int]:
+        """The llama_decodes of text rows run so far, and their rows."""
+        return self._pool.decoded()
+
     def close(self) -> None:
         """Free the contexts and the model; later calls raise EngineError instead of crashing."""
         self._pool.close()  # waits for requests in flight to hand their context back

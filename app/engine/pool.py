@@ -69,6 +69,7 @@ class ContextPool:
         self._queues: dict[Lane, collections.deque[_Ticket]] = {lane: collections.deque() for lane in LANES}
         self._lent: dict[Lane, int] = dict.fromkeys(LANES, 0)
         self._busy_s: dict[Lane, float] = dict.fromkeys(LANES, 0.0)  # how long contexts were lent, per lane
+        self._waited_s: dict[Lane, float] = dict.fromkeys(LANES, 0.0)  # how long borrowers waited, per lane
         self._side: Context | None = None
         self._side_lent = False
         self._prefilling: dict[Context, Lane] = {}  # contexts lent to a prefill, and its lane
@@ -178,6 +179,18 @@ class ContextPool:
         with self._idle_changed:
             return dict(self._busy_s)
 
+    def waits(self) -> dict[Lane, tuple[int, float]]:
+        """Per lane: the borrowers waiting for a context now, and the seconds borrowers have waited so far."""
+        with self._idle_changed:
+            return {lane: (len(self._queues[lane]), self._waited_s[lane]) for lane in LANES}
+
+    def decoded(self) -> tuple[int, int]:
+        """The llama_decodes of text rows the contexts have run so far, and their rows (for /metrics: the
+        rows per decode)."""
+        with self._idle_changed:
+            contexts = [*self._contexts, *([self._side] if self._side is not None else [])]
+            return sum(ctx.decodes for ctx in contexts), sum(ctx.decoded_rows for ctx in contexts)
+
     def close(self) -> None:
         """Free every context once requests in flight have handed theirs back; borrow then raises EngineError."""
         with self._idle_changed:
@@ -231,6 +244,7 @@ class ContextPool:
         caller = current()
         caller.check("a context was free")
         ticket = _Ticket(prefill)
+        asked_at = time.perf_counter()
         with self._idle_changed:
             self._queues[caller.lane].append(ticket)
             if caller.lane == "interactive" and not self._idle:
@@ -243,6 +257,7 @@ class ContextPool:
                     caller.check("a context was free")
             finally:
                 self._queues[caller.lane].remove(ticket)
+                self._waited_s[caller.lane] += time.perf_counter() - asked_at
                 self._idle_changed.notify_all()  # the next in line may take one now
             ctx: Context | None = None
             if served is not None and served.is_set():

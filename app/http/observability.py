@@ -84,6 +84,19 @@ class _Sources(Collector):
             "time the model's contexts were lent to work, answered or abandoned, by lane",
             labels=["model", "lane"],
         )
+        waiting = GaugeMetricFamily(
+            "onepass_context_waiting",
+            "steps of work waiting for one of the model's contexts, by lane",
+            labels=["model", "lane"],
+        )
+        waited = CounterMetricFamily(
+            "onepass_context_wait_seconds", "time steps of work waited for a context, by lane", labels=["model", "lane"]
+        )
+        # rows over decodes is the rows a step decodes, on average (prefill pieces and question decodes)
+        decodes = CounterMetricFamily(
+            "onepass_decodes", "llama_decodes of text rows run to their end", labels=["model"]
+        )
+        rows = CounterMetricFamily("onepass_decoded_rows", "the rows of those decodes", labels=["model"])
         # batch_requests: requests over decodes is how many shared a decode, on average
         shared = {
             "decodes": CounterMetricFamily(
@@ -112,12 +125,18 @@ class _Sources(Collector):
             prefilled.add_metric([model], stats["prefilled_tokens"])
             for lane, seconds in stats["busy_seconds"].items():
                 busy.add_metric([model, lane], seconds)
+            for lane, (count, seconds) in stats["waits"].items():
+                waiting.add_metric([model, lane], count)
+                waited.add_metric([model, lane], seconds)
+            decodes.add_metric([model], stats["decoded"][0])
+            rows.add_metric([model], stats["decoded"][1])
         yield from requests.values()
         yield from gauges.values()
         yield from counters.values()
         yield rejected
         yield prefilled
         yield busy
+        yield from (waiting, waited, decodes, rows)
         yield from shared.values()
 
 

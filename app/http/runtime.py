@@ -128,6 +128,8 @@ class Runtime:
                     "tiers": service.cache_stats(),
                     "prefilled_tokens": service.prefilled_tokens,
                     "busy_seconds": service.engine.busy_seconds(),
+                    "waits": service.engine.waits(),
+                    "decoded": service.engine.decoded(),
                     "shared_decodes": service.engine.shared_decodes(),
                     "in_flight": in_flight,
                     "queue_depth": max(0, in_flight - self.registry.contexts_of(name)),
