@@ -3,11 +3,14 @@ states, hits on states sent before (some still being prefilled), clients that gi
 while a busy process runs on each core. No request gets a 5xx, and every answer, including those asked
 again after their client gave up, is the answer of the same request answered alone by a server that saw
 nothing else, bit for bit. On the tiny attention model and on both tiny hybrids (kev: qwen35's linear
-attention; lfm2-d1: short convolutions), whose recurrent state cannot go back."""
+attention; lfm2-d1: short convolutions), whose recurrent state cannot go back; and again with the setting
+batch_requests on and a fit running beside the load (background work on states of its own), where an
+answer decoded beside other requests' questions, as its response says, moves by float rounding only."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import subprocess
@@ -31,6 +34,7 @@ from tests.support.settings import tiny_settings
 from tests.support.tiny_decision import BUILDERS
 
 SEEDS = (11, 12, 13)
+MEMORIES = ("attention", "kev", "lfm2-d1")
 REQUESTS = 24
 WINDOW_S = 1.5  # arrivals fall in this window
 ANSWER_S = 120  # a client that does not give up waits this long at most; a healthy run takes seconds
@@ -137,12 +141,57 @@ def model_paths(tiny_chat_path: Path, tmp_path_factory: pytest.TempPathFactory) 
     }
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("memory", ["attention", "kev", "lfm2-d1"])
+def fit_examples(n: int) -> list[dict[str, Any]]:
+    """Labelled examples for a fit of a question the load never asks (a fit changes its own question's
+    answers only): background work on new states, beside the load."""
+    question = {"fitted": {"type": "noul", "instructions": "Is this an example for the fit?"}}
+    return [
+        {"state": f"example {i}: " + "the parcel was fine and came on time. " * 8, "questions": question}
+        | {"answers": {"fitted": i % 2 == 0}}
+        for i in range(n)
+    ]
+
+
+def assert_same_answers(got: Any, want: Any, rounding: bool) -> None:
+    """The same answers bit for bit; with `rounding` (decoded beside other requests' questions, as the
+    response says), numbers may move by float rounding only: other rows change the order ggml sums in."""
+    if not rounding:
+        assert got == want
+    elif isinstance(want, float):
+        assert isinstance(got, float) and math.isclose(got, want, rel_tol=1e-3, abs_tol=1e-6), (got, want)
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys()
+        for name in want:
+            assert_same_answers(got[name], want[name], rounding)
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want)
+        for item, wanted in zip(got, want, strict=True):
+            assert_same_answers(item, wanted, rounding)
+    else:
+        assert got == want
+
+
+CASES = [
+    *((memory, seed, "alone") for memory in MEMORIES for seed in SEEDS),
+    # batch_requests on (the hybrids decode each request on its own still) and a fit running beside
+    *((memory, seed, "batch_requests and a fit") for memory in MEMORIES for seed in SEEDS[:2]),
+]
+
+
+@pytest.mark.parametrize(("memory", "seed", "beside"), CASES)
 def test_a_random_load_gets_no_5xx_and_the_answers_of_requests_answered_alone(
-    model_paths: dict[str, Path], memory: str, seed: int
+    model_paths: dict[str, Path], memory: str, seed: int, beside: str, tmp_path: Path
 ) -> None:
-    settings = tiny_settings(model_paths[memory], n_ctx=4096, threads=2, contexts=1, request_timeout=ANSWER_S)
+    shared = beside != "alone"
+    settings = tiny_settings(
+        model_paths[memory],
+        n_ctx=4096,
+        threads=2,
+        contexts=1,
+        request_timeout=ANSWER_S,
+        batch_requests=shared,
+        calibration_dir=tmp_path,
+    )
     planned = plan(seed)
     bodies = [body for p in planned for body in (p.body["requests"] if p.kind == "batch" else [p.body])]
     alone_service = load_model(settings)
@@ -155,6 +204,10 @@ def test_a_random_load_gets_no_5xx_and_the_answers_of_requests_answered_alone(
     service = load_model(settings)
     running = RunningServer(settings, ModelRegistry.serving(service))
     try:
+        if shared:
+            fitting = {"model": "jev-latest", "examples": fit_examples(16)}
+            job = httpx.post(running.base_url + "/v1/calibrations", json=fitting, timeout=ANSWER_S)
+            assert job.status_code == 202, job.text
         with busy_cores():
             got = send(running.base_url, planned)
         for p, response in zip(planned, got, strict=True):
@@ -165,7 +218,9 @@ def test_a_random_load_gets_no_5xx_and_the_answers_of_requests_answered_alone(
             items = p.body["requests"] if p.kind == "batch" else [p.body]
             results = response.json()["results"] if p.kind == "batch" else [response.json()]
             for body, result in zip(items, results, strict=True):
-                assert result["answers"] == want[json.dumps(body, sort_keys=True)], p.kind
+                rounding = "other_requests" in result["x_depends_on"]
+                assert shared or not rounding
+                assert_same_answers(result["answers"], want[json.dumps(body, sort_keys=True)], rounding)
         given_up = [p for p, response in zip(planned, got, strict=True) if response is None]
         for p in given_up:  # what their prefills left (a partial, a handed-over snapshot) changes no answer
             again = httpx.post(running.base_url + "/v1/systemone", json=p.body, timeout=ANSWER_S)
