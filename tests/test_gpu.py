@@ -19,13 +19,11 @@ from app.engine.bindings import gpu_offload_supported, llama_log, shipped_backen
 from app.engine.engine import Engine, SuffixTokens
 from app.engine.snapshot import Prefix
 from app.wire.contract import SystemOneRequest
-from tests.support.borrowers import Borrower
 from tests.support.llama_calls import LlamaCalls
 from tests.support.loading import load_model
-from tests.support.prefill_decodes import Decodes
+from tests.support.prefill_decodes import request_during_prefill
 from tests.support.settings import GPU_LAYERS, tiny_settings
 from tests.support.skip_groups import skip_if
-from tests.support.waiting import until
 from tools.check_gpu import Placement
 
 pytestmark = skip_if(
@@ -107,25 +105,13 @@ def test_a_request_during_a_piece_on_the_device_waits_for_it_and_the_prefill_end
         tokens = engine.vocab.tokenize("the parcel came late again. " * 60, add_bos=True)
         assert len(tokens) > 2 * engine.n_ubatch
         alone, _ = engine.prefill(Prefix(tuple(tokens)))
-        request: list[Borrower] = []
-
-        def a_request_comes_as_the_second_piece_starts(call: int) -> None:
-            if call == 2:
-                request.append(Borrower(engine))
-                until(lambda: engine._pool.waiting("interactive") == 1, WAIT_S)
-
-        decodes = Decodes(monkeypatch, a_request_comes_as_the_second_piece_starts)
-        thread, ended = decodes.run(lambda: engine.prefill(Prefix(tuple(tokens)))[0])
-        until(lambda: bool(request), WAIT_S)
-        assert request[0].got.wait(WAIT_S)
-        assert decodes.statuses == [0, 0]  # the second piece ended before the request had the context
-        request[0].let_go()
-        thread.join(WAIT_S)
-        assert not thread.is_alive()
-        assert set(decodes.statuses) == {0} and set(decodes.sizes[:-1]) == {engine.n_ubatch}  # whole pieces
-        assert ended[0].data == alone.data
-        assert ended[0].state_mean is not None and alone.state_mean is not None
-        assert ended[0].state_mean.tobytes() == alone.state_mean.tobytes()
+        handed = request_during_prefill(engine, Prefix(tuple(tokens)), monkeypatch, 2, wait_s=WAIT_S)
+        assert handed.when_lent == [0, 0]  # the second piece ended before the request had the context
+        statuses, sizes = handed.decodes.statuses, handed.decodes.sizes
+        assert set(statuses) == {0} and set(sizes[:-1]) == {engine.n_ubatch}  # whole pieces
+        assert handed.snapshot.data == alone.data
+        assert handed.snapshot.state_mean is not None and alone.state_mean is not None
+        assert handed.snapshot.state_mean.tobytes() == alone.state_mean.tobytes()
     finally:
         engine.close()
 

@@ -20,7 +20,7 @@ from app.engine.engine import Engine, SuffixTokens
 from app.engine.prefill import Partial, Stopped
 from app.engine.snapshot import Prefix, Snapshot
 from tests.support.borrowers import Borrower
-from tests.support.prefill_decodes import Decodes
+from tests.support.prefill_decodes import Decodes, request_during_prefill
 from tests.support.tiny_decision import BUILDERS
 from tests.support.waiting import until
 
@@ -96,27 +96,14 @@ def test_a_request_that_comes_during_a_piece_gets_the_context_and_the_prefill_en
     request has the context before the prefill ends, and the prefill's snapshot is that of one alone."""
     prefix = long_prefix(engine)
     alone, _ = engine.prefill(prefix)
-    request: list[Borrower] = []
-
-    def a_request_comes(call: int) -> None:
-        if call == piece:
-            request.append(Borrower(engine))
-            until(lambda: engine._pool.waiting("interactive") == 1, WAIT_S)
-
-    decodes = Decodes(monkeypatch, a_request_comes)
-    thread, ended = decodes.run(lambda: engine.prefill(prefix)[0])
-    until(lambda: bool(request), WAIT_S)
-    assert request[0].got.wait(WAIT_S)
-    when_lent = list(decodes.statuses)
-    request[0].let_go()
-    thread.join(WAIT_S)
-    assert not thread.is_alive()
+    handed = request_during_prefill(engine, prefix, monkeypatch, piece)
     if memory == "attention":
-        assert when_lent == [0] * (piece - 1) + [2]  # the piece under way given up
+        assert handed.when_lent == [0] * (piece - 1) + [2]  # the piece under way given up
     else:
-        assert when_lent == [0] * piece  # the piece under way ended: never given up
-    assert set(decodes.statuses) <= {0, 2} and decodes.statuses.count(2) == when_lent.count(2)
-    assert_same_snapshot(ended[0], alone)
+        assert handed.when_lent == [0] * piece  # the piece under way ended: never given up
+    statuses = handed.decodes.statuses
+    assert set(statuses) <= {0, 2} and statuses.count(2) == handed.when_lent.count(2)
+    assert_same_snapshot(handed.snapshot, alone)
 
 
 def test_a_request_that_comes_between_two_pieces_gets_the_context_and_the_prefill_ends_alike(
@@ -124,24 +111,10 @@ def test_a_request_that_comes_between_two_pieces_gets_the_context_and_the_prefil
 ) -> None:
     prefix = long_prefix(engine)
     alone, _ = engine.prefill(prefix)
-    request: list[Borrower] = []
-
-    def a_request_comes_after_the_first_piece(call: int) -> None:
-        if call == 1:
-            request.append(Borrower(engine))
-            until(lambda: engine._pool.waiting("interactive") == 1, WAIT_S)
-
-    decodes = Decodes(monkeypatch, after=a_request_comes_after_the_first_piece)
-    thread, ended = decodes.run(lambda: engine.prefill(prefix)[0])
-    until(lambda: bool(request), WAIT_S)
-    assert request[0].got.wait(WAIT_S)
-    when_lent = list(decodes.statuses)
-    request[0].let_go()
-    thread.join(WAIT_S)
-    assert not thread.is_alive()
-    assert when_lent == [0]  # handed over before the second piece began
-    assert 2 not in decodes.statuses
-    assert_same_snapshot(ended[0], alone)
+    handed = request_during_prefill(engine, prefix, monkeypatch, 1, after=True)
+    assert handed.when_lent == [0]  # handed over before the second piece began
+    assert 2 not in handed.decodes.statuses
+    assert_same_snapshot(handed.snapshot, alone)
 
 
 def test_a_prefill_whose_client_leaves_after_a_handover_is_gone_on_from_by_its_retry_alike(
