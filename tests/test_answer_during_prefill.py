@@ -15,7 +15,7 @@ import pytest
 from app.engine import bindings
 from app.engine.engine import Engine, SuffixTokens
 from app.engine.kv_settings import HANDOVER_PIECE
-from app.engine.pool import prefill_share
+from app.engine.lending import prefill_share
 from app.engine.snapshot import Prefix
 from tests.support.borrowers import Borrower
 from tests.support.waiting import until

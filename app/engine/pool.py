@@ -5,13 +5,11 @@ A request borrows one context. A context is handed back holding only sequence 0,
 the snapshot it holds (or for the base that snapshot grew from) skips the restore: the cells
 already hold the snapshot's exact bytes.
 
-Each borrow is made for the current caller (app/engine/caller.py): interactive work is lent an idle
-context before background work, background work holds at most `background_cap` contexts, and a
-borrower whose work is stopped gives up its wait instead of taking a context for nobody. A prefill
-hands its context to an interactive borrower that finds none idle (prefill.py), but never to another
-prefill of its own lane: that one waits for it, since taking turns would only add a snapshot's save
-and restore to each turn and end both later. Such a borrower gives up the piece under way of one
-prefill that is to hand its context over, where the contexts `can_give_up`.
+Each borrow is made for the current caller (app/engine/caller.py), and a borrower whose work is stopped
+gives up its wait instead of taking a context for nobody. Which waiting borrower a context goes to,
+whether a prefill hands its context over (prefill.py) and which prefill's piece under way is given up for
+a newcomer (where the contexts `can_give_up`) are lending.py's rules, asked with the pool's state under
+its lock.
 
 The cores are the pool's. With a side context (`answer_during_prefill`), an interactive borrower that
 finds every context lent, each to a prefill or to work lent with a prefill's share of the threads
@@ -29,26 +27,14 @@ import ctypes
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
+from app.engine import lending
 from app.engine.bindings import EngineError
 from app.engine.caller import LANES, STOP_POLL_S, Lane, current
 from app.engine.context import Context
 from app.engine.kv_settings import KvSettings
+from app.engine.lending import Lent, PoolState, Ticket, prefill_share
 from app.engine.snapshot import Snapshot
-
-
-def prefill_share(threads: int) -> int:
-    """The threads a prefill keeps while a request is answered beside it on the side context: a quarter
-    of them, at least one. The request is what a client waits for; the prefill only has to go on."""
-    return max(1, threads // 4)
-
-
-@dataclass(frozen=True, eq=False)
-class _Ticket:
-    """A borrower's place in its lane's queue; a prefill never takes the side context."""
-
-    prefill: bool
 
 
 class ContextPool:
@@ -66,7 +52,7 @@ class ContextPool:
         self._idle_changed = threading.Condition()
         # Borrowers waiting, per lane, in the order they came: a lane's contexts go to its first waiter,
         # so a prefill that hands its context over goes behind the request it handed it to.
-        self._queues: dict[Lane, collections.deque[_Ticket]] = {lane: collections.deque() for lane in LANES}
+        self._queues: dict[Lane, collections.deque[Ticket]] = {lane: collections.deque() for lane in LANES}
         self._lent: dict[Lane, int] = dict.fromkeys(LANES, 0)
         self._busy_s: dict[Lane, float] = dict.fromkeys(LANES, 0.0)  # how long contexts were lent, per lane
         self._waited_s: dict[Lane, float] = dict.fromkeys(LANES, 0.0)  # how long borrowers waited, per lane
@@ -109,8 +95,8 @@ class ContextPool:
 
     @property
     def background_cap(self) -> int:
-        """The most contexts background work holds at once: half the pool, at least one."""
-        return max(1, len(self._contexts) // 2)
+        """The most contexts background work holds at once (lending.background_cap)."""
+        return lending.background_cap(len(self._contexts))
 
     def lent(self, lane: Lane) -> int:
         with self._idle_changed:
@@ -121,58 +107,41 @@ class ContextPool:
             return len(self._queues[lane])
 
     def someone_waits(self, lane: Lane) -> bool:
-        """Whether an interactive caller waits for a context that none is idle for, the side context
-        included, that a prefill of `lane` is to hand its context to, between two of its pieces or in
-        one: any such caller for a background prefill, one that is not a prefill for an interactive one."""
+        """Whether an interactive step waits for a context that a prefill of `lane` is to hand its context
+        to, between two of its pieces or in one (lending.someone_waits)."""
         with self._idle_changed:
-            return self._someone_waits(lane)
+            return lending.someone_waits(self._state(), lane)
 
     def prefill_threads(self) -> int:
         """The threads a prefill's next piece may use: all, or its share while the side context is lent
         or about to be."""
         with self._idle_changed:
-            return self._prefill_threads()
+            return lending.prefill_threads(self._state())
 
-    def _someone_waits(self, lane: Lane) -> bool:
-        if self._idle:
-            return False
-        side_free = self._side_free()
-        return any(
-            self._hands_over(lane, ticket) and (ticket.prefill or not side_free)
-            for ticket in self._queues["interactive"]
-        )
-
-    @staticmethod
-    def _hands_over(lane: Lane, ticket: _Ticket) -> bool:
-        """Whether a prefill of `lane` hands its context to the interactive `ticket`."""
-        return lane == "background" or not ticket.prefill
-
-    def _interrupt_for(self, ticket: _Ticket) -> None:
-        """Where `ticket` (interactive, finding no idle context) is to be lent the side context, give up
-        every prefill's piece under way that uses more than the prefill's share of the threads; else
-        the piece of one prefill that is to hand its context to it, a background one first."""
-        if not ticket.prefill and self._side_free():
-            share = self._prefill_threads()
-            for ctx in self._prefilling:
-                ctx.interrupt(share)
-            return
-        handing = sorted(
-            (ctx for ctx, lane in self._prefilling.items() if self._hands_over(lane, ticket)),
-            key=lambda ctx: self._prefilling[ctx] != "background",
-        )
-        next((ctx for ctx in handing if ctx.interrupt()), None)
-
-    def _side_free(self) -> bool:
-        """Whether the side context may be lent now: every context is lent, and each to a prefill (which
-        gives up threads beyond its share) or to work lent with its share already."""
-        if self._side is None or self._side_lent or self._idle:
-            return False
+    def _state(self) -> PoolState:
+        """What the lending rules read of the pool now (under the lock)."""
         share = prefill_share(self._threads)
-        return all(ctx in self._prefilling or ctx.threads <= share for ctx in self._contexts)
+        return PoolState(
+            contexts=len(self._contexts),
+            idle=len(self._idle),
+            lent=self._lent,
+            queues=self._queues,
+            threads=self._threads,
+            side_opened=self._side is not None,
+            side_lent=self._side_lent,
+            at_share=all(ctx in self._prefilling or ctx.threads <= share for ctx in self._contexts),
+        )
 
-    def _prefill_threads(self) -> int:
-        beside = self._side_lent or any(not ticket.prefill for ticket in self._queues["interactive"])
-        return prefill_share(self._threads) if self._side is not None and beside else self._threads
+    def _interrupt_for(self, ticket: Ticket) -> None:
+        """Give up the pieces under way that `ticket` (interactive, finding no idle context) needs given up
+        (lending.to_give_up): every prefill's threads beyond its share, or one prefill's context."""
+        prefilling = list(self._prefilling.items())
+        above, order = lending.to_give_up(self._state(), ticket, [lane for _, lane in prefilling])
+        if above is not None:
+            for ctx, _ in prefilling:
+                ctx.interrupt(above)
+            return
+        next((i for i in order if prefilling[i][0].interrupt()), None)
 
     def busy_seconds(self) -> dict[Lane, float]:
         """The seconds contexts have been lent so far, per lane (for /metrics: the work done, answered or not)."""
@@ -202,22 +171,13 @@ class ContextPool:
             self._side = None
             self._idle_changed.notify_all()
 
-    def _pick(self, lane: Lane, ticket: _Ticket) -> Context | bool | None:
+    def _pick(self, lane: Lane, ticket: Ticket) -> Context | bool | None:
         """The context `ticket` may take now: an idle one (True: choose among them), the side context, or
         none yet (None)."""
         if not self._contexts:
             return True  # closed: the borrower raises
-        queue = self._queues[lane]
-        if self._idle and queue[0] is ticket:
-            if lane == "interactive":
-                return True
-            if not self._queues["interactive"] and self._lent["background"] < self.background_cap:
-                return True
-        if lane == "interactive" and self._side_free():
-            first = next((waiter for waiter in queue if not waiter.prefill), None)
-            if first is ticket:
-                return self._side
-        return None
+        lent = lending.may_take(self._state(), lane, ticket)
+        return True if lent is Lent.IDLE else self._side if lent is Lent.SIDE else None
 
     @contextlib.contextmanager
     def borrow(self, wanted: Snapshot | None, *, prefill: bool = False) -> Iterator[Context]:
@@ -243,7 +203,7 @@ class ContextPool:
         which wakes the waiters."""
         caller = current()
         caller.check("a context was free")
-        ticket = _Ticket(prefill)
+        ticket = Ticket(prefill)
         asked_at = time.perf_counter()
         with self._idle_changed:
             self._queues[caller.lane].append(ticket)

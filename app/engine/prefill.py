@@ -20,7 +20,7 @@ above that size, pieces give the cells the bytes of llama.cpp's own micro-batche
 CPU); elsewhere a whole one, so that every piece stays one of llama.cpp's own micro-batches.
 
 Where the pool has a side context, a request that comes during the prefill is answered there instead,
-and the prefill keeps its context: it goes on with its share of the threads (pool.prefill_share) while
+and the prefill keeps its context: it goes on with its share of the threads (lending.prefill_share) while
 the request decodes, in short pieces where they can be given up, and with all of them again after. A
 piece under way with more threads than its share is given up, where it can be, and decoded again with
 its share; the thread count does not change the bytes.
