@@ -24,6 +24,7 @@ from app.platform.tiny_gguf import write_tiny_gguf
 from app.serving.loading import load_spec
 from app.serving.registry import ModelRegistry
 from app.serving.specs import ModelsConfig, ModelSpec, read_models_config, replace_settings
+from app.wire.contract import SystemOneRequest
 from tests.support.settings import isolated_settings
 
 QUESTION = {"type": "choice", "instructions": "Which?", "criteria": {"Alpha": None, "Beta": None, "Gamma": None}}
@@ -414,6 +415,20 @@ def test_a_closed_registry_loads_no_model_again(ggufs: dict[str, Path]) -> None:
         refused_request = ask(client, "one")
     assert refused_request.status_code == 503
     assert refused_request.json()["detail"]["error_type"] == "model_unavailable"
+
+
+def test_a_model_still_leased_at_close_closes_when_its_lease_ends_not_under_it(ggufs: dict[str, Path]) -> None:
+    """A job's thread that outlived shutdown still holds a lease: its model stays whole until it lets go."""
+    spec = ModelSpec("one", ggufs["one"], settings=isolated_settings(n_ctx=1024, threads=1, session_cache_disk_bytes=0))
+    registry = ModelRegistry(ModelsConfig((spec,), "one", models_max=1), loader=load_spec)
+    body = {"model": "one", "state": "Still leased at shutdown.", "questions": {"q": {"type": "noul"}}}
+    with registry.lease("one") as service:
+        registry.close()
+        assert service.engine.model is not None  # not freed under the lease
+        assert service.answer(SystemOneRequest.model_validate(body)).answers["q"].type == "noul"
+    assert service.engine.model is None  # closed as the lease ended
+    with pytest.raises(ModelUnavailable, match="shutting down"):
+        registry.load("one")
 
 
 def test_a_request_waiting_for_a_model_to_load_leaves_its_wait_once_stopped(ggufs: dict[str, Path]) -> None:

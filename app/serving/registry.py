@@ -215,13 +215,17 @@ class ModelRegistry:
 
     def close(self) -> None:
         """Close every resident model, for good: a later lease raises ModelUnavailable instead of loading a
-        model again (a job's thread that outlived shutdown), and a load under way is closed when it ends."""
+        model again, and a load under way is closed when it ends. A model still leased (a job's thread that
+        outlived shutdown) closes when its last lease ends, never under it."""
         with self._cond:
             self._closed = True
             residents = list(self._resident.values())
             self._resident.clear()
+            for resident in residents:
+                resident.retiring = True  # _release closes it once its last lease ends
+            idle = [resident for resident in residents if resident.busy == 0]
             self._cond.notify_all()  # leases waiting for a load in flight: they raise now
-        for resident in residents:
+        for resident in idle:
             self._close(resident)
 
     def _unavailable(self, name: str) -> ModelUnavailable:
