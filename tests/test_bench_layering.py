@@ -29,6 +29,7 @@ LAYERS: list[set[str]] = [
         "cross_request_exactness",
         "shared_decode_cost",
         "impatient",
+        "prefills_together",
     },
     # what builds on a scenario's pieces: the labelling loop on calibration_study's evidence
     {"labelling"},
