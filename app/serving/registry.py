@@ -219,14 +219,10 @@ class ModelRegistry:
         outlived shutdown) closes when its last lease ends, never under it."""
         with self._cond:
             self._closed = True
-            residents = list(self._resident.values())
-            self._resident.clear()
-            for resident in residents:
-                resident.retiring = True  # _release closes it once its last lease ends
-            idle = [resident for resident in residents if resident.busy == 0]
+            names = list(self._resident)
             self._cond.notify_all()  # leases waiting for a load in flight: they raise now
-        for resident in idle:
-            self._close(resident)
+        for name in names:
+            self._retire(name)
 
     def _unavailable(self, name: str) -> ModelUnavailable:
         return ModelUnavailable(f"model {name!r} is not available: the server is shutting down")
