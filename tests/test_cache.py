@@ -161,60 +161,57 @@ def wait_for_waiting(cache: RamTier, n: int) -> None:
         time.sleep(0.001)
 
 
+class GatedBuild:
+    """A build (a prefill, for the RAM tier) that says when it has begun, ends once `release` is set, and
+    counts its runs; it builds `result`, or raises RuntimeError with `fails`."""
+
+    def __init__(self, result: Snapshot, fails: bool = False) -> None:
+        self.result, self.fails = result, fails
+        self.building, self.release = threading.Event(), threading.Event()
+        self.runs = 0
+
+    def __call__(self) -> Snapshot:
+        self.runs += 1
+        self.building.set()
+        assert self.release.wait(30)
+        if self.fails:
+            raise RuntimeError("prefill failed")
+        return self.result
+
+
 def test_concurrent_misses_on_one_key_build_once() -> None:
     cache = RamTier(4, 100)
     n = 8
-    building, release = threading.Event(), threading.Event()
-    builds = []
-
-    def build() -> Snapshot:
-        builds.append(1)
-        building.set()
-        assert release.wait(30)
-        return snap(3)
-
+    build = GatedBuild(snap(3))
     with ThreadPoolExecutor(n) as pool:
         futures = [pool.submit(cache.get_or_build, key("k"), Prefix((0, 1, 2)), build)]
-        assert building.wait(30)  # one leader is prefilling ...
+        assert build.building.wait(30)  # one leader is prefilling ...
         futures += [pool.submit(cache.get_or_build, key("k"), Prefix((0, 1, 2)), build) for _ in range(n - 1)]
         wait_for_waiting(cache, n - 1)  # ... and every other request waits on it, none has its own
-        release.set()
+        build.release.set()
         results = [f.result(timeout=30) for f in futures]
-    assert len(builds) == 1
+    assert build.runs == 1
     assert sorted(hit for _, hit in results) == [False] + [True] * (n - 1)
     assert len({id(s) for s, _ in results}) == 1
 
 
 def test_one_follower_builds_when_the_leader_fails_and_the_others_wait_on_it() -> None:
     cache = RamTier(4, 100)
-    leader_started, release, second_started, second_release = (threading.Event() for _ in range(4))
-    builds: list[int] = []
-
-    def failing() -> Snapshot:
-        leader_started.set()
-        assert release.wait(30)
-        raise RuntimeError("prefill failed")
-
-    def build() -> Snapshot:
-        builds.append(1)
-        second_started.set()
-        assert second_release.wait(30)
-        return snap(1)
-
+    failing, build = GatedBuild(snap(1), fails=True), GatedBuild(snap(1))
     followers = 3
     with ThreadPoolExecutor(1 + followers) as pool:
         leader = pool.submit(cache.get_or_build, key("k"), Prefix((0,)), failing)
-        assert leader_started.wait(30)
+        assert failing.building.wait(30)
         waiting = [pool.submit(cache.get_or_build, key("k"), Prefix((0,)), build) for _ in range(followers)]
         wait_for_waiting(cache, followers)  # the followers wait on the leader's prefill ...
-        release.set()  # ... which fails
+        failing.release.set()  # ... which fails
         with pytest.raises(RuntimeError):
             leader.result(timeout=30)
-        assert second_started.wait(30)  # one of them leads now ...
+        assert build.building.wait(30)  # one of them leads now ...
         wait_for_waiting(cache, followers - 1)  # ... and the others wait on it
-        second_release.set()
+        build.release.set()
         results = sorted((f.result(timeout=30) for f in waiting), key=lambda found: found[1])
-    assert len(builds) == 1
+    assert build.runs == 1
     assert [hit for _, hit in results] == [False] + [True] * (followers - 1)
     assert cache.stats()["misses"] == 2  # two leaders, one after the other
 
@@ -231,24 +228,18 @@ def in_thread(caller: Caller, work: Callable[[], T]) -> Callable[[], T]:
 
 def test_a_follower_leaves_its_wait_once_its_own_caller_is_stopped() -> None:
     cache = RamTier(4, 100)
-    building, release = threading.Event(), threading.Event()
-
-    def build() -> Snapshot:
-        building.set()
-        assert release.wait(30)
-        return snap(3)
-
+    build = GatedBuild(snap(3))
     gone = Caller("interactive", threading.Event())
     with ThreadPoolExecutor(2) as pool:
         leader = pool.submit(cache.get_or_build, key("k"), Prefix((0, 1, 2)), build)
-        assert building.wait(30)
+        assert build.building.wait(30)
         follower = pool.submit(in_thread(gone, lambda: cache.get_or_build(key("k"), Prefix((0, 1, 2)), build)))
         wait_for_waiting(cache, 1)
         gone.stop.set()  # its client went away while the leader still prefills
         with pytest.raises(Cancelled):
             follower.result(timeout=30)
         assert not leader.done() and cache.stats()["waiting"] == 0
-        release.set()
+        build.release.set()
         assert leader.result(timeout=30)[1] is False
 
 
@@ -256,21 +247,15 @@ def test_an_interactive_caller_waits_on_no_background_build_of_its_prefix() -> N
     """A fit's prefill of a state waits behind every interactive step: a request for the same state builds
     it in its own lane instead of waiting at the fit's priority, and both get a snapshot of it."""
     cache = RamTier(4, 100)
-    building, release = threading.Event(), threading.Event()
-
-    def background_build() -> Snapshot:
-        building.set()
-        assert release.wait(30)
-        return snap(3)
-
+    background_build = GatedBuild(snap(3))
     fit = Caller("background", threading.Event())
     with ThreadPoolExecutor(2) as pool:
         background = pool.submit(
             in_thread(fit, lambda: cache.get_or_build(key("k"), Prefix((0, 1, 2)), background_build))
         )
-        assert building.wait(30)
+        assert background_build.building.wait(30)
         request = pool.submit(cache.get_or_build, key("k"), Prefix((0, 1, 2)), lambda: snap(3))
         assert request.result(timeout=30) == (snap(3), False)  # built, not waited for
-        release.set()
+        background_build.release.set()
         assert background.result(timeout=30)[0] == snap(3)
     assert cache.stats()["misses"] == 2
