@@ -11,6 +11,7 @@ for at most one long request's worth of work (the old server made it wait for ev
 from __future__ import annotations
 
 import json
+import socket
 import statistics
 import threading
 import time
@@ -90,6 +91,32 @@ def give_up(url: str, bodies: list[Any]) -> None:
     for thread in threads:
         thread.join(timeout=60)
         assert not thread.is_alive()
+
+
+def decoded_rows(url: str) -> int:
+    """The rows the server's llama_decodes have decoded so far, each piece of a prefill as it ends."""
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("onepass_decoded_rows_total{"):
+            return int(float(line.rsplit(" ", 1)[1]))
+    raise AssertionError("no onepass_decoded_rows_total in /metrics")
+
+
+def give_up_after_rows(url: str, body: Any, rows: int) -> None:
+    """Send `body` on a connection of its own, and close it once the server has decoded `rows` more rows:
+    the attempt has paid for that much of its prefill when its client gives up, however slow the machine."""
+    before = decoded_rows(url)
+    address = httpx.URL(url)
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST /v1/systemone HTTP/1.1\r\nHost: {address.host}:{address.port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    )
+    assert address.port is not None
+    with socket.create_connection((address.host, address.port), timeout=60) as connection:
+        connection.sendall(head.encode() + payload)
+        deadline = time.monotonic() + 60
+        while decoded_rows(url) < before + rows:
+            assert time.monotonic() < deadline, f"the server decoded no {rows} rows of the request in 60 s"
 
 
 def prefilled(url: str) -> int:
@@ -173,7 +200,9 @@ def test_a_retry_of_a_request_given_up_goes_on_from_the_prefill_it_had_paid_for(
     """A client that gives up and sends the same request again, as the SDK does: the retry prefills only
     what the first attempt had not, and answers as a server that never saw the first attempt."""
     url, _ = served
-    give_up(url, [long_body(12)])
+    # the system part's snapshot and the questions' priors first, so that the rows counted next are the state's
+    assert timed_post(url, {**long_body(12), "state": SHORT["state"]})[1].status_code == 200
+    give_up_after_rows(url, long_body(12), 512)  # a piece's rows: what the retry need not decode again
     deadline = time.monotonic() + 60
     while in_flight(url) > 0:  # the abandoned attempt stops at its next piece
         assert time.monotonic() < deadline, "the abandoned request never stopped"
