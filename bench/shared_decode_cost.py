@@ -33,7 +33,7 @@ from numpy.typing import NDArray
 
 from app.answering.prompting import OwnPrompter
 from app.answering.service import distinct_suffixes
-from app.engine.caller import Caller, working_for
+from app.engine.caller import Caller, Signal, working_for
 from app.engine.engine import Engine, SuffixReadouts, SuffixTokens
 from app.engine.snapshot import Prefix, Snapshot
 from app.serving.known_models import default_model_path
@@ -92,7 +92,7 @@ def together(engine: Engine, requests: list[Request]) -> tuple[float, list[Suffi
     assert shared is not None
 
     def ask(i: int) -> None:
-        with working_for(Caller("interactive", threading.Event())):
+        with working_for(Caller("interactive", Signal())):
             found[i] = engine.decode_suffixes(*requests[i], beside_others=True)
 
     threads = [threading.Thread(target=ask, args=(i,), daemon=True) for i in range(len(requests))]

@@ -8,7 +8,7 @@ from typing import TypeVar, cast
 
 import pytest
 
-from app.engine.caller import Caller, working_for
+from app.engine.caller import Caller, Signal, current, working_for
 from app.engine.ram_tier import CacheKey, RamTier, cache_key
 from app.engine.snapshot import IMAGE_CELL, ImageSpan, Prefix, Snapshot
 from app.errors import Cancelled
@@ -229,7 +229,7 @@ def in_thread(caller: Caller, work: Callable[[], T]) -> Callable[[], T]:
 def test_a_follower_leaves_its_wait_once_its_own_caller_is_stopped() -> None:
     cache = RamTier(4, 100)
     build = GatedBuild(snap(3))
-    gone = Caller("interactive", threading.Event())
+    gone = Caller("interactive", Signal())
     with ThreadPoolExecutor(2) as pool:
         leader = pool.submit(cache.get_or_build, key("k"), Prefix((0, 1, 2)), build)
         assert build.building.wait(30)
@@ -243,19 +243,32 @@ def test_a_follower_leaves_its_wait_once_its_own_caller_is_stopped() -> None:
         assert leader.result(timeout=30)[1] is False
 
 
-def test_an_interactive_caller_waits_on_no_background_build_of_its_prefix() -> None:
-    """A fit's prefill of a state waits behind every interactive step: a request for the same state builds
-    it in its own lane instead of waiting at the fit's priority, and both get a snapshot of it."""
+def test_an_interactive_caller_waits_for_a_background_build_of_its_prefix_and_promotes_it() -> None:
+    """A fit's prefill of a state would wait behind every interactive step: a request for the same state
+    attaches to it and promotes it to the interactive lane, for the rest of that prefill only. The state is
+    prefilled once, and the fit's own lane stays background."""
     cache = RamTier(4, 100)
     background_build = GatedBuild(snap(3))
-    fit = Caller("background", threading.Event())
+    fit = Caller("background", Signal())
+    lanes: list[str] = []
+
+    def fit_prefills() -> tuple[Snapshot, bool]:
+        def build() -> Snapshot:
+            lanes.append(current().lane)
+            found = background_build()
+            lanes.append(current().lane)
+            return found
+
+        return cache.get_or_build(key("k"), Prefix((0, 1, 2)), build)
+
     with ThreadPoolExecutor(2) as pool:
-        background = pool.submit(
-            in_thread(fit, lambda: cache.get_or_build(key("k"), Prefix((0, 1, 2)), background_build))
-        )
+        background = pool.submit(in_thread(fit, fit_prefills))
         assert background_build.building.wait(30)
-        request = pool.submit(cache.get_or_build, key("k"), Prefix((0, 1, 2)), lambda: snap(3))
-        assert request.result(timeout=30) == (snap(3), False)  # built, not waited for
+        request = pool.submit(cache.get_or_build, key("k"), Prefix((0, 1, 2)), lambda: snap(4))
+        wait_for_waiting(cache, 1)  # the request waits for the fit's prefill: it builds none of its own
         background_build.release.set()
-        assert background.result(timeout=30)[0] == snap(3)
-    assert cache.stats()["misses"] == 2
+        assert request.result(timeout=30) == (snap(3), True)
+        assert background.result(timeout=30) == (snap(3), False)
+    assert lanes == ["background", "interactive"]  # promoted once the request waited for it
+    assert fit.lane == "background"
+    assert cache.stats()["misses"] == 1

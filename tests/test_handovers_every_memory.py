@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from app.engine.caller import Caller, working_for
+from app.engine.caller import Caller, Signal, working_for
 from app.engine.context import Memory
 from app.engine.engine import Engine, SuffixTokens
 from app.engine.prefill import Partial, Stopped
@@ -126,7 +126,7 @@ def test_a_prefill_whose_client_leaves_after_a_handover_is_gone_on_from_by_its_r
     base, _ = engine.prefill(Prefix(tuple(engine.vocab.tokenize("System part. ", add_bos=True))))
     prefix = long_prefix(engine, base)
     alone, _ = engine.prefill(prefix, base)
-    client = Caller("interactive", threading.Event())
+    client = Caller("interactive", Signal())
     request: list[Borrower] = []
 
     def a_request_comes_during_the_second_piece(call: int) -> None:

@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 from app.answering.service import ModelService
 from app.config import Settings
 from app.config_sources import ConfigError, SettingsSource, load_settings
-from app.engine.caller import Caller, working_for
+from app.engine.caller import Caller, Signal, working_for
 from app.errors import Cancelled, ModelUnavailable
 from app.fleet.processes import READY, ServerProcess
 from app.http.server import create_app
@@ -441,7 +441,7 @@ def test_a_request_waiting_for_a_model_to_load_leaves_its_wait_once_stopped(gguf
         return load_spec(spec)
 
     registry = ModelRegistry(ModelsConfig((spec,), "one", models_max=1), loader=loader)
-    gone = Caller("interactive", threading.Event())
+    gone = Caller("interactive", Signal())
     outcomes: dict[str, BaseException | None] = {}
 
     def lease(name: str, caller: Caller) -> None:

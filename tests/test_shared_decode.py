@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
 from app.engine import shared_decode
-from app.engine.caller import Caller, Lane, working_for
+from app.engine.caller import Caller, Lane, Signal, working_for
 from app.engine.engine import Engine, SuffixReadouts, SuffixTokens
 from app.engine.shared_decode import SharedDecodes
 from app.engine.snapshot import Prefix, Snapshot
@@ -67,7 +67,7 @@ class Asker:
         beside_others: bool = True,
         lane: Lane = "interactive",
     ) -> None:
-        self.caller = Caller(lane, threading.Event())
+        self.caller = Caller(lane, Signal())
         self.found: SuffixReadouts | None = None
         self.error: Exception | None = None
         args = (engine, prefix, suffixes, beside_others)
@@ -296,7 +296,7 @@ class Answerer:
     """A thread that answers one request through a ModelService, for its own caller."""
 
     def __init__(self, service: ModelService, body: dict[str, Any]) -> None:
-        self.caller = Caller("interactive", threading.Event())
+        self.caller = Caller("interactive", Signal())
         self.found: dict[str, Any] | None = None
         self.thread = threading.Thread(target=self._run, args=(service, body), daemon=True)
         self.thread.start()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.engine.caller import Caller, working_for
+from app.engine.caller import Caller, Signal, working_for
 from app.wire.contract import SystemOneRequest
 from tests.support.loading import load_model
 from tests.support.settings import isolated_settings
@@ -59,7 +59,7 @@ def test_requests_side_by_side_answer_within_the_stated_spread(real_model_path: 
         results: list[dict[str, Any] | None] = [None] * len(STATES)
 
         def answer(i: int) -> None:
-            with working_for(Caller("interactive", threading.Event())):
+            with working_for(Caller("interactive", Signal())):
                 results[i] = service.answer(body(STATES[i])).wire()
 
         askers = [threading.Thread(target=answer, args=(i,), daemon=True) for i in range(len(STATES))]

@@ -3,13 +3,12 @@ what a prefill costs, and a dropped snapshot is prefilled anew."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from app.engine.caller import Caller, working_for
+from app.engine.caller import Caller, Signal, working_for
 from app.engine.disk_tier import DiskTier
 from app.engine.engine import Engine, Timing
 from app.engine.ram_tier import RamTier, cache_key
@@ -19,7 +18,7 @@ from app.engine.tiers import PrefixCache
 from app.errors import Cancelled
 from tests.support.settings import GPU_LAYERS
 
-STOPPED = Caller(stop=threading.Event())
+STOPPED = Caller(stop=Signal())
 STOPPED.stop.set()  # nobody waits for this caller's answer any more
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from app.engine import bindings
-from app.engine.caller import Caller, Lane, working_for
+from app.engine.caller import Caller, Lane, Signal, working_for
 from app.engine.engine import Engine
 from app.engine.prefill import Stopped
 from app.engine.snapshot import Prefix, Snapshot
@@ -50,7 +50,7 @@ def test_a_stopped_borrower_leaves_its_wait_without_taking_a_context(engine: Eng
     lent: list[str] = []
     holder = Borrower(engine, Caller(), lent, "holder")
     assert holder.got.wait(WAIT_S)
-    stopped = Caller("interactive", threading.Event())
+    stopped = Caller("interactive", Signal())
     waiter = Borrower(engine, stopped, lent, "waiter")
     until(waiting(engine, "interactive", 1), WAIT_S)
     stopped.stop.set()  # its client went away
@@ -76,6 +76,28 @@ def test_interactive_work_is_lent_a_free_context_before_background_work(engine: 
     assert fit.got.wait(WAIT_S)
     fit.let_go()
     assert lent == ["holder", "request", "fit"]
+
+
+def test_a_promoted_background_borrower_is_lent_before_the_background_work_ahead_of_it(engine: Engine) -> None:
+    """A fit's prefill that an interactive request came to wait for (the RAM tier's single flight) is
+    promoted while it waits for a context: it goes before the fit's other step that came first."""
+    lent: list[str] = []
+    holder = Borrower(engine, Caller(), lent, "holder")
+    assert holder.got.wait(WAIT_S)
+    fit = Borrower(engine, Caller("background"), lent, "fit")
+    until(waiting(engine, "background", 1), WAIT_S)
+    awaited = Caller("background")
+    prefill = Borrower(engine, awaited, lent, "awaited prefill", prefill=True)
+    until(waiting(engine, "background", 2), WAIT_S)
+    awaited.promote()  # a request waits for it now
+    until(waiting(engine, "interactive", 1), WAIT_S)
+    holder.let_go()
+    assert prefill.got.wait(WAIT_S)
+    assert not fit.got.is_set()
+    prefill.let_go()
+    assert fit.got.wait(WAIT_S)
+    fit.let_go()
+    assert lent == ["holder", "awaited prefill", "fit"]
 
 
 @pytest.mark.parametrize("engine", [2], indirect=True)
@@ -107,7 +129,7 @@ def test_a_prefill_stops_between_its_pieces_and_leaves_nothing_that_changes_an_a
     import llama_cpp
 
     decode = llama_cpp.llama_decode
-    stopped = Caller("interactive", threading.Event())
+    stopped = Caller("interactive", Signal())
 
     def client_leaves_during_the_first_piece(ctx: Any, batch: Any) -> Any:
         stopped.stop.set()
@@ -137,7 +159,7 @@ def test_a_retry_goes_on_from_the_pieces_a_stopped_prefill_paid_for_and_ends_ali
         bindings.init()
         import llama_cpp
 
-        decode, stopped = llama_cpp.llama_decode, Caller("interactive", threading.Event())
+        decode, stopped = llama_cpp.llama_decode, Caller("interactive", Signal())
 
         def client_leaves_during_the_second_piece(ctx: Any, batch: Any) -> Any:
             if calls.decodes == 1:
@@ -413,7 +435,7 @@ def test_a_background_prefill_hands_its_context_to_an_interactive_prefill(
             until(waiting(engine, "interactive", 1), WAIT_S)
 
     prefills = PrefillThreads(monkeypatch, a_request_comes_during_the_fits_second_piece)
-    prefills.start("fit", engine, first, Caller("background", threading.Event()))
+    prefills.start("fit", engine, first, Caller("background", Signal()))
     prefills.join()
     assert prefills.statuses["fit"][:2] == [0, 2]  # its second piece given up for the request
     request_pieces = -(-len(second.tokens) // engine.n_ubatch)

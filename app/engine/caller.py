@@ -18,28 +18,70 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 from typing import Literal
 
 from app.errors import Cancelled
-
-# How often a step waiting for another (a context, another request's prefill or decode) looks whether
-# its caller was stopped meanwhile: the stop event belongs to the request, not to what it waits on, so
-# it cannot wake the waiter itself.
-STOP_POLL_S = 0.05
 
 Lane = Literal["interactive", "background"]
 LANES: tuple[Lane, ...] = ("interactive", "background")
 
 
-@dataclass(frozen=True)
-class Caller:
-    """A caller's lane and its stop event (set: nobody waits for its answer any more)."""
+class Signal(threading.Event):
+    """An event that, when set, also wakes whoever waits on something else meanwhile (`waking`): a step
+    waiting for a context, for another request's prefill or for a model to load leaves its wait the
+    moment its caller's stop is set, without looking at it from time to time."""
 
-    lane: Lane = "interactive"
-    stop: threading.Event = field(default_factory=threading.Event)
+    def __init__(self) -> None:
+        super().__init__()
+        self._wakers: dict[object, Callable[[], None]] = {}
+        self._wakers_lock = threading.Lock()
+
+    def set(self) -> None:
+        super().set()
+        with self._wakers_lock:
+            wakers = list(self._wakers.values())
+        for wake in wakers:
+            wake()
+
+    @contextlib.contextmanager
+    def waking(self, wake: Callable[[], None]) -> Iterator[None]:
+        """Call `wake` when the signal is set while inside (at once if it is set already)."""
+        key = object()
+        with self._wakers_lock:
+            self._wakers[key] = wake
+        try:
+            if self.is_set():
+                wake()
+            yield
+        finally:
+            with self._wakers_lock:
+                del self._wakers[key]
+
+
+def wait_either(first: Signal, second: Signal) -> None:
+    """Wait until `first` or `second` is set."""
+    woken = threading.Event()
+    with first.waking(woken.set), second.waking(woken.set):
+        woken.wait()
+
+
+class Caller:
+    """A caller's lane and its stop (set: nobody waits for its answer any more).
+
+    A caller may be promoted (`promote`): its lane is interactive from then on. A background prefill
+    that an interactive request waits for (the RAM tier's single flight) is promoted, so that the
+    request waits behind no other background work through it."""
+
+    def __init__(self, lane: Lane = "interactive", stop: Signal | None = None) -> None:
+        self._lane: Lane = lane
+        self.stop = stop if stop is not None else Signal()
+        self.promoted = Signal()
+
+    @property
+    def lane(self) -> Lane:
+        return "interactive" if self.promoted.is_set() else self._lane
 
     @property
     def stopped(self) -> bool:
@@ -49,6 +91,15 @@ class Caller:
         """Raise Cancelled before `step` once nobody waits for the answer."""
         if self.stop.is_set():
             raise Cancelled(f"cancelled before {step}")
+
+    def promote(self) -> None:
+        """Interactive from now on: an interactive request waits for this caller's work."""
+        self.promoted.set()
+
+    def on_behalf(self) -> Caller:
+        """A caller for one piece of work done on this one's behalf (a prefill others may wait for): its
+        lane and its stop now, promoted on its own."""
+        return Caller(self.lane, self.stop)
 
 
 _NOBODY_STOPS = Caller()  # what runs outside working_for (tools, tests, the model's own load) is interactive

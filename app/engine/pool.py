@@ -21,16 +21,16 @@ snapshot's bytes.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import ctypes
+import functools
 import threading
 import time
 from collections.abc import Iterator
 
 from app.engine import lending
 from app.engine.bindings import EngineError
-from app.engine.caller import LANES, STOP_POLL_S, Lane, current
+from app.engine.caller import LANES, Caller, Lane, Signal, current
 from app.engine.context import Context
 from app.engine.kv_settings import KvSettings
 from app.engine.lending import Lent, PoolState, Ticket, prefill_share
@@ -50,15 +50,16 @@ class ContextPool:
         self._contexts: list[Context] = []
         self._idle: list[Context] = []  # least recently used first
         self._idle_changed = threading.Condition()
-        # Borrowers waiting, per lane, in the order they came: a lane's contexts go to its first waiter,
-        # so a prefill that hands its context over goes behind the request it handed it to.
-        self._queues: dict[Lane, collections.deque[Ticket]] = {lane: collections.deque() for lane in LANES}
-        self._lent: dict[Lane, int] = dict.fromkeys(LANES, 0)
+        # Borrowers waiting, in the order they came, each with its caller (whose lane may change: a
+        # promoted prefill's): a lane's contexts go to its first waiter, so a prefill that hands its
+        # context over goes behind the request it handed it to.
+        self._waiting: dict[Ticket, Caller] = {}
+        self._loans: dict[Context, Caller] = {}  # contexts lent (the side context too), and to whom
         self._busy_s: dict[Lane, float] = dict.fromkeys(LANES, 0.0)  # how long contexts were lent, per lane
         self._waited_s: dict[Lane, float] = dict.fromkeys(LANES, 0.0)  # how long borrowers waited, per lane
         self._side: Context | None = None
         self._side_lent = False
-        self._prefilling: dict[Context, Lane] = {}  # contexts lent to a prefill, and its lane
+        self._prefilling: set[Context] = set()  # contexts lent to a prefill
 
     def open(self, count: int) -> None:
         """Add `count` contexts to the pool."""
@@ -100,11 +101,11 @@ class ContextPool:
 
     def lent(self, lane: Lane) -> int:
         with self._idle_changed:
-            return self._lent[lane]
+            return sum(caller.lane == lane for caller in self._loans.values())
 
     def waiting(self, lane: Lane) -> int:
         with self._idle_changed:
-            return len(self._queues[lane])
+            return sum(caller.lane == lane for caller in self._waiting.values())
 
     def someone_waits(self, lane: Lane) -> bool:
         """Whether an interactive step waits for a context that a prefill of `lane` is to hand its context
@@ -124,8 +125,10 @@ class ContextPool:
         return PoolState(
             contexts=len(self._contexts),
             idle=len(self._idle),
-            lent=self._lent,
-            queues=self._queues,
+            lent={lane: sum(caller.lane == lane for caller in self._loans.values()) for lane in LANES},
+            queues={
+                lane: [ticket for ticket, caller in self._waiting.items() if caller.lane == lane] for lane in LANES
+            },
             threads=self._threads,
             side_opened=self._side is not None,
             side_lent=self._side_lent,
@@ -135,13 +138,13 @@ class ContextPool:
     def _interrupt_for(self, ticket: Ticket) -> None:
         """Give up the pieces under way that `ticket` (interactive, finding no idle context) needs given up
         (lending.to_give_up): every prefill's threads beyond its share, or one prefill's context."""
-        prefilling = list(self._prefilling.items())
-        above, order = lending.to_give_up(self._state(), ticket, [lane for _, lane in prefilling])
+        prefilling = [ctx for ctx in self._contexts if ctx in self._prefilling]
+        above, order = lending.to_give_up(self._state(), ticket, [self._loans[ctx].lane for ctx in prefilling])
         if above is not None:
-            for ctx, _ in prefilling:
+            for ctx in prefilling:
                 ctx.interrupt(above)
             return
-        next((i for i in order if prefilling[i][0].interrupt()), None)
+        next((i for i in order if prefilling[i].interrupt()), None)
 
     def busy_seconds(self) -> dict[Lane, float]:
         """The seconds contexts have been lent so far, per lane (for /metrics: the work done, answered or not)."""
@@ -151,7 +154,10 @@ class ContextPool:
     def waits(self) -> dict[Lane, tuple[int, float]]:
         """Per lane: the borrowers waiting for a context now, and the seconds borrowers have waited so far."""
         with self._idle_changed:
-            return {lane: (len(self._queues[lane]), self._waited_s[lane]) for lane in LANES}
+            return {
+                lane: (sum(caller.lane == lane for caller in self._waiting.values()), self._waited_s[lane])
+                for lane in LANES
+            }
 
     def decoded(self) -> tuple[int, int]:
         """The llama_decodes of text rows the contexts have run so far, and their rows (for /metrics: the
@@ -196,47 +202,52 @@ class ContextPool:
 
     @contextlib.contextmanager
     def borrow_unless(
-        self, wanted: Snapshot | None, served: threading.Event | None, *, prefill: bool = False
+        self, wanted: Snapshot | None, served: Signal | None, *, prefill: bool = False
     ) -> Iterator[Context | None]:
         """`borrow`, but None once `served` is set while the caller waits: another borrower did the
-        caller's work meanwhile (shared_decode.py). Whoever sets it hands a context back afterwards,
-        which wakes the waiters."""
+        caller's work meanwhile (shared_decode.py)."""
         caller = current()
         caller.check("a context was free")
         ticket = Ticket(prefill)
         asked_at = time.perf_counter()
-        with self._idle_changed:
-            self._queues[caller.lane].append(ticket)
-            if caller.lane == "interactive" and not self._idle:
-                self._interrupt_for(ticket)  # a prefill's piece under way gives up its context or its cores
-            try:
-                while not (picked := self._pick(caller.lane, ticket)):
-                    if served is not None and served.is_set():
-                        break
-                    self._idle_changed.wait(STOP_POLL_S)
-                    caller.check("a context was free")
-            finally:
-                self._queues[caller.lane].remove(ticket)
-                self._waited_s[caller.lane] += time.perf_counter() - asked_at
-                self._idle_changed.notify_all()  # the next in line may take one now
-            ctx: Context | None = None
-            if served is not None and served.is_set():
-                pass
-            elif not self._contexts:
-                raise EngineError("the engine is closed")
-            elif isinstance(picked, Context):
-                ctx = picked
-                self._side_lent = True
-                self._lent[caller.lane] += 1
-            else:
-                holding = [c for c in self._idle if wanted is not None and c.position_of(wanted) is not None]
-                ctx = holding[-1] if holding else self._idle[0]
-                self._idle.remove(ctx)
-                self._lent[caller.lane] += 1
-                if prefill:
-                    self._prefilling[ctx] = caller.lane
-                # beside a request on the side context, the share of the threads it leaves: for the whole loan
-                ctx.set_threads(prefill_share(self._threads) if self._side_lent else self._threads)
+        with contextlib.ExitStack() as wakers:
+            # what a waiter waits for besides a context: each wakes it, nothing is looked at from time to time
+            wakers.enter_context(caller.stop.waking(self._wake))
+            wakers.enter_context(caller.promoted.waking(functools.partial(self._promoted, ticket)))
+            if served is not None:
+                wakers.enter_context(served.waking(self._wake))
+            with self._idle_changed:
+                self._waiting[ticket] = caller
+                if caller.lane == "interactive" and not self._idle:
+                    self._interrupt_for(ticket)  # a prefill's piece under way gives up its context or its cores
+                try:
+                    while not (picked := self._pick(caller.lane, ticket)):
+                        if served is not None and served.is_set():
+                            break
+                        caller.check("a context was free")
+                        self._idle_changed.wait()
+                finally:
+                    del self._waiting[ticket]
+                    self._waited_s[caller.lane] += time.perf_counter() - asked_at
+                    self._idle_changed.notify_all()  # the next in line may take one now
+                ctx: Context | None = None
+                if served is not None and served.is_set():
+                    pass
+                elif not self._contexts:
+                    raise EngineError("the engine is closed")
+                elif isinstance(picked, Context):
+                    ctx = picked
+                    self._side_lent = True
+                    self._loans[ctx] = caller
+                else:
+                    holding = [c for c in self._idle if wanted is not None and c.position_of(wanted) is not None]
+                    ctx = holding[-1] if holding else self._idle[0]
+                    self._idle.remove(ctx)
+                    self._loans[ctx] = caller
+                    if prefill:
+                        self._prefilling.add(ctx)
+                    # beside a request on the side context, the share of the threads it leaves: for the whole loan
+                    ctx.set_threads(prefill_share(self._threads) if self._side_lent else self._threads)
         if ctx is None:
             yield None
             return
@@ -253,7 +264,19 @@ class ContextPool:
                     self._side_lent = False
                 else:
                     self._idle.append(ctx)
-                    self._prefilling.pop(ctx, None)
-                self._lent[caller.lane] -= 1
-                self._busy_s[caller.lane] += time.perf_counter() - lent_at
+                    self._prefilling.discard(ctx)
+                self._busy_s[self._loans.pop(ctx).lane] += time.perf_counter() - lent_at
                 self._idle_changed.notify_all()  # waiters of both lanes: each has its own rule
+
+    def _wake(self) -> None:
+        """Wake the waiters: one's stop or its work done elsewhere was set."""
+        with self._idle_changed:
+            self._idle_changed.notify_all()
+
+    def _promoted(self, ticket: Ticket) -> None:
+        """A waiting borrower's caller was promoted to the interactive lane: it may take a context before
+        background work now, and have a background prefill's piece under way given up for it."""
+        with self._idle_changed:
+            if ticket in self._waiting and not self._idle:
+                self._interrupt_for(ticket)
+            self._idle_changed.notify_all()

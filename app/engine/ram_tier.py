@@ -17,7 +17,7 @@ from typing import Any, NewType
 
 import blake3
 
-from app.engine.caller import STOP_POLL_S, Caller, Lane, current
+from app.engine.caller import Caller, Signal, current, wait_either, working_for
 from app.engine.snapshot import Prefix, Snapshot
 
 CacheKey = NewType("CacheKey", bytes)
@@ -35,21 +35,24 @@ def cache_key(*parts: str | bytes) -> CacheKey:
 
 @dataclass(frozen=True)
 class _Flight:
-    """One build of a key under way: its leader's lane, and what it will end with."""
+    """One build of a key under way: whom its leader builds for (promoted when an interactive caller
+    waits for it), and what it will end with."""
 
-    lane: Lane
+    builder: Caller
     outcome: Future[Snapshot] = field(default_factory=Future)
 
 
 def _outcome(flight: _Flight, caller: Caller) -> Snapshot | None:
     """The snapshot `flight` ends with, or None if it failed; Cancelled once `caller` is stopped first."""
-    while True:
-        try:
-            return flight.outcome.result(timeout=STOP_POLL_S)
-        except TimeoutError:
-            caller.check("the prefill of the same state by another request")
-        except Exception:
-            return None  # the leader's error is its own: this caller tries again
+    ended = Signal()
+    flight.outcome.add_done_callback(lambda _: ended.set())
+    wait_either(ended, caller.stop)
+    if not flight.outcome.done():
+        caller.check("the prefill of the same state by another request")
+    try:
+        return flight.outcome.result()
+    except Exception:
+        return None  # the leader's error is its own: this caller tries again
 
 
 class RamTier:
@@ -86,10 +89,10 @@ class RamTier:
 
     def get_or_build(self, key: CacheKey, prefix: Prefix, build: Callable[[], Snapshot]) -> tuple[Snapshot, bool]:
         """(snapshot, hit). Concurrent misses on one key run `build` once (single flight); the others wait
-        for it, each leaving its wait (Cancelled) once its own caller is stopped. One leader whose build
-        failed or was stopped is followed by one new leader among those still waiting. An interactive
-        caller waits on no background build (a fit's, which waits behind every interactive step): it
-        builds in its own lane, and whichever ends first is kept. A hit holds exactly `prefix`."""
+        for it, each leaving its wait (Cancelled) once its own caller is stopped. An interactive caller
+        that waits for a background build (a fit's) promotes it: the build goes on in the interactive lane,
+        ahead of other background work. One leader whose build failed or was stopped is followed by one new
+        leader among those still waiting. A hit holds exactly `prefix`."""
         if not self.enabled:
             return build(), False
         caller = current()
@@ -100,11 +103,13 @@ class RamTier:
                     self._hits += 1
                     return snapshot, True
                 flight = self._in_flight.get(key)
-                if flight is None or (caller.lane == "interactive" and flight.lane == "background"):
-                    flight = self._in_flight[key] = _Flight(caller.lane)
+                if flight is None:
+                    flight = self._in_flight[key] = _Flight(caller.on_behalf())
                     self._misses += 1
                     break
                 self._waiting += 1
+            if caller.lane == "interactive":
+                flight.builder.promote()
             try:
                 shared = _outcome(flight, caller)
             finally:
@@ -116,7 +121,8 @@ class RamTier:
                 return shared, True
             # the leader failed or was stopped (or built another prefix under this key): elect again
         try:
-            snapshot = build()
+            with working_for(flight.builder):
+                snapshot = build()
             with self._lock:
                 self._put(key, snapshot)
             flight.outcome.set_result(snapshot)

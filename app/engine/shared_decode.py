@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from app.engine.bindings import llama
-from app.engine.caller import LANES, STOP_POLL_S, Caller, Lane, current, working_for
+from app.engine.caller import LANES, Caller, Lane, Signal, current, wait_either, working_for
 from app.engine.context import Context
 from app.engine.pool import ContextPool
 from app.engine.snapshot import Snapshot
@@ -50,10 +50,10 @@ class SharedJob(Generic[T]):
     rows: list[Row]
     paths: list[list[int]]
     lane: Lane
-    stop: threading.Event
+    stop: Signal
     read: Callable[[Context, list[list[int]]], T]
     alone: Callable[[Context], T]
-    done: threading.Event = field(default_factory=threading.Event)
+    done: Signal = field(default_factory=Signal)
     result: T | None = None
     error: BaseException | None = None
     beside: int = 0  # the other requests decoded in the same llama_decode
@@ -103,7 +103,8 @@ class SharedDecodes:
                         if taken:
                             self._lead(ctx, taken)
                 # Taken by a leader on another context, still at work: wait for it, as for a context.
-                while not job.done.wait(STOP_POLL_S):
+                wait_either(job.done, job.stop)
+                if not job.done.is_set():
                     current().check("a decode of questions")
         finally:
             with self._lock:

@@ -4,12 +4,12 @@ inference, minutes on a CPU, so a request starts a job and the client follows it
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.answering.service import ModelService
 from app.calibration import Calibration, Evidence, FitRecord
+from app.engine.caller import Signal
 from app.fitting.examples import UserExample
 from app.fitting.runner import QuestionReport, answer_all, fit_all, journal_for, store_all
 from app.jobs import BackgroundJob
@@ -29,7 +29,7 @@ class FitWork:
     examples: list[UserExample]
     question_set: bool
     progress: Progress = field(init=False)
-    cancel: threading.Event = field(default_factory=threading.Event)
+    cancel: Signal = field(default_factory=Signal)
     reused: int = 0  # examples whose evidence an earlier run had answered
     fits: list[StoredFit] = field(default_factory=list)
     report: list[FitReport] | None = None  # once it has run

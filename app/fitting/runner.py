@@ -27,7 +27,7 @@ from app.calibration import (
     question_key,
     ratio_of,
 )
-from app.engine.caller import Caller, working_for
+from app.engine.caller import Caller, Signal, working_for
 from app.errors import ApiError, Cancelled, InvalidRequest
 from app.fitting.examples import ExampleError, UserExample
 from app.fitting.journal import EvidenceJournal
@@ -106,7 +106,7 @@ def answer_all(
     service: ModelService,
     examples: Sequence[UserExample],
     progress: Progress,
-    stop: threading.Event | None = None,
+    stop: Signal | None = None,
     journal: EvidenceJournal | None = None,
 ) -> ExampleEvidence:
     """Each example's evidence, through the answering path and its cache, counted in `progress`, as
@@ -114,7 +114,7 @@ def answer_all(
     `stop` ends the run at the next step of any example. With a `journal`, evidence answered before is
     reused, and each newly answered example's is kept there as soon as it is answered, so an interrupted
     run resumes where it stopped."""
-    caller = Caller("background", stop if stop is not None else threading.Event())
+    caller = Caller("background", stop)
     kept = [journal.load(e.request, hidden=True) if journal else None for e in examples]
     reused = sum(found is not None for found in kept)
     progress.skip(reused)

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Mapping
 
+from app.engine.caller import Signal
 from app.errors import ApiError
 
 
@@ -79,7 +80,7 @@ class Admission:
         with self.changed:
             self._add(self._held, name, -count)
 
-    def turn(self, name: str, contexts: int, capacity: int | None, stop: threading.Event, deadline: float) -> bool:
+    def turn(self, name: str, contexts: int, capacity: int | None, stop: Signal, deadline: float) -> bool:
         """Wait until fewer than `contexts` requests of the model run, then run: True. False when `stop`
         is set or `deadline` (time.monotonic()) passes first. With `capacity` (a job's request, which
         reserved nothing) the place is taken now, once there is one."""
@@ -111,7 +112,7 @@ class Admission:
             self._add(self._running, name, -1)
             self._add(self._held, name, -1)
 
-    def stop(self, event: threading.Event) -> None:
+    def stop(self, event: Signal) -> None:
         """Set a batch's stop event and wake its turn if it waits for one."""
         event.set()
         with self.changed:

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.config import Settings
+from app.engine.caller import Signal
 from app.errors import ApiError, Cancelled, InvalidRequest, ModelNotFound
 from app.fleet.routing import affinity_key_of
 from app.http.admission import Admission
@@ -140,7 +141,7 @@ class Run:
     budget: float  # seconds
     max_queue: int | None  # a job's: its requests take their places as they run; None: reserved before (places)
     progress: Progress = field(init=False)
-    stop: threading.Event = field(default_factory=threading.Event)
+    stop: Signal = field(default_factory=Signal)
     expired: bool = False  # the budget ran out (stop is set then too)
 
     def __post_init__(self) -> None:

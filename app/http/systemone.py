@@ -6,7 +6,6 @@ enough to be admitted whole, else by a job followed at GET /v1/systemone/jobs/{i
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +13,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from app.engine.caller import Signal
 from app.errors import ApiError, Cancelled, InvalidRequest
 from app.fleet.routing import PREFIX_KEY_HEADER, affinity_key_of
 from app.http.batch import (
@@ -53,7 +53,7 @@ async def _answer_in_worker(
     and it alone gives the request's place back, when its work has ended: a client that gives up
     frees no place for new work while its own still runs."""
     registry, timeout = runtime.require_registry(), runtime.settings.request_timeout
-    cancelled = threading.Event()
+    cancelled = Signal()
     outcome: dict[str, Any] = {}
     place = runtime.admit(name, registry.contexts_of(name))
 

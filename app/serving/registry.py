@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Self
 
 from app.answering.service import ModelService
-from app.engine.caller import STOP_POLL_S, Caller, current, working_for
+from app.engine.caller import Caller, Signal, current, working_for
 from app.errors import InvalidRequest, ModelNotFound, ModelUnavailable
 from app.serving.catalogue import CatalogueEntry
 from app.serving.loading import load_spec
@@ -147,9 +147,7 @@ class ModelRegistry:
         self._evict_idle()
         return {"added": [n for n in offered.specs if n not in old], "removed": removed, "changed": changed}
 
-    def answer(
-        self, name: str, request: SystemOneRequest, cancelled: threading.Event | None = None
-    ) -> SystemOneResponse:
+    def answer(self, name: str, request: SystemOneRequest, cancelled: Signal | None = None) -> SystemOneResponse:
         """The model's answer, in the lane of the current caller; `cancelled` (a timeout, a client gone)
         stops it at the next step of its work, the wait for a model to load included."""
         self._check_images(name, request)
@@ -231,10 +229,10 @@ class ModelRegistry:
         """The model's resident entry, one more request counted on it; loaded first if it is not (None
         instead when not `load`)."""
         caller = current()
-        with self._cond:
+        with caller.stop.waking(self._wake), self._cond:
             while name in self._loading and not self._closed:
-                self._cond.wait(STOP_POLL_S)  # a load takes seconds: the caller's stop is looked at meanwhile
                 caller.check("the model was loaded")
+                self._cond.wait()  # woken when the load ends, or by the caller's stop
             if self._closed:
                 raise self._unavailable(name)
             resident = self._resident.get(name)
@@ -268,6 +266,11 @@ class ModelRegistry:
             raise self._unavailable(name)
         self._evict_idle()
         return resident
+
+    def _wake(self) -> None:
+        """Wake the requests waiting for a load: one's stop was set."""
+        with self._cond:
+            self._cond.notify_all()
 
     def _release(self, resident: _Resident) -> None:
         with self._cond:
