@@ -101,9 +101,8 @@ def together(engine: Engine, requests: list[Request]) -> tuple[float, list[Suffi
             thread.start()
         deadline = time.monotonic() + WAIT_S
         while True:
-            with shared._lock:
-                if len(shared._queued) == len(requests):
-                    break
+            if engine._pool.questions_waiting() == len(requests):
+                break
             if time.monotonic() > deadline:
                 raise RuntimeError("the requests never all queued")
             threading.Event().wait(0.005)

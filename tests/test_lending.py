@@ -17,15 +17,20 @@ import pytest
 
 from app.engine.caller import LANES, Lane
 from app.engine.lending import (
+    GATHER_S,
+    LastDecode,
     Lent,
     PoolState,
+    Questions,
     Ticket,
     background_cap,
+    companions,
     hands_over,
     may_take,
     prefill_share,
     someone_waits,
     to_give_up,
+    waits_for_company,
 )
 
 SCHEDULES = 3000
@@ -233,3 +238,27 @@ def test_a_requests_prefill_waits_for_another_and_a_fits_gives_way(waiting_prefi
     )
     assert someone_waits(state, waiting_prefill_lane) is (waiting_prefill_lane == "background")
     assert may_take(state, "interactive", waiting) is None  # a prefill never takes the side context
+
+
+def questions(rows: int, cells: int = 10, sequences: int = 2) -> Ticket:
+    return Ticket(False, Questions(rows, cells, sequences))
+
+
+def test_a_decode_takes_the_first_question_decode_and_the_others_that_fit_in_order() -> None:
+    queue = [questions(8), questions(10), questions(4), questions(2, cells=1000), questions(1, sequences=60)]
+    # 8 + 4 rows fit beside each other in 12, 10 more do not; the cells and the sequences keep out the last two
+    assert companions(queue, max_rows=12, n_ctx=100, max_sequences=8) == [queue[0], queue[2]]
+    # the first is always taken, even alone past a bound (it is decoded as it would be alone)
+    alone = questions(20)
+    assert companions([alone], max_rows=12, n_ctx=100, max_sequences=8) == [alone]
+
+
+def test_a_question_decode_waits_for_company_only_just_after_a_decode_that_had_more() -> None:
+    now = 100.0
+    queue = [questions(4)]
+    assert waits_for_company(LastDecode(3, now - GATHER_S / 2), queue, 512, now)  # its lane's clients come back
+    assert not waits_for_company(LastDecode(1, now - GATHER_S / 2), queue, 512, now)  # one client: nobody waits
+    assert not waits_for_company(LastDecode(3, now - 2 * GATHER_S), queue, 512, now)  # their moment passed
+    assert not waits_for_company(LastDecode(3, now), [*queue, questions(4), questions(4)], 512, now)  # all here
+    assert not waits_for_company(LastDecode(3, now), [questions(512)], 512, now)  # a micro-batch's rows already
+    assert not waits_for_company(LastDecode(), queue, 512, now)  # no decode yet

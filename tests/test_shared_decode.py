@@ -15,10 +15,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from app.answering.service import ModelService
-from app.engine import shared_decode
+from app.engine import lending
 from app.engine.caller import Caller, Lane, Signal, working_for
 from app.engine.engine import Engine, SuffixReadouts, SuffixTokens
-from app.engine.shared_decode import SharedDecodes
 from app.engine.snapshot import Prefix, Snapshot
 from app.engine.suffix_tree import suffix_rows
 from app.errors import Cancelled
@@ -210,16 +209,20 @@ def test_a_leader_whose_client_leaves_as_it_leads_still_answers_its_one_follower
     assert np.array_equal(logits(follower.found), logits(alone.decode_suffixes(prefix, suffixes)))  # as alone
 
 
-def companies_expected(decodes: SharedDecodes, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Lane, int]]:
-    """From here on, each leader's lane and the company it gathers for, in the order they gather."""
+def companies_expected(shared: Engine, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Lane, int]]:
+    """From here on, the lane and the company of each first question decode in line the scheduler decides
+    on, in the order it decides, once each for as long as it is the same."""
     expected: list[tuple[Lane, int]] = []
-    gather = decodes._gather
+    waits = lending.waits_for_company
+    lasts = shared._pool._last
 
-    def counted(lane: Lane) -> None:
-        expected.append((lane, decodes._last[lane].company))
-        gather(lane)
+    def counted(last: lending.LastDecode, queue: Any, max_rows: int, now: float) -> bool:
+        seen = (next(lane for lane in lasts if lasts[lane] is last), last.company)
+        if not expected or expected[-1] != seen:
+            expected.append(seen)
+        return waits(last, queue, max_rows, now)
 
-    monkeypatch.setattr(decodes, "_gather", counted)
+    monkeypatch.setattr(lending, "waits_for_company", counted)
     return expected
 
 
@@ -234,12 +237,12 @@ def test_a_leader_expects_the_requests_the_last_decode_left_waiting(
     assert decodes is not None
     first, second = requests(shared)[:2]
     first_rows, _ = suffix_rows([s.tokens for s in first[1]], first[0].next_pos)
-    monkeypatch.setattr(decodes, "_max_rows", len(first_rows))  # the first fits, not the second beside it
-    expected = companies_expected(decodes, monkeypatch)
+    monkeypatch.setattr(shared._pool, "_max_rows", len(first_rows))  # the first fits, not the second beside it
+    expected = companies_expected(shared, monkeypatch)
     before = decodes.decodes
     with context_lent(shared, WAIT_S):
         askers = ask_in_line(shared, [first, second])
-        decodes._last["interactive"].company = 1  # as after one client alone
+        shared._pool._last["interactive"].company = 1  # as after one client alone
     for asker in askers:
         asker.join()
     assert [a.error for a in askers] == [None, None]
@@ -262,7 +265,7 @@ def test_a_background_decode_leaves_the_company_interactive_leaders_expect(
         asker.join()
     fit = Asker(shared, *third, lane="background")  # alone
     fit.join()
-    expected = companies_expected(decodes, monkeypatch)
+    expected = companies_expected(shared, monkeypatch)
     alone = Asker(shared, *first)
     alone.join()
     assert [a.error for a in (*askers, fit, alone)] == [None] * 4
@@ -277,16 +280,17 @@ def test_a_leader_long_after_its_lanes_last_decode_waits_for_no_company(
     _, shared = engines
     decodes = shared._shared
     assert decodes is not None
-    monkeypatch.setattr(shared_decode, "GATHER_S", 2 * WAIT_S)  # a wait for the company outlasts the join below
+    monkeypatch.setattr(lending, "GATHER_S", 2 * WAIT_S)  # a wait for the company outlasts the join below
     first, second, third = requests(shared)[:3]
-    decodes._last["interactive"].company = 1
+    lasts = shared._pool._last
+    lasts["interactive"].company = 1
     with context_lent(shared, WAIT_S):
         askers = ask_in_line(shared, [first, second])  # one decode of two: its lane expects two
     for asker in askers:
         asker.join()
-    assert decodes._last["interactive"].company == 2
-    with decodes._lock:  # as if that decode had ended longer ago than a leader waits
-        decodes._last["interactive"].ended -= 2 * shared_decode.GATHER_S
+    assert lasts["interactive"].company == 2
+    with shared._pool._lock:  # as if that decode had ended longer ago than a leader waits
+        lasts["interactive"].ended -= 2 * lending.GATHER_S
     alone = Asker(shared, *third)
     alone.join()  # within WAIT_S: no wait for the two clients of that decode
     assert [a.error for a in (*askers, alone)] == [None] * 3 and alone.found is not None

@@ -180,20 +180,21 @@ class Engine:
         # a memory that drops a tail, on the CPU (ggml's CPU backend alone asks whether to give up). Elsewhere
         # a request waits for the piece under way, and the pieces stay llama.cpp's own micro-batches.
         offloaded = n_gpu_layers != 0 and bindings.gpu_offload_supported()
+        can_give_up = self.memory is Memory.DROPS_TAIL and not offloaded
+        tap = None if self.memoryless else layer
+
+        def make_context(threads: int) -> Context:
+            return Context(self.model, kv, threads, encoder=self.memoryless, tap=tap, can_give_up=can_give_up)
+
         self._pool = ContextPool(
-            self.model,
-            kv,
-            threads,
-            encoder=self.memoryless,
-            tap=None if self.memoryless else layer,
-            can_give_up=self.memory is Memory.DROPS_TAIL and not offloaded,
+            make_context, threads, can_give_up=can_give_up, side=not self.memoryless, max_rows=kv.n_ubatch
         )
         self.open_contexts(contexts)
         self.side_context = answer_during_prefill and self._pool.open_side()  # none for a model without memory
         # Only where every request keeps its own rows: a recurrent memory and a model without
         # memory decode each request as they always do.
         shares = batch_requests and self.shares_suffix_tokens and not self.memoryless
-        self._shared = SharedDecodes(self._pool, kv.n_ubatch) if shares else None
+        self._shared = SharedDecodes(self._pool) if shares else None
         if self.vision is not None:
             log.info(
                 "vision projector %s: images on %s positions, %s attention among an image's tokens",

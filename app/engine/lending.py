@@ -15,6 +15,7 @@ prefill's share of the threads; the prefills then decode with that share.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -33,11 +34,40 @@ def background_cap(contexts: int) -> int:
     return max(1, contexts // 2)
 
 
+@dataclass(frozen=True)
+class Questions:
+    """A request's question decode that may share one llama_decode with others' (batch_requests): its rows,
+    the cells its prefix and rows fill, and its sequences (the prefix's and one per question)."""
+
+    rows: int
+    cells: int
+    sequences: int
+
+
 @dataclass(frozen=True, eq=False)
 class Ticket:
-    """A borrower's place in its lane's queue; a prefill never takes the side context."""
+    """A borrower's place in its lane's queue; a prefill never takes the side context. `questions`: a
+    question decode that others' may join."""
 
     prefill: bool
+    questions: Questions | None = None
+
+
+@dataclass
+class LastDecode:
+    """What a lane's last shared question decode says of its next: how many requests to expect (those the
+    decode answered, whose clients send their next ones at once, and those it left waiting: they did not
+    fit, or came while it decoded), and when it ended (monotonic). Per lane: a fit's decode between two
+    rounds of many clients says nothing of how many of them come back."""
+
+    company: int = 1
+    ended: float = -math.inf
+
+
+# The longest the first question decode in line waits for the company its lane's last decode had: a few
+# HTTP requests' worth of parsing and planning, a small part of one decode
+# (docs/exactness.md#the-setting-batch_requests).
+GATHER_S = 0.1
 
 
 class Lent(Enum):
@@ -115,3 +145,36 @@ def to_give_up(state: PoolState, ticket: Ticket, prefilling: Sequence[Lane]) -> 
     order = [i for i, lane in enumerate(prefilling) if hands_over(lane, ticket)]
     order.sort(key=lambda i: prefilling[i] != "background")
     return None, order
+
+
+def waits_for_company(last: LastDecode, queue: Sequence[Ticket], max_rows: int, now: float) -> bool:
+    """Whether the question decode first in `queue` (its lane's question tickets waiting, in the order they
+    came) waits for more before it takes a context: where its lane's last decode ended within GATHER_S
+    and had more company than `queue` holds, and `queue`'s rows fill less than a micro-batch (`max_rows`).
+
+    Clients answered by one decode send their next requests at once, but the first of them to come would
+    otherwise be decoded alone and the others after it, one decode each where one would do. Alone (one
+    client) nothing waits; nor does a request that comes after its lane's last clients had their moment
+    to come back (a lone request after a burst): what of them has not come is not coming at once."""
+    if now - last.ended > GATHER_S:
+        return False
+    rows = sum(ticket.questions.rows for ticket in queue if ticket.questions is not None)
+    return len(queue) < last.company and rows < max_rows
+
+
+def companions(queue: Sequence[Ticket], max_rows: int, n_ctx: int, max_sequences: int) -> list[Ticket]:
+    """The question tickets one llama_decode takes: the first of `queue` (its lane's question tickets
+    waiting, in the order they came), then the others in order, each where its rows, cells and sequences
+    still fit beside those taken (one micro-batch of rows, the context's cells, its sequences)."""
+    taken: list[Ticket] = []
+    rows = cells = sequences = 0
+    for ticket in queue:
+        size = ticket.questions
+        assert size is not None  # a question ticket
+        if taken and (
+            rows + size.rows > max_rows or cells + size.cells > n_ctx or sequences + size.sequences > max_sequences
+        ):
+            continue
+        taken.append(ticket)
+        rows, cells, sequences = rows + size.rows, cells + size.cells, sequences + size.sequences
+    return taken

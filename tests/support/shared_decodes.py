@@ -1,5 +1,5 @@
-"""Making requests queue up for one shared decode (app/engine/shared_decode.py): the engine's one
-context lent to another thread while they come, and how many are queued."""
+"""Making requests wait for one shared decode (app/engine/shared_decode.py): the engine's one context
+lent to another thread while they come, and how many wait."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ from app.engine.engine import Engine
 
 
 def queued(engine: Engine) -> int:
-    """Requests queued for a shared decode and not yet taken."""
+    """Requests waiting for a shared decode and not yet taken."""
     assert engine._shared is not None
-    with engine._shared._lock:
-        return len(engine._shared._queued)
+    return engine._pool.questions_waiting()
 
 
 @contextlib.contextmanager
