@@ -107,9 +107,9 @@ class RamTier:
                     flight = self._in_flight[key] = _Flight(caller.on_behalf())
                     self._misses += 1
                     break
+                if caller.lane == "interactive":
+                    flight.builder.promote()  # before it counts as waiting: a waiter seen is a promotion made
                 self._waiting += 1
-            if caller.lane == "interactive":
-                flight.builder.promote()
             try:
                 shared = _outcome(flight, caller)
             finally:
